@@ -1,0 +1,35 @@
+# gpushare — one-command set-up: `make run` (the simulator on the embedded default) and
+# `make test` (ruff, mypy --strict and the whole pytest suite). Both create .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/gpushare simulate --out out/simulate
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/simulate.py
+
+clean:
+	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache

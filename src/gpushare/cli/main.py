@@ -1,0 +1,13 @@
+"""The ``gpushare`` command."""
+
+from __future__ import annotations
+
+import click
+
+from gpushare import __version__
+
+
+@click.group()
+@click.version_option(__version__, prog_name="gpushare")
+def main() -> None:
+    """Shared-GPU scheduling for Kubernetes."""

@@ -1,0 +1,220 @@
+"""Fit checks: can a pod run on a node now, later, or never — with the numbers that say why.
+
+Pure functions of a ``NodeState`` and a ``PodRequest``. Expected outcomes are values in three
+kinds, after the scheduler framework's ``Unschedulable`` / ``UnschedulableAndUnresolvable``
+(design.md, "Failure semantics"; Kubernetes ``noderesources/fit.go`` ``Fits()``):
+
+* ``FITS`` — the pod fits; ``assignment`` is a feasible GPU assignment (best fit per container);
+* ``DOES_NOT_FIT_NOW`` — too little free right now (extender ``FailedNodes``);
+* ``CAN_NEVER_FIT`` — not even an empty node would do (``FailedAndUnresolvableNodes``).
+
+Multi-container pods are checked greedily: containers by decreasing share, each on the GPUs with
+the least free that still fit (lowest index on ties). Greedy packing can miss a feasible
+assignment in rare multi-container cases; it never claims a fit that does not exist.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gpushare.core.model import ContainerAllocation, ContainerRequest, NodeState, PodRequest
+
+
+class FitStatus(enum.Enum):
+    """The three outcomes of a fit check."""
+
+    FITS = "fits"
+    DOES_NOT_FIT_NOW = "does-not-fit-now"
+    CAN_NEVER_FIT = "can-never-fit"
+
+
+class Reason(enum.StrEnum):
+    """Fixed reason texts; the numbers live in ``FitResult`` fields, never in these strings."""
+
+    FITS = "fits"
+    NO_GPUS = "node has no GPUs"
+    MODEL_EXCLUDED = "no GPU of an allowed model"
+    SHARE_EXCEEDS_GPU = "request is larger than any GPU"
+    TOO_FEW_GPUS = "node has fewer GPUs than requested"
+    INSUFFICIENT_CPU = "insufficient cpu"
+    INSUFFICIENT_MEMORY = "insufficient memory"
+    INSUFFICIENT_GPU = "no GPU has enough free"
+    UNHEALTHY = "not enough healthy GPUs"
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """Outcome of ``check_fit``.
+
+    ``requested`` is the amount that failed (GPU units per GPU, milli-CPU or MiB, per
+    ``reason``); ``free_per_gpu`` and ``capacity_per_gpu`` are the node's GPUs in position order.
+    ``container`` names the container that failed, when one did.
+    """
+
+    status: FitStatus
+    reason: Reason
+    requested: int = 0
+    free_per_gpu: tuple[int, ...] = ()
+    capacity_per_gpu: tuple[int, ...] = ()
+    container: str | None = None
+    available: int | None = None
+    assignment: tuple[ContainerAllocation, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        """True when the pod fits now."""
+        return self.status is FitStatus.FITS
+
+    def describe(self) -> str:
+        """One line for people: the reason followed by its numbers."""
+        if self.fits:
+            return "fits"
+        parts = [str(self.reason)]
+        if self.container is not None:
+            parts.append(f"container {self.container}")
+        parts.append(f"requested {self.requested}")
+        if self.available is not None:
+            parts.append(f"available {self.available}")
+        if self.free_per_gpu:
+            parts.append(
+                "free/capacity per GPU "
+                + ", ".join(
+                    f"{free}/{cap}"
+                    for free, cap in zip(self.free_per_gpu, self.capacity_per_gpu, strict=True)
+                )
+            )
+        return "; ".join(parts)
+
+
+def best_fit_positions(
+    free: list[int], models: tuple[str, ...], container: ContainerRequest
+) -> list[int] | None:
+    """Positions of the ``gpu_count`` GPUs with the least free that still hold ``gpu_share``.
+
+    Lowest position wins ties (Alibaba gpushare's binpack rule). ``free`` is per GPU position.
+    Returns ``None`` when fewer than ``gpu_count`` allowed GPUs have enough free.
+    """
+    share = container.gpu_share
+    allowed = container.allowed_models
+    candidates = [
+        (amount, position)
+        for position, amount in enumerate(free)
+        if amount >= share and (not allowed or models[position] in allowed)
+    ]
+    if len(candidates) < container.gpu_count:
+        return None
+    candidates.sort()
+    return sorted(position for _, position in candidates[: container.gpu_count])
+
+
+def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
+    """Whether ``pod`` fits ``state`` now, later, or never, with numbers (see module doc)."""
+    node = state.node
+    gpus = node.gpus
+    capacity = tuple(gpu.capacity for gpu in gpus)
+    free = state.gpu_free
+    gpu_containers = pod.gpu_containers
+
+    def fail(
+        status: FitStatus,
+        reason: Reason,
+        requested: int,
+        container: str | None = None,
+        available: int | None = None,
+    ) -> FitResult:
+        return FitResult(status, reason, requested, free, capacity, container, available)
+
+    if gpu_containers and not gpus:
+        return fail(FitStatus.CAN_NEVER_FIT, Reason.NO_GPUS, pod.gpu_total)
+    for container in gpu_containers:
+        allowed_capacity = [
+            gpu.capacity for gpu in gpus if container.allows(gpu.model)
+        ]
+        if not allowed_capacity:
+            return fail(
+                FitStatus.CAN_NEVER_FIT, Reason.MODEL_EXCLUDED, container.gpu_share, container.name
+            )
+        if container.gpu_share > max(allowed_capacity):
+            return fail(
+                FitStatus.CAN_NEVER_FIT,
+                Reason.SHARE_EXCEEDS_GPU,
+                container.gpu_share,
+                container.name,
+                max(allowed_capacity),
+            )
+        large_enough = sum(1 for cap in allowed_capacity if cap >= container.gpu_share)
+        if container.gpu_count > large_enough:
+            return fail(
+                FitStatus.CAN_NEVER_FIT,
+                Reason.TOO_FEW_GPUS,
+                container.gpu_count,
+                container.name,
+                large_enough,
+            )
+    if node.cpu_milli is not None and pod.cpu_milli > 0:
+        if pod.cpu_milli > node.cpu_milli:
+            return fail(
+                FitStatus.CAN_NEVER_FIT, Reason.INSUFFICIENT_CPU, pod.cpu_milli, None, node.cpu_milli
+            )
+        cpu_free = node.cpu_milli - state.cpu_used_milli
+        if pod.cpu_milli > cpu_free:
+            return fail(
+                FitStatus.DOES_NOT_FIT_NOW, Reason.INSUFFICIENT_CPU, pod.cpu_milli, None, cpu_free
+            )
+    if node.memory_mib is not None and pod.memory_mib > 0:
+        if pod.memory_mib > node.memory_mib:
+            return fail(
+                FitStatus.CAN_NEVER_FIT,
+                Reason.INSUFFICIENT_MEMORY,
+                pod.memory_mib,
+                None,
+                node.memory_mib,
+            )
+        memory_free = node.memory_mib - state.memory_used_mib
+        if pod.memory_mib > memory_free:
+            return fail(
+                FitStatus.DOES_NOT_FIT_NOW,
+                Reason.INSUFFICIENT_MEMORY,
+                pod.memory_mib,
+                None,
+                memory_free,
+            )
+    assignment = greedy_assignment(state, gpu_containers)
+    if isinstance(assignment, ContainerRequest):
+        healthy_would_fit = best_fit_positions(
+            [cap - used for cap, used in zip(capacity, state.gpu_used, strict=True)],
+            tuple(gpu.model for gpu in gpus),
+            assignment,
+        )
+        unhealthy = any(not gpu.healthy for gpu in gpus) and healthy_would_fit is not None
+        return fail(
+            FitStatus.DOES_NOT_FIT_NOW,
+            Reason.UNHEALTHY if unhealthy else Reason.INSUFFICIENT_GPU,
+            assignment.gpu_share,
+            assignment.name,
+        )
+    return FitResult(FitStatus.FITS, Reason.FITS, pod.gpu_total, free, capacity, assignment=assignment)
+
+
+def greedy_assignment(
+    state: NodeState, containers: tuple[ContainerRequest, ...]
+) -> tuple[ContainerAllocation, ...] | ContainerRequest:
+    """Best-fit-decreasing assignment of ``containers`` to GPUs, in declaration order.
+
+    Returns the allocations, or the first container that found no room.
+    """
+    gpus = state.node.gpus
+    models = tuple(gpu.model for gpu in gpus)
+    free = list(state.gpu_free)
+    chosen: dict[str, tuple[int, ...]] = {}
+    for container in sorted(containers, key=lambda c: (-c.gpu_share, -c.gpu_count)):
+        positions = best_fit_positions(free, models, container)
+        if positions is None:
+            return container
+        for position in positions:
+            free[position] -= container.gpu_share
+        chosen[container.name] = tuple(gpus[p].index for p in positions)
+    return tuple(
+        ContainerAllocation(c.name, chosen[c.name], c.gpu_share) for c in containers
+    )
