@@ -5,9 +5,13 @@ from __future__ import annotations
 import click
 
 from gpushare import __version__
+from gpushare.cli.simulate import simulate
 
 
 @click.group()
 @click.version_option(__version__, prog_name="gpushare")
 def main() -> None:
     """Shared-GPU scheduling for Kubernetes."""
+
+
+main.add_command(simulate)

@@ -112,7 +112,7 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
     """Whether ``pod`` fits ``state`` now, later, or never, with numbers (see module doc)."""
     node = state.node
     gpus = node.gpus
-    capacity = tuple(gpu.capacity for gpu in gpus)
+    capacity = node.capacities
     free = state.gpu_free
     gpu_containers = pod.gpu_containers
 
@@ -128,9 +128,11 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
     if gpu_containers and not gpus:
         return fail(FitStatus.CAN_NEVER_FIT, Reason.NO_GPUS, pod.gpu_total)
     for container in gpu_containers:
-        allowed_capacity = [
-            gpu.capacity for gpu in gpus if container.allows(gpu.model)
-        ]
+        allowed_capacity = (
+            [gpu.capacity for gpu in gpus if gpu.model in container.allowed_models]
+            if container.allowed_models
+            else capacity
+        )
         if not allowed_capacity:
             return fail(
                 FitStatus.CAN_NEVER_FIT, Reason.MODEL_EXCLUDED, container.gpu_share, container.name
@@ -143,7 +145,11 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
                 container.name,
                 max(allowed_capacity),
             )
-        large_enough = sum(1 for cap in allowed_capacity if cap >= container.gpu_share)
+        large_enough = (
+            1
+            if container.gpu_count == 1
+            else sum(1 for cap in allowed_capacity if cap >= container.gpu_share)
+        )
         if container.gpu_count > large_enough:
             return fail(
                 FitStatus.CAN_NEVER_FIT,
@@ -155,7 +161,11 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
     if node.cpu_milli is not None and pod.cpu_milli > 0:
         if pod.cpu_milli > node.cpu_milli:
             return fail(
-                FitStatus.CAN_NEVER_FIT, Reason.INSUFFICIENT_CPU, pod.cpu_milli, None, node.cpu_milli
+                FitStatus.CAN_NEVER_FIT,
+                Reason.INSUFFICIENT_CPU,
+                pod.cpu_milli,
+                None,
+                node.cpu_milli,
             )
         cpu_free = node.cpu_milli - state.cpu_used_milli
         if pod.cpu_milli > cpu_free:
@@ -180,7 +190,11 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
                 None,
                 memory_free,
             )
-    assignment = greedy_assignment(state, gpu_containers)
+    assignment = (
+        _single_gpu_assignment(state, gpu_containers[0])
+        if len(gpu_containers) == 1 and gpu_containers[0].gpu_count == 1
+        else greedy_assignment(state, gpu_containers)
+    )
     if isinstance(assignment, ContainerRequest):
         healthy_would_fit = best_fit_positions(
             [cap - used for cap, used in zip(capacity, state.gpu_used, strict=True)],
@@ -194,7 +208,9 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
             assignment.gpu_share,
             assignment.name,
         )
-    return FitResult(FitStatus.FITS, Reason.FITS, pod.gpu_total, free, capacity, assignment=assignment)
+    return FitResult(
+        FitStatus.FITS, Reason.FITS, pod.gpu_total, free, capacity, assignment=assignment
+    )
 
 
 def greedy_assignment(
@@ -205,16 +221,40 @@ def greedy_assignment(
     Returns the allocations, or the first container that found no room.
     """
     gpus = state.node.gpus
-    models = tuple(gpu.model for gpu in gpus)
+    models = state.node.models
     free = list(state.gpu_free)
-    chosen: dict[str, tuple[int, ...]] = {}
-    for container in sorted(containers, key=lambda c: (-c.gpu_share, -c.gpu_count)):
+    chosen: dict[int, tuple[int, ...]] = {}  # by position in ``containers``: names may repeat
+    order = sorted(
+        range(len(containers)), key=lambda i: (-containers[i].gpu_share, -containers[i].gpu_count)
+    )
+    for i in order:
+        container = containers[i]
         positions = best_fit_positions(free, models, container)
         if positions is None:
             return container
         for position in positions:
             free[position] -= container.gpu_share
-        chosen[container.name] = tuple(gpus[p].index for p in positions)
+        chosen[i] = tuple(gpus[p].index for p in positions)
     return tuple(
-        ContainerAllocation(c.name, chosen[c.name], c.gpu_share) for c in containers
+        ContainerAllocation(c.name, chosen[i], c.gpu_share) for i, c in enumerate(containers)
     )
+
+
+def _single_gpu_assignment(
+    state: NodeState, container: ContainerRequest
+) -> tuple[ContainerAllocation, ...] | ContainerRequest:
+    """``greedy_assignment`` for the common case of one container on one GPU, without copies."""
+    share = container.gpu_share
+    allowed = container.allowed_models
+    models = state.node.models
+    best_position = -1
+    best_free = 0
+    for position, amount in enumerate(state.gpu_free):
+        if amount >= share and (best_position < 0 or amount < best_free):
+            if allowed and models[position] not in allowed:
+                continue
+            best_position, best_free = position, amount
+    if best_position < 0:
+        return container
+    index = state.node.gpus[best_position].index
+    return (ContainerAllocation(container.name, (index,), share),)

@@ -41,6 +41,10 @@ class Node:
     gpus: tuple[Gpu, ...]
     cpu_milli: int | None = None
     memory_mib: int | None = None
+    models: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """GPU models per position (derived)."""
+    capacities: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """GPU capacities per position (derived)."""
 
     def __post_init__(self) -> None:
         indices = [gpu.index for gpu in self.gpus]
@@ -48,6 +52,8 @@ class Node:
             raise ValueError(f"node {self.name}: duplicate GPU indices {indices}")
         if indices != sorted(indices):
             raise ValueError(f"node {self.name}: GPUs must be in index order, got {indices}")
+        object.__setattr__(self, "models", tuple(gpu.model for gpu in self.gpus))
+        object.__setattr__(self, "capacities", tuple(gpu.capacity for gpu in self.gpus))
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with device index ``index``; ``KeyError`` when the node has none."""
@@ -103,24 +109,32 @@ class PodRequest:
     containers: tuple[ContainerRequest, ...]
     cpu_milli: int = 0
     memory_mib: int = 0
+    gpu_containers: tuple[ContainerRequest, ...] = field(init=False, repr=False, compare=False)
+    """The containers that ask for GPU, in declaration order (derived)."""
+    gpu_total: int = field(init=False, repr=False, compare=False)
+    """All GPU units the pod asks, summed over containers (derived)."""
+    shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
+    """A hashable key of everything a placement decision depends on, not the pod's name
+    (derived)."""
 
-    @property
-    def gpu_containers(self) -> tuple[ContainerRequest, ...]:
-        """The containers that ask for GPU, in declaration order."""
-        return tuple(c for c in self.containers if c.gpu_count > 0)
-
-    @property
-    def gpu_total(self) -> int:
-        """All GPU units the pod asks, summed over containers."""
-        return sum(c.total for c in self.containers)
-
-    @property
-    def shape(self) -> tuple[object, ...]:
-        """A hashable key of everything a placement decision depends on (not the pod's name)."""
-        return (
-            self.cpu_milli,
-            self.memory_mib,
-            tuple((c.gpu_share, c.gpu_count, c.allowed_models) for c in self.containers),
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError(
+                f"pod {self.key}: cpu_milli and memory_mib must be >= 0, "
+                f"got {self.cpu_milli} and {self.memory_mib}"
+            )
+        object.__setattr__(
+            self, "gpu_containers", tuple(c for c in self.containers if c.gpu_count > 0)
+        )
+        object.__setattr__(self, "gpu_total", sum(c.total for c in self.containers))
+        object.__setattr__(
+            self,
+            "shape",
+            (
+                self.cpu_milli,
+                self.memory_mib,
+                tuple((c.gpu_share, c.gpu_count, c.allowed_models) for c in self.containers),
+            ),
         )
 
 
@@ -167,8 +181,12 @@ class NodeState:
     gpu_used: tuple[int, ...]
     cpu_used_milli: int = 0
     memory_used_mib: int = 0
-    workload_tags: Mapping[str, int] = field(default=_EMPTY_TAGS, compare=False, hash=False)
+    workload_tags: Mapping[str, int] = field(
+        default_factory=lambda: _EMPTY_TAGS, compare=False, hash=False
+    )
     tags_key: tuple[tuple[str, int], ...] = ()
+    gpu_free: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """Free units per GPU position (derived); an unhealthy GPU has 0 free (it takes nothing new)."""
 
     def __post_init__(self) -> None:
         if len(self.gpu_used) != len(self.node.gpus):
@@ -176,19 +194,19 @@ class NodeState:
                 f"node {self.node.name}: {len(self.gpu_used)} usage entries for "
                 f"{len(self.node.gpus)} GPUs"
             )
+        object.__setattr__(
+            self,
+            "gpu_free",
+            tuple(
+                gpu.capacity - used if gpu.healthy else 0
+                for gpu, used in zip(self.node.gpus, self.gpu_used, strict=True)
+            ),
+        )
 
     @classmethod
     def empty(cls, node: Node) -> NodeState:
         """The state of ``node`` with nothing on it."""
         return cls(node=node, gpu_used=(0,) * len(node.gpus))
-
-    @property
-    def gpu_free(self) -> tuple[int, ...]:
-        """Free units per GPU position; an unhealthy GPU has 0 free (it takes nothing new)."""
-        return tuple(
-            gpu.capacity - used if gpu.healthy else 0
-            for gpu, used in zip(self.node.gpus, self.gpu_used, strict=True)
-        )
 
     @property
     def cpu_free_milli(self) -> int | None:

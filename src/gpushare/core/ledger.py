@@ -1,0 +1,443 @@
+"""The ledger: which pod holds how much of which GPU, per node, committed or assumed.
+
+A pure, synchronous book of allocations (no I/O, no threads, no global clock). The extender
+derives it from the API server (design.md, "Source of truth"): allocations seen on bound pods are
+*committed* with ``apply``; allocations the extender has decided but not yet seen come back are
+*assumed* with ``assume`` and expire ``assume_ttl_s`` seconds later unless ``apply`` confirms them.
+Assumed allocations count in every free/fit computation exactly like committed ones.
+
+The ledger guards the "no overcommit, ever" contract for GPUs: an ``apply``/``assume`` that would
+put any GPU above its capacity, names an unknown node or GPU index, or lands new units on an
+unhealthy GPU is rejected, and a rejected call leaves the ledger exactly as it was. CPU and memory
+are recorded (they show in ``state``) but not enforced here: ``gpushare.core.fit.check_fit``
+checks them before a decision, and kube-scheduler owns them on a cluster.
+
+All amounts are unit-free integers in the node's own unit (design.md, "Units"). Expected outcomes
+are ``LedgerResult`` values; exceptions are raised only for programming errors (a malformed
+``Allocation``, asking the state of a node the ledger does not know).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpushare.core.model import Allocation, Node, NodeState
+
+__all__ = [
+    "Ledger",
+    "LedgerOutcome",
+    "LedgerResult",
+    "Violation",
+    "ViolationKind",
+]
+
+
+class LedgerOutcome(enum.StrEnum):
+    """What an ``apply``/``assume`` did; the first four are successes, the rest rejections.
+
+    The texts are fixed; the numbers live in ``LedgerResult`` fields.
+    """
+
+    APPLIED = "applied"
+    ASSUMED = "assumed"
+    CONFIRMED = "assumed allocation confirmed"
+    UNCHANGED = "identical allocation already recorded"
+    UNKNOWN_NODE = "unknown node"
+    UNKNOWN_GPU = "node has no such GPU"
+    CONFLICT = "pod already holds a different allocation"
+    INSUFFICIENT_GPU = "not enough free on the GPU"
+    UNHEALTHY_GPU = "GPU is unhealthy"
+
+    @property
+    def ok(self) -> bool:
+        """True for the outcomes that leave the allocation recorded."""
+        return self in _SUCCESSES
+
+
+_SUCCESSES = frozenset(
+    {
+        LedgerOutcome.APPLIED,
+        LedgerOutcome.ASSUMED,
+        LedgerOutcome.CONFIRMED,
+        LedgerOutcome.UNCHANGED,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerResult:
+    """Outcome of ``Ledger.apply`` / ``Ledger.assume``.
+
+    ``gpu_index`` is the device index of the GPU that refused (``None`` when no single GPU did);
+    ``requested`` is what the allocation asked on that GPU and ``available`` what was free there
+    (node units). ``free_per_gpu``/``capacity_per_gpu`` are the node's GPUs in position order as
+    they were *before* the call (an unhealthy GPU shows 0 free); empty for an unknown node.
+    ``existing`` is the allocation already recorded for the pod on ``CONFLICT``/``UNCHANGED``.
+    """
+
+    outcome: LedgerOutcome
+    pod: str
+    node: str
+    gpu_index: int | None = None
+    requested: int = 0
+    available: int | None = None
+    free_per_gpu: tuple[int, ...] = ()
+    capacity_per_gpu: tuple[int, ...] = ()
+    existing: Allocation | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the allocation is recorded (newly or already)."""
+        return self.outcome.ok
+
+    def describe(self) -> str:
+        """One line for people: the outcome followed by its numbers."""
+        parts = [f"pod {self.pod} on node {self.node}: {self.outcome}"]
+        if self.ok:
+            return parts[0]
+        if self.gpu_index is not None:
+            parts.append(f"GPU {self.gpu_index}")
+            parts.append(f"requested {self.requested}")
+        if self.available is not None:
+            parts.append(f"available {self.available}")
+        if self.free_per_gpu:
+            parts.append(
+                "free/capacity per GPU "
+                + ", ".join(
+                    f"{free}/{cap}"
+                    for free, cap in zip(self.free_per_gpu, self.capacity_per_gpu, strict=True)
+                )
+            )
+        return "; ".join(parts)
+
+
+class ViolationKind(enum.StrEnum):
+    """What ``Ledger.check_invariants`` found wrong with one GPU."""
+
+    OVER_CAPACITY = "GPU used above its capacity"
+    UNKNOWN_GPU = "allocation names a GPU the node does not have"
+    UNKNOWN_NODE = "allocation names a node the ledger does not know"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant on GPU ``gpu_index`` (device index) of ``node``.
+
+    ``used`` sums committed and assumed units there; ``capacity`` is the GPU's capacity (0 when
+    the GPU or node is unknown); ``pods`` are the pods with units on that GPU, sorted.
+    """
+
+    kind: ViolationKind
+    node: str
+    gpu_index: int
+    used: int
+    capacity: int
+    pods: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Entry:
+    allocation: Allocation
+    expires_at: float | None  # None: committed; else clock() value at which it expires
+
+
+@dataclass(slots=True)
+class _NodeBook:
+    node: Node | None
+    entries: dict[str, _Entry]
+    gpu_used: dict[int, int]  # by device index, committed + assumed
+    cpu_used_milli: int = 0
+    memory_used_mib: int = 0
+
+
+class Ledger:
+    """GPU allocations per node, committed or assumed; see the module docstring.
+
+    ``clock`` returns seconds (monotonic is best; only differences matter);
+    ``assume_ttl_s`` is how long an assumed allocation lives unless confirmed (>= 0).
+    Not thread-safe: callers serialise access (the extender holds one lock around it).
+    """
+
+    def __init__(self, clock: Callable[[], float], assume_ttl_s: float) -> None:
+        if assume_ttl_s < 0:
+            raise ValueError(f"assume_ttl_s must be >= 0, got {assume_ttl_s}")
+        self._clock = clock
+        self._assume_ttl_s = assume_ttl_s
+        self._books: dict[str, _NodeBook] = {}
+        self._pods: dict[str, str] = {}  # pod key -> node name
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def upsert_node(self, node: Node) -> None:
+        """Add ``node`` or replace its description (GPUs, health, capacity, CPU, memory).
+
+        Allocations already recorded on the node stay recorded, even on GPUs that became
+        unhealthy or disappeared (``check_invariants`` reports the latter).
+        """
+        book = self._books.get(node.name)
+        if book is None:
+            self._books[node.name] = _NodeBook(node=node, entries={}, gpu_used={})
+        else:
+            book.node = node
+
+    def remove_node(self, name: str) -> None:
+        """Forget node ``name``'s description; its allocations stay recorded until released.
+
+        Keeping them means a node that comes back under the same name still counts them.
+        Removing an unknown node does nothing.
+        """
+        book = self._books.get(name)
+        if book is None:
+            return
+        if book.entries:
+            book.node = None
+        else:
+            del self._books[name]
+
+    def node_names(self) -> tuple[str, ...]:
+        """Names of the nodes the ledger knows (described by ``upsert_node``), sorted."""
+        return tuple(sorted(name for name, book in self._books.items() if book.node is not None))
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def apply(self, allocation: Allocation, *, allow_unhealthy: bool = False) -> LedgerResult:
+        """Record ``allocation`` as committed (the pod is seen bound with it).
+
+        Outcomes: ``APPLIED`` (new), ``CONFIRMED`` (it was assumed, now committed; counted once),
+        ``UNCHANGED`` (already committed, identical), or a rejection: ``CONFLICT`` (the pod holds
+        a different allocation), ``UNKNOWN_NODE``, ``UNKNOWN_GPU``, ``UNHEALTHY_GPU``,
+        ``INSUFFICIENT_GPU`` (some GPU would go above capacity). A rejection changes nothing.
+
+        ``allow_unhealthy`` admits new units on unhealthy GPUs (capacity still enforced): for
+        rebuilding from pods that already run there. Raises ``ValueError`` when ``allocation``
+        is malformed (negative amounts, a GPU index twice in one container).
+        """
+        return self._record(allocation, assumed=False, allow_unhealthy=allow_unhealthy)
+
+    def assume(self, allocation: Allocation) -> LedgerResult:
+        """Record ``allocation`` as assumed, expiring at ``clock() + assume_ttl_s``.
+
+        Outcomes: ``ASSUMED``, ``UNCHANGED`` (the identical allocation is already recorded,
+        assumed or committed; its state and deadline are kept), or the rejections of ``apply``.
+        Raises ``ValueError`` when ``allocation`` is malformed.
+        """
+        return self._record(allocation, assumed=True, allow_unhealthy=False)
+
+    def release(self, pod_key: str) -> Allocation | None:
+        """Drop pod ``pod_key``'s allocation, assumed or committed; ``None`` when it has none."""
+        node_name = self._pods.get(pod_key)
+        if node_name is None:
+            return None
+        return self._drop(pod_key, node_name)
+
+    def expire(self) -> list[Allocation]:
+        """Drop the assumed allocations whose deadline ``clock()`` has reached.
+
+        Returns them, earliest deadline first (pod key on ties). Committed ones never expire.
+        """
+        now = self._clock()
+        due = sorted(
+            (entry.expires_at, pod)
+            for book in self._books.values()
+            for pod, entry in book.entries.items()
+            if entry.expires_at is not None and entry.expires_at <= now
+        )
+        return [self._drop(pod, self._pods[pod]) for _, pod in due]
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def state(self, node_name: str) -> NodeState:
+        """The node with everything recorded on it (committed + assumed).
+
+        ``gpu_used`` is per GPU position of the node; units on GPU indices the node no longer
+        has are left out (``check_invariants`` reports them). Raises ``KeyError`` for a node the
+        ledger does not know.
+        """
+        book = self._books.get(node_name)
+        if book is None or book.node is None:
+            raise KeyError(f"ledger knows no node {node_name!r}")
+        node = book.node
+        return NodeState(
+            node=node,
+            gpu_used=tuple(book.gpu_used.get(gpu.index, 0) for gpu in node.gpus),
+            cpu_used_milli=book.cpu_used_milli,
+            memory_used_mib=book.memory_used_mib,
+        )
+
+    def allocations(self, node_name: str) -> tuple[Allocation, ...]:
+        """Allocations recorded on ``node_name`` (committed + assumed), sorted by pod key.
+
+        Empty for a node with none, known or not.
+        """
+        book = self._books.get(node_name)
+        if book is None:
+            return ()
+        return tuple(book.entries[pod].allocation for pod in sorted(book.entries))
+
+    def allocation(self, pod_key: str) -> Allocation | None:
+        """Pod ``pod_key``'s allocation, assumed or committed, or ``None``."""
+        entry = self._entry(pod_key)
+        return None if entry is None else entry.allocation
+
+    def is_assumed(self, pod_key: str) -> bool:
+        """True when pod ``pod_key`` holds an assumed (not yet confirmed) allocation."""
+        entry = self._entry(pod_key)
+        return entry is not None and entry.expires_at is not None
+
+    def expires_at(self, pod_key: str) -> float | None:
+        """The clock value at which pod ``pod_key``'s assumed allocation expires, else ``None``."""
+        entry = self._entry(pod_key)
+        return None if entry is None else entry.expires_at
+
+    def check_invariants(self) -> list[Violation]:
+        """Every broken invariant, sorted by node and GPU index; empty when all is well.
+
+        Checked: each GPU's used sum (committed + assumed) is at most its capacity; allocations
+        name only GPU indices of known nodes. Allocations can break these only when a node
+        shrinks or disappears under them (``upsert_node``/``remove_node``).
+        """
+        violations: list[Violation] = []
+        for node_name in sorted(self._books):
+            book = self._books[node_name]
+            # Recomputed from the entries, independently of the running totals.
+            used: dict[int, int] = {}
+            pods_on: dict[int, list[str]] = {}
+            for pod, entry in book.entries.items():
+                for index, amount in entry.allocation.per_gpu().items():
+                    used[index] = used.get(index, 0) + amount
+                    pods_on.setdefault(index, []).append(pod)
+            capacities = {} if book.node is None else {g.index: g.capacity for g in book.node.gpus}
+            for index in sorted(used):
+                if book.node is None:
+                    kind: ViolationKind | None = ViolationKind.UNKNOWN_NODE
+                elif index not in capacities:
+                    kind = ViolationKind.UNKNOWN_GPU
+                elif used[index] > capacities[index]:
+                    kind = ViolationKind.OVER_CAPACITY
+                else:
+                    kind = None
+                if kind is not None:
+                    violations.append(
+                        Violation(
+                            kind,
+                            node_name,
+                            index,
+                            used[index],
+                            capacities.get(index, 0),
+                            tuple(sorted(pods_on[index])),
+                        )
+                    )
+        return violations
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _entry(self, pod_key: str) -> _Entry | None:
+        node_name = self._pods.get(pod_key)
+        if node_name is None:
+            return None
+        return self._books[node_name].entries[pod_key]
+
+    def _record(
+        self, allocation: Allocation, *, assumed: bool, allow_unhealthy: bool
+    ) -> LedgerResult:
+        _validate(allocation)
+        existing = self._entry(allocation.pod)
+        book = self._books.get(allocation.node)
+        node = None if book is None else book.node
+        free: tuple[int, ...] = ()
+        capacity: tuple[int, ...] = ()
+        if book is not None and node is not None:
+            state = self.state(allocation.node)
+            free = state.gpu_free
+            capacity = tuple(gpu.capacity for gpu in node.gpus)
+
+        def result(
+            outcome: LedgerOutcome,
+            gpu_index: int | None = None,
+            requested: int = 0,
+            available: int | None = None,
+        ) -> LedgerResult:
+            return LedgerResult(
+                outcome,
+                allocation.pod,
+                allocation.node,
+                gpu_index,
+                requested,
+                available,
+                free,
+                capacity,
+                None if existing is None else existing.allocation,
+            )
+
+        if existing is not None:
+            if existing.allocation != allocation:
+                return result(LedgerOutcome.CONFLICT)
+            if assumed or existing.expires_at is None:
+                return result(LedgerOutcome.UNCHANGED)
+            existing.expires_at = None
+            return result(LedgerOutcome.CONFIRMED)
+        if book is None or node is None:
+            return result(LedgerOutcome.UNKNOWN_NODE)
+        gpus = {gpu.index: gpu for gpu in node.gpus}
+        per_gpu = sorted(allocation.per_gpu().items())
+        for index, amount in per_gpu:
+            if index not in gpus:
+                return result(LedgerOutcome.UNKNOWN_GPU, index, amount)
+        for index, amount in per_gpu:
+            gpu = gpus[index]
+            if not gpu.healthy and not allow_unhealthy:
+                return result(LedgerOutcome.UNHEALTHY_GPU, index, amount, 0)
+            available = gpu.capacity - book.gpu_used.get(index, 0)
+            if amount > available:
+                return result(LedgerOutcome.INSUFFICIENT_GPU, index, amount, available)
+        expires_at = self._clock() + self._assume_ttl_s if assumed else None
+        book.entries[allocation.pod] = _Entry(allocation, expires_at)
+        self._pods[allocation.pod] = allocation.node
+        self._count(book, allocation, 1)
+        return result(LedgerOutcome.ASSUMED if assumed else LedgerOutcome.APPLIED)
+
+    def _drop(self, pod_key: str, node_name: str) -> Allocation:
+        del self._pods[pod_key]
+        book = self._books[node_name]
+        entry = book.entries.pop(pod_key)
+        self._count(book, entry.allocation, -1)
+        if book.node is None and not book.entries:
+            del self._books[node_name]
+        return entry.allocation
+
+    def _count(self, book: _NodeBook, allocation: Allocation, sign: int) -> None:
+        for index, amount in allocation.per_gpu().items():
+            used = book.gpu_used.get(index, 0) + sign * amount
+            if used:
+                book.gpu_used[index] = used
+            else:
+                book.gpu_used.pop(index, None)
+        book.cpu_used_milli += sign * allocation.cpu_milli
+        book.memory_used_mib += sign * allocation.memory_mib
+
+
+def _validate(allocation: Allocation) -> None:
+    """Raise ``ValueError`` for an allocation no correct caller builds."""
+    problems: list[str] = []
+    if allocation.cpu_milli < 0 or allocation.memory_mib < 0:
+        problems.append(
+            f"negative cpu_milli {allocation.cpu_milli} or memory_mib {allocation.memory_mib}"
+        )
+    for container in allocation.containers:
+        if container.gpu_share < 0:
+            problems.append(f"container {container.container}: gpu_share {container.gpu_share}")
+        if len(set(container.gpu_indices)) != len(container.gpu_indices):
+            problems.append(
+                f"container {container.container}: GPU index repeated in {container.gpu_indices}"
+            )
+        if any(index < 0 for index in container.gpu_indices):
+            problems.append(
+                f"container {container.container}: negative GPU index in {container.gpu_indices}"
+            )
+    if problems:
+        raise ValueError(
+            f"malformed allocation for pod {allocation.pod} on node {allocation.node}: "
+            + "; ".join(problems)
+        )

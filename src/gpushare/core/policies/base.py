@@ -1,0 +1,171 @@
+"""The policy contract and the registry of policies by name.
+
+A policy has two halves, after kube-scheduler's split between scoring nodes and binding:
+
+* the node half, ``score(state, pod) -> float``: higher is better; called only for nodes the pod
+  fits (``gpushare.core.fit.check_fit`` said FITS). Paper policies return integers 0–100 as the
+  artifact does (truncation included), because tie-breaking on coarse scores is part of their
+  behaviour (METHOD.md §3, "Ties").
+* the GPU half, ``choose_gpus(state, pod) -> tuple[ContainerAllocation, ...]``: which GPU indices
+  each GPU container gets on the chosen node.
+
+Ties between nodes are the caller's job (the simulator: a per-run random node order; the
+extender: kube-scheduler). Policies are looked up by name (``make_policy``), as the scheduler's
+``plugins/registry.go`` does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpushare.core.fit import best_fit_positions, greedy_assignment
+from gpushare.core.fragmentation import TargetWorkload
+from gpushare.core.model import (
+    ContainerAllocation,
+    ContainerRequest,
+    NodeState,
+    PodRequest,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What a policy may know beyond one node: the cluster's largest node (for the paper's
+    normalisations, ``MaxSpecCpu``/``MaxSpecGpu``), one whole GPU in the node unit, the target
+    workload (FGD) and a random source (the random baseline)."""
+
+    workload: TargetWorkload | None = None
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    max_node_cpu_milli: int = 128_000
+    max_node_gpu: int = 8_000
+    gpu_unit: int = 1_000
+
+
+class Policy(Protocol):
+    """A placement policy (module doc)."""
+
+    @property
+    def name(self) -> str:
+        """The registry name."""
+        ...
+
+    @property
+    def deterministic(self) -> bool:
+        """True when ``score`` depends only on the node state and the pod's shape (cacheable)."""
+        ...
+
+    def score(self, state: NodeState, pod: PodRequest) -> float:
+        """Node half: higher is better. Precondition: ``pod`` fits ``state``."""
+        ...
+
+    def choose_gpus(self, state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
+        """GPU half: the GPUs each GPU container gets. Precondition: ``pod`` fits ``state``."""
+        ...
+
+
+PolicyFactory = Callable[[PolicyContext], Policy]
+_REGISTRY: dict[str, tuple[PolicyFactory, str]] = {}
+
+
+def register(name: str, summary: str) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Class/function decorator adding a policy factory under ``name``."""
+
+    def add(factory: PolicyFactory) -> PolicyFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"policy {name!r} registered twice")
+        _REGISTRY[name] = (factory, summary)
+        return factory
+
+    return add
+
+
+def policy_names() -> list[str]:
+    """All registered policy names, in registration order."""
+    return list(_REGISTRY)
+
+
+def policy_summary(name: str) -> str:
+    """One line describing policy ``name``."""
+    return _REGISTRY[name][1]
+
+
+def make_policy(name: str, context: PolicyContext | None = None) -> Policy:
+    """A new policy instance. Raises ``KeyError`` naming the accepted names for an unknown name."""
+    try:
+        factory, _ = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; accepted: {', '.join(policy_names())}") from None
+    return factory(context or PolicyContext())
+
+
+GpuPicker = Callable[[list[int], tuple[str, ...], ContainerRequest], list[int] | None]
+
+
+def assign_sequentially(
+    state: NodeState, pod: PodRequest, pick: GpuPicker
+) -> tuple[ContainerAllocation, ...]:
+    """GPU containers placed one by one (largest share first) with ``pick`` on the running free
+    list; falls back to the fit check's best-fit-decreasing assignment if ``pick`` fails."""
+    gpus = state.node.gpus
+    models = state.node.models
+    free = list(state.gpu_free)
+    containers = pod.gpu_containers
+    chosen: dict[str, tuple[int, ...]] = {}
+    for container in sorted(containers, key=lambda c: (-c.gpu_share, -c.gpu_count)):
+        positions = pick(free, models, container)
+        if positions is None:
+            fallback = greedy_assignment(state, containers)
+            if isinstance(fallback, ContainerRequest):
+                raise ValueError(f"pod {pod.key} does not fit node {state.node.name}")
+            return fallback
+        for position in positions:
+            free[position] -= container.gpu_share
+        chosen[container.name] = tuple(gpus[p].index for p in positions)
+    return tuple(ContainerAllocation(c.name, chosen[c.name], c.gpu_share) for c in containers)
+
+
+def lowest_free_positions(
+    free: list[int], models: tuple[str, ...], container: ContainerRequest
+) -> list[int] | None:
+    """The ``gpu_count`` lowest positions that hold ``gpu_share`` (the artifact's rule for
+    whole-GPU pods: ``AllocateExclusiveGpuId``)."""
+    allowed = container.allowed_models
+    positions = [
+        p
+        for p, amount in enumerate(free)
+        if amount >= container.gpu_share and (not allowed or models[p] in allowed)
+    ]
+    if len(positions) < container.gpu_count:
+        return None
+    return positions[: container.gpu_count]
+
+
+def best_fit_gpus(state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
+    """Best-fit GPU half shared by several policies (least free that fits; lowest index)."""
+    return assign_sequentially(state, pod, best_fit_positions)
+
+
+def gpu_request_total(pod: PodRequest) -> int:
+    """D = Σ k·g over the pod's containers, in GPU units."""
+    return pod.gpu_total
+
+
+def is_sharing(pod: PodRequest, gpu_unit: int) -> bool:
+    """A GPU-sharing pod: one container on one GPU, asking less than a whole GPU."""
+    containers = pod.gpu_containers
+    return (
+        len(containers) == 1 and containers[0].gpu_count == 1 and containers[0].gpu_share < gpu_unit
+    )
+
+
+def workload_tag(pod: PodRequest, gpu_unit: int) -> str | None:
+    """The clustering baseline's pod tag: ``share``, ``<k>-gpu``, or ``None`` for CPU-only."""
+    containers = pod.gpu_containers
+    if not containers:
+        return None
+    if is_sharing(pod, gpu_unit):
+        return "share"
+    return f"{sum(c.gpu_count for c in containers)}-gpu"

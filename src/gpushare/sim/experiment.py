@@ -1,0 +1,118 @@
+"""The paper's experiment: policies × seeds on one trace, in parallel processes.
+
+Source: ``shared/traces/openb/METHOD.md`` §6 and §9. One run = one seed's node tie order and
+tuned pod stream (``gpushare.sim.workload``) through ``gpushare.sim.engine.simulate``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from gpushare.core.fragmentation import TargetWorkload
+from gpushare.core.model import Node, PodRequest
+from gpushare.core.policies import PolicyContext, make_policy
+from gpushare.sim.engine import simulate
+from gpushare.sim.metrics import Curves, bin_by_arrived
+from gpushare.sim.workload import make_run
+
+PAPER_SEEDS = tuple(range(42, 52))
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """One (policy, seed) run: binned curves, pods submitted/placed, failures by pod kind,
+    and the wall time of the placement loop in seconds."""
+
+    policy: str
+    seed: int
+    curves: Curves
+    pods: int
+    placed: int
+    failed_by_kind: dict[str, int]
+    seconds: float
+
+
+def policy_context(
+    nodes: Sequence[Node], pods: Sequence[PodRequest], seed: int, gpu_unit: int = 1000
+) -> PolicyContext:
+    """The context every policy of a run gets: M from the original pods (METHOD.md §2), the
+    largest node's CPU and GPU total, and a seeded random source."""
+    return PolicyContext(
+        workload=TargetWorkload.from_pods(pods),
+        rng=random.Random(seed),
+        max_node_cpu_milli=max((n.cpu_milli or 0) for n in nodes),
+        max_node_gpu=max(sum(g.capacity for g in n.gpus) for n in nodes),
+        gpu_unit=gpu_unit,
+    )
+
+
+def run_one(
+    nodes: Sequence[Node],
+    pods: Sequence[PodRequest],
+    policy_name: str,
+    seed: int,
+    *,
+    tune_ratio: float = 1.3,
+    max_percent: int = 130,
+) -> RunResult:
+    """One run of ``policy_name`` with ``seed`` (module doc)."""
+    setup = make_run(nodes, pods, seed, tune_ratio)
+    context = policy_context(nodes, pods, seed)
+    assert context.workload is not None
+    policy = make_policy(policy_name, context)
+    started = time.perf_counter()
+    record = simulate(
+        nodes, setup.stream, policy, tie_rank=setup.tie_rank, workload=context.workload
+    )
+    seconds = time.perf_counter() - started
+    capacity = float(sum(gpu.capacity for node in nodes for gpu in node.gpus))
+    return RunResult(
+        policy=policy_name,
+        seed=seed,
+        curves=bin_by_arrived(record, capacity, max_percent),
+        pods=len(setup.stream),
+        placed=record.placed,
+        failed_by_kind=record.failed_by_kind,
+        seconds=seconds,
+    )
+
+
+def run_experiment(
+    nodes: Sequence[Node],
+    pods: Sequence[PodRequest],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    tune_ratio: float = 1.3,
+    jobs: int | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Every (policy, seed) run, ``jobs`` processes at a time (default: all cores; 1 runs in
+    this process). ``on_done`` is called as each run finishes. Results in (policy, seed) order."""
+    tasks = [(policy, seed) for policy in policies for seed in seeds]
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
+    results: list[RunResult] = []
+    if workers == 1:
+        for policy, seed in tasks:
+            result = run_one(nodes, pods, policy, seed, tune_ratio=tune_ratio)
+            results.append(result)
+            if on_done is not None:
+                on_done(result)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [
+                pool.submit(run_one, nodes, pods, policy, seed, tune_ratio=tune_ratio)
+                for policy, seed in tasks
+            ]
+            for future in as_completed(futures):
+                result = future.result()
+                results.append(result)
+                if on_done is not None:
+                    on_done(result)
+    order = {task: i for i, task in enumerate(tasks)}
+    return sorted(results, key=lambda r: order[(r.policy, r.seed)])

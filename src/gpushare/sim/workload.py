@@ -1,0 +1,73 @@
+"""The paper's experiment set-up for one run: node tie order, shuffled and tuned pod stream.
+
+Source: ``shared/traces/openb/METHOD.md`` §6 steps 2–5 and §9 (the artifact's ``Simulate`` and
+``TunePodsByNodeTotalResource``). Go's math/rand is not reproduced bit for bit: runs are
+statistically, not event-for-event, equal to the artifact's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpushare.core.model import Node, PodRequest
+
+
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """One run's inputs: ``tie_rank[i]`` orders node i among equal scores (lowest wins); the pod
+    stream in submission order; ``target`` the tuned total GPU request in GPU units."""
+
+    seed: int
+    tie_rank: tuple[int, ...]
+    stream: tuple[PodRequest, ...]
+    target: int
+
+
+def tune_stream(pods: Sequence[PodRequest], target: int, rng: random.Random) -> list[PodRequest]:
+    """Pods (already shuffled) tuned to a total GPU request of at most ``target`` units.
+
+    Below the target, clones drawn uniformly with replacement from ``pods`` are appended until
+    the next would exceed it; above it, random pods are removed until the total is at or under.
+    Clones get the key ``<key>-clone-<n>``.
+    """
+    stream = list(pods)
+    total = sum(pod.gpu_total for pod in stream)
+    if not stream:
+        return stream
+    if total < target:
+        gpu_pods = [pod for pod in pods if pod.gpu_total > 0]
+        if not gpu_pods:
+            return stream
+        clone = 0
+        while True:
+            pick = pods[rng.randrange(len(pods))]
+            if total + pick.gpu_total > target:
+                break
+            stream.append(dataclasses.replace(pick, key=f"{pick.key}-clone-{clone}"))
+            clone += 1
+            total += pick.gpu_total
+    while total > target and stream:
+        removed = stream.pop(rng.randrange(len(stream)))
+        total -= removed.gpu_total
+    return stream
+
+
+def make_run(
+    nodes: Sequence[Node], pods: Sequence[PodRequest], seed: int, tune_ratio: float = 1.3
+) -> RunSetup:
+    """Seeded set-up: a random node order for ties, pods sorted by name then shuffled, then tuned
+    to ``tune_ratio`` × the cluster's GPU capacity."""
+    rng = random.Random(seed)
+    order = list(range(len(nodes)))
+    rng.shuffle(order)
+    tie_rank = [0] * len(nodes)
+    for position, node_index in enumerate(order):
+        tie_rank[node_index] = position
+    stream = sorted(pods, key=lambda pod: pod.key)
+    rng.shuffle(stream)
+    capacity = sum(gpu.capacity for node in nodes for gpu in node.gpus)
+    target = int(tune_ratio * capacity)
+    return RunSetup(seed, tuple(tie_rank), tuple(tune_stream(stream, target, rng)), target)
