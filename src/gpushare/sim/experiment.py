@@ -26,7 +26,8 @@ PAPER_SEEDS = tuple(range(42, 52))
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """One (policy, seed) run: binned curves, pods submitted/placed, failures by pod kind,
-    and the wall time of the placement loop in seconds."""
+    the empty cluster's fragmentation (% of capacity, before any pod) and the wall time of
+    the placement loop in seconds."""
 
     policy: str
     seed: int
@@ -35,6 +36,7 @@ class RunResult:
     placed: int
     failed_by_kind: dict[str, int]
     seconds: float
+    empty_frag_amount_pct: float
 
 
 def policy_context(
@@ -79,6 +81,7 @@ def run_one(
         placed=record.placed,
         failed_by_kind=record.failed_by_kind,
         seconds=seconds,
+        empty_frag_amount_pct=100.0 * float(record.fragmentation[0]) / capacity,
     )
 
 

@@ -68,7 +68,7 @@ def summarise(results: Sequence[RunResult]) -> list[PolicySummary]:
                 unallocated_pct=Stat.of([float(r.curves.unallocated_pct[at]) for r in runs]),
                 frag_amount_pct=Stat.of([float(r.curves.frag_amount_pct[at]) for r in runs]),
                 frag_rate_pct=Stat.of([float(r.curves.frag_rate_pct[at]) for r in runs]),
-                empty_frag_amount_pct=float(runs[0].curves.frag_amount_pct[0]),
+                empty_frag_amount_pct=runs[0].empty_frag_amount_pct,
                 failed_pods=Stat.of([float(sum(r.failed_by_kind.values())) for r in runs]),
                 run_seconds=Stat.of([r.seconds for r in runs]),
             )
@@ -78,13 +78,17 @@ def summarise(results: Sequence[RunResult]) -> list[PolicySummary]:
 
 def summary_table(summaries: Sequence[PolicySummary], title: str, gpus: float) -> Table:
     """A rich table, best policy first: unallocated GPU % and GPUs, fragmentation, failures."""
-    table = Table(title=title)
-    table.add_column("policy")
-    table.add_column("unallocated GPU % @100% arrived", justify="right")
-    table.add_column("unallocated GPUs", justify="right")
-    table.add_column("frag amount %", justify="right")
-    table.add_column("frag rate %", justify="right")
-    table.add_column("failed pods", justify="right")
+    table = Table(
+        title=title,
+        caption=f"at {HEADLINE_PERCENT}% arrived workload; mean ± sd over seeds; "
+        "failed pods over the whole tuned stream",
+    )
+    table.add_column("policy", no_wrap=True)
+    table.add_column("unalloc %", justify="right", no_wrap=True)
+    table.add_column("GPUs", justify="right")
+    table.add_column("frag %", justify="right", no_wrap=True)
+    table.add_column("frag rate %", justify="right", no_wrap=True)
+    table.add_column("failed", justify="right")
     table.add_column("s/run", justify="right")
     for s in sorted(summaries, key=lambda s: s.unallocated_pct.mean):
         table.add_row(

@@ -113,18 +113,30 @@ def assign_sequentially(
     models = state.node.models
     free = list(state.gpu_free)
     containers = pod.gpu_containers
-    chosen: dict[str, tuple[int, ...]] = {}
-    for container in sorted(containers, key=lambda c: (-c.gpu_share, -c.gpu_count)):
+    chosen: dict[int, tuple[int, ...]] = {}  # by position in ``containers``: names may repeat
+    order = sorted(
+        range(len(containers)), key=lambda i: (-containers[i].gpu_share, -containers[i].gpu_count)
+    )
+    for i in order:
+        container = containers[i]
         positions = pick(free, models, container)
         if positions is None:
-            fallback = greedy_assignment(state, containers)
-            if isinstance(fallback, ContainerRequest):
-                raise ValueError(f"pod {pod.key} does not fit node {state.node.name}")
-            return fallback
+            return fallback_assignment(state, pod)
         for position in positions:
             free[position] -= container.gpu_share
-        chosen[container.name] = tuple(gpus[p].index for p in positions)
-    return tuple(ContainerAllocation(c.name, chosen[c.name], c.gpu_share) for c in containers)
+        chosen[i] = tuple(gpus[p].index for p in positions)
+    return tuple(
+        ContainerAllocation(c.name, chosen[i], c.gpu_share) for i, c in enumerate(containers)
+    )
+
+
+def fallback_assignment(state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
+    """The fit check's best-fit-decreasing assignment; ``ValueError`` if the pod does not fit
+    (a caller bug: policies are only asked about nodes the pod fits)."""
+    assignment = greedy_assignment(state, pod.gpu_containers)
+    if isinstance(assignment, ContainerRequest):
+        raise ValueError(f"pod {pod.key} does not fit node {state.node.name}")
+    return assignment
 
 
 def lowest_free_positions(

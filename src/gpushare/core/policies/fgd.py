@@ -16,9 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gpushare.core.fragmentation import TargetWorkload, node_fragmentation
+from gpushare.core.fragmentation import (
+    FragmentationMeasure,
+    TargetWorkload,
+    cpu_aware_fragmentation,
+    node_fragmentation,
+)
 from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
-from gpushare.core.policies.base import PolicyContext, lowest_free_positions, register
+from gpushare.core.policies.base import (
+    PolicyContext,
+    fallback_assignment,
+    lowest_free_positions,
+    register,
+)
 
 Placement = tuple[float, tuple[tuple[int, ...], ...]]
 
@@ -29,10 +39,16 @@ def sigmoid(x: float) -> float:
 
 
 class FragmentationMemo:
-    """F_n(M) memoised on what it depends on: GPU models, free CPU and the free GPU multiset."""
+    """F_n(M) memoised on what it depends on: GPU models, free CPU and the free GPU multiset.
 
-    def __init__(self, workload: TargetWorkload) -> None:
+    ``measure`` is the fragmentation function (default: the paper's ``node_fragmentation``).
+    """
+
+    def __init__(
+        self, workload: TargetWorkload, measure: FragmentationMeasure = node_fragmentation
+    ) -> None:
         self.workload = workload
+        self.measure = measure
         self._cache: dict[tuple[object, ...], float] = {}
 
     def __call__(
@@ -47,7 +63,7 @@ class FragmentationMemo:
         )
         value = self._cache.get(key)
         if value is None:
-            value = node_fragmentation(free, models, cpu_free_milli, self.workload)
+            value = self.measure(free, models, cpu_free_milli, self.workload)
             self._cache[key] = value
         return value
 
@@ -58,13 +74,20 @@ class FgdPolicy:
 
     deterministic = True
 
-    def __init__(self, context: PolicyContext, *, truncate: bool = True, name: str = "fgd") -> None:
+    def __init__(
+        self,
+        context: PolicyContext,
+        *,
+        truncate: bool = True,
+        name: str = "fgd",
+        measure: FragmentationMeasure = node_fragmentation,
+    ) -> None:
         if context.workload is None:
             raise ValueError(f"policy {name} needs a target workload (PolicyContext.workload)")
         self.name = name
         self.context = context
         self.truncate = truncate
-        self.frag = FragmentationMemo(context.workload)
+        self.frag = FragmentationMemo(context.workload, measure)
         self._placements: dict[tuple[object, ...], Placement] = {}
 
     def _gpu_score(self, delta: float) -> float:
@@ -109,7 +132,10 @@ class FgdPolicy:
             else:
                 chosen = lowest_free_positions(running, models, container)
             if chosen is None:
-                raise ValueError(f"pod {pod.key} does not fit node {state.node.name}")
+                # Greedy per-container choices can paint a multi-container pod into a corner
+                # (mixed models); fall back to the fit check's assignment, which fits.
+                running, positions = self._fallback(state, pod)
+                break
             for p in chosen:
                 running[p] -= container.gpu_share
             positions[i] = tuple(chosen)
@@ -120,6 +146,20 @@ class FgdPolicy:
         )
         self._placements[key] = result
         return result
+
+    @staticmethod
+    def _fallback(
+        state: NodeState, pod: PodRequest
+    ) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+        position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
+        running = list(state.gpu_free)
+        positions: dict[int, tuple[int, ...]] = {}
+        for i, allocation in enumerate(fallback_assignment(state, pod)):
+            chosen = tuple(position_of[index] for index in allocation.gpu_indices)
+            for p in chosen:
+                running[p] -= allocation.gpu_share
+            positions[i] = chosen
+        return running, positions
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
         """⌊100·σ(−Δ/unit)⌋ (or −Δ untruncated): higher means less new fragmentation."""
@@ -138,3 +178,13 @@ class FgdPolicy:
 register("fgd", "fragmentation gradient descent (Weng et al., ATC'23), the artifact's scores")(
     FgdPolicy
 )
+
+
+def _fgd_cpu(context: PolicyContext) -> FgdPolicy:
+    return FgdPolicy(context, name="fgd-cpu", measure=cpu_aware_fragmentation)
+
+
+register(
+    "fgd-cpu",
+    "gpushare's CPU-aware FGD: idle GPU the node's CPU cannot serve counts as fragmentation",
+)(_fgd_cpu)

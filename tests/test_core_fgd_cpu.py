@@ -1,0 +1,67 @@
+"""gpushare's CPU-aware fragmentation (``cpu_aware_fragmentation``) and the ``fgd-cpu`` policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.core.fragmentation import (
+    TargetWorkload,
+    TaskShape,
+    cpu_aware_fragmentation,
+    node_fragmentation,
+)
+from gpushare.core.model import ContainerRequest, Gpu, Node, NodeState, PodRequest
+from gpushare.core.policies import PolicyContext, make_policy
+
+ONE_GPU_4_CPU = TargetWorkload((TaskShape(4000, 1000, 1),), (1.0,))
+EIGHT_FREE = (1000,) * 8
+MODELS = ("G2",) * 8
+
+
+@pytest.mark.parametrize(
+    ("cpu_free", "cpu_weight", "expected"),
+    [
+        (64_000, 0.7, 0.0),  # 16 copies of CPU for 8 GPUs: nothing stranded, as the paper
+        (8_000, 0.0, 0.0),  # β = 0 is the paper's F
+        (8_000, 1.0, 6000.0),  # CPU for 2 copies: 6 whole GPUs stranded
+        (8_000, 0.5, 3000.0),  # blended halfway
+        (3_000, 1.0, 8000.0),  # not even one copy: all idle GPU, as the paper
+    ],
+    ids=[
+        "plenty-of-cpu-equals-paper",
+        "beta-zero-equals-paper",
+        "cpu-for-two-copies-strands-six-gpus",
+        "beta-half-blends",
+        "cpu-short-of-one-copy-is-all-idle",
+    ],
+)
+def test_idle_gpu_the_cpu_cannot_serve_is_fragmented(
+    cpu_free: int, cpu_weight: float, expected: float
+) -> None:
+    value = cpu_aware_fragmentation(EIGHT_FREE, MODELS, cpu_free, ONE_GPU_4_CPU, cpu_weight)
+    assert value == pytest.approx(expected)
+
+
+def test_unconstrained_cpu_equals_the_paper() -> None:
+    free = (1000, 300, 0, 700)
+    models = ("T4",) * 4
+    assert cpu_aware_fragmentation(free, models, None, ONE_GPU_4_CPU) == node_fragmentation(
+        free, models, None, ONE_GPU_4_CPU
+    )
+
+
+def test_fgd_cpu_keeps_cpu_only_pods_off_gpu_dense_nodes() -> None:
+    """A CPU-only pod goes to the CPU-rich node, not to the one whose CPU its GPUs need."""
+    dense = Node("dense", tuple(Gpu(i, "G2", 1000) for i in range(8)), cpu_milli=96_000)
+    rich = Node("rich", tuple(Gpu(i, "T4", 1000) for i in range(2)), cpu_milli=104_000)
+    workload = TargetWorkload((TaskShape(12_000, 1000, 1),), (1.0,))
+    context = PolicyContext(workload=workload)
+    cpu_pod = PodRequest("cpu", (ContainerRequest("main", 0, 0),), cpu_milli=40_000)
+    policy = make_policy("fgd-cpu", context)
+    dense_score = policy.score(NodeState.empty(dense), cpu_pod)
+    rich_score = policy.score(NodeState.empty(rich), cpu_pod)
+    assert rich_score > dense_score
+    paper = make_policy("fgd", context)
+    assert paper.score(NodeState.empty(rich), cpu_pod) == paper.score(
+        NodeState.empty(dense), cpu_pod
+    )
