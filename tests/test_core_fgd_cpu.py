@@ -12,6 +12,7 @@ from gpushare.core.fragmentation import (
 )
 from gpushare.core.model import ContainerRequest, Gpu, Node, NodeState, PodRequest
 from gpushare.core.policies import PolicyContext, make_policy
+from gpushare.core.policies.fgd_cpu import node_type, reserved_node_types
 
 ONE_GPU_4_CPU = TargetWorkload((TaskShape(4000, 1000, 1),), (1.0,))
 EIGHT_FREE = (1000,) * 8
@@ -65,3 +66,42 @@ def test_fgd_cpu_keeps_cpu_only_pods_off_gpu_dense_nodes() -> None:
     assert paper.score(NodeState.empty(rich), cpu_pod) == paper.score(
         NodeState.empty(dense), cpu_pod
     )
+
+
+def _gpu_node(name: str, model: str, gpus: int, cpu_milli: int) -> Node:
+    return Node(name, tuple(Gpu(i, model, 1000) for i in range(gpus)), cpu_milli=cpu_milli)
+
+
+def test_fgd_score_is_the_primary_key() -> None:
+    """fgd-cpu's score is FGD's score × 1000 plus a tie-break below 1000: it never reorders
+    nodes that FGD separates."""
+    workload = TargetWorkload((TaskShape(4000, 500, 1), TaskShape(4000, 1000, 1)), (0.5, 0.5))
+    context = PolicyContext(workload=workload)
+    fgd = make_policy("fgd", context)
+    ours = make_policy("fgd-cpu", context)
+    request = PodRequest("p", (ContainerRequest("main", 500),), cpu_milli=4000)
+    states = [
+        NodeState(_gpu_node("a", "T4", 2, 32_000), (500, 0)),
+        NodeState(_gpu_node("b", "T4", 2, 32_000), (0, 0)),
+        NodeState(_gpu_node("c", "T4", 2, 6_000), (0, 0)),
+    ]
+    for state in states:
+        primary = fgd.score(state, request)
+        assert primary * 1000 <= ours.score(state, request) < (primary + 1) * 1000
+
+
+def test_scarce_node_types_are_reserved_for_the_shapes_that_need_them() -> None:
+    """T4-only pods are a large share of demand and T4 nodes a small share of GPUs: T4 nodes are
+    reserved for them; unconstrained shapes, hosted everywhere, reserve nothing."""
+    cluster = tuple(_gpu_node(f"g{i}", "G2", 8, 96_000) for i in range(9)) + tuple(
+        _gpu_node(f"t{i}", "T4", 2, 104_000) for i in range(4)
+    )
+    t4_only = TaskShape(8000, 1000, 1, frozenset({"T4"}))
+    anywhere = TaskShape(8000, 1000, 1)
+    reserved, group_of = reserved_node_types(
+        cluster, TargetWorkload((t4_only, anywhere), (0.3, 0.7))
+    )
+    t4_type, g2_type = node_type(cluster[-1]), node_type(cluster[0])
+    assert group_of[t4_only] in reserved[t4_type]
+    assert g2_type not in reserved
+    assert group_of[anywhere] not in reserved.get(t4_type, set())

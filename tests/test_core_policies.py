@@ -44,7 +44,7 @@ ALL_POLICIES = (
     "alibaba",
     "fgd-cpu",
 )
-INTEGER_SCORED = ("dotprod", "clustering", "packing", "bestfit", "fgd", "fgd-cpu", "alibaba")
+INTEGER_SCORED = ("dotprod", "clustering", "packing", "bestfit", "fgd", "alibaba")
 BEST_FIT_GPU = ("binpack", "bestfit", "dotprod", "clustering", "packing", "alibaba")
 MIB_16G = 16276  # design.md's 16 GiB GPU in MiB
 # A small target workload in milli-GPU, used wherever FGD needs one.

@@ -42,14 +42,16 @@ class RunResult:
 def policy_context(
     nodes: Sequence[Node], pods: Sequence[PodRequest], seed: int, gpu_unit: int = 1000
 ) -> PolicyContext:
-    """The context every policy of a run gets: M from the original pods (METHOD.md §2), the
-    largest node's CPU and GPU total, and a seeded random source."""
+    """The context every policy of a run gets: M from the original pods (METHOD.md §2), all
+    their shapes, the nodes, the largest node's CPU and GPU total, and a seeded random source."""
     return PolicyContext(
         workload=TargetWorkload.from_pods(pods),
         rng=random.Random(seed),
         max_node_cpu_milli=max((n.cpu_milli or 0) for n in nodes),
         max_node_gpu=max(sum(g.capacity for g in n.gpus) for n in nodes),
         gpu_unit=gpu_unit,
+        all_shapes=TargetWorkload.from_pods(pods, coverage=1.0),
+        cluster=tuple(nodes),
     )
 
 

@@ -1,6 +1,6 @@
 """Placement policies by name. Importing this package registers every built-in policy."""
 
-from gpushare.core.policies import baselines, fgd, simple
+from gpushare.core.policies import baselines, fgd, fgd_cpu, simple
 from gpushare.core.policies.base import (
     Policy,
     PolicyContext,
@@ -15,6 +15,7 @@ __all__ = [
     "PolicyContext",
     "baselines",
     "fgd",
+    "fgd_cpu",
     "make_policy",
     "policy_names",
     "policy_summary",

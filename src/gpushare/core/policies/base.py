@@ -26,6 +26,7 @@ from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import (
     ContainerAllocation,
     ContainerRequest,
+    Node,
     NodeState,
     PodRequest,
 )
@@ -35,13 +36,19 @@ from gpushare.core.model import (
 class PolicyContext:
     """What a policy may know beyond one node: the cluster's largest node (for the paper's
     normalisations, ``MaxSpecCpu``/``MaxSpecGpu``), one whole GPU in the node unit, the target
-    workload (FGD) and a random source (the random baseline)."""
+    workload (FGD), a random source (the random baseline), and optionally all task shapes and
+    the cluster's nodes (``fgd-cpu``'s reservations)."""
 
     workload: TargetWorkload | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     max_node_cpu_milli: int = 128_000
     max_node_gpu: int = 8_000
     gpu_unit: int = 1_000
+    all_shapes: TargetWorkload | None = None
+    """Every task shape with its frequency (coverage 100%), for policies that reserve scarce
+    nodes (``fgd-cpu``); ``None``: no reservation."""
+    cluster: tuple[Node, ...] = ()
+    """The cluster's nodes (capacities only), for policies that weigh supply per node type."""
 
 
 class Policy(Protocol):

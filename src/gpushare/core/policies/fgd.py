@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from gpushare.core.fragmentation import (
     FragmentationMeasure,
     TargetWorkload,
-    cpu_aware_fragmentation,
     node_fragmentation,
 )
 from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
@@ -178,13 +177,3 @@ class FgdPolicy:
 register("fgd", "fragmentation gradient descent (Weng et al., ATC'23), the artifact's scores")(
     FgdPolicy
 )
-
-
-def _fgd_cpu(context: PolicyContext) -> FgdPolicy:
-    return FgdPolicy(context, name="fgd-cpu", measure=cpu_aware_fragmentation)
-
-
-register(
-    "fgd-cpu",
-    "gpushare's CPU-aware FGD: idle GPU the node's CPU cannot serve counts as fragmentation",
-)(_fgd_cpu)

@@ -1,0 +1,126 @@
+"""``fgd-cpu``: gpushare's placement policy — FGD, with CPU-aware tie-breaking that respects
+scarce nodes.
+
+FGD's integer scores tie often (a point is ~40 milli-GPU of fragmentation) and the artifact breaks
+ties by a random node order. ``fgd-cpu`` keeps FGD's score as the primary key and breaks its ties
+with a second FGD score computed on ``cpu_aware_fragmentation``: idle GPU that a node's CPU
+cannot serve counts as fragmentation (on openb, GPU pods ask ~11 vCPU per GPU and the 8-GPU G2
+nodes offer 12, so CPU placed badly strands whole GPUs that the paper's F does not see).
+
+Steering by CPU alone takes scarce nodes from the pods that need them (T4 nodes from T4-only
+pods, 128-vCPU nodes from 120-vCPU 8-GPU pods), so the tie-break is withheld where it would do
+that: task shapes (all of them, not only the popular ones) are grouped by the node types that
+could host them; a group whose hosts hold at most ``SCARCE_SUPPLY`` of the cluster's GPUs and
+whose GPU demand exceeds ``RESERVE_RATIO`` × its hosts' share of GPUs reserves those node
+types, and GPU pods of other groups get no tie-break credit there. CPU-only pods take no GPU
+and are never held back. Without ``PolicyContext.all_shapes`` and ``cluster`` nothing is
+reserved. Results: ``docs/simulator.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gpushare.core.fragmentation import (
+    TargetWorkload,
+    TaskShape,
+    cpu_aware_fragmentation,
+    shape_fragmentation,
+)
+from gpushare.core.model import ContainerAllocation, Node, NodeState, PodRequest
+from gpushare.core.policies.base import PolicyContext, register
+from gpushare.core.policies.fgd import FgdPolicy
+
+CPU_WEIGHT = 0.7
+"""β of ``cpu_aware_fragmentation`` in the tie-break (0.5–1.0 all helped on openb)."""
+RESERVE_RATIO = 0.25
+"""A scarce host group is reserved when its demand share exceeds this × its supply share."""
+SCARCE_SUPPLY = 0.5
+"""Only host groups holding at most this share of the cluster's GPUs can be reserved."""
+TIE_BREAK_SCALE = 1000.0
+"""Primary scores are multiplied by this so the tie-break (0–100) never outranks them."""
+
+NodeType = tuple[tuple[str, ...], int | None]
+
+
+def node_type(node: Node) -> NodeType:
+    """What decides which shapes a node can host: its GPU models and its CPU."""
+    return (node.models, node.cpu_milli)
+
+
+def _can_host(node: Node, shape: TaskShape) -> bool:
+    """Whether an empty ``node`` can run ``shape`` (some idle GPU is usable by it)."""
+    free = node.capacities
+    return shape_fragmentation(free, node.models, node.cpu_milli, shape) != sum(free)
+
+
+def reserved_node_types(
+    cluster: tuple[Node, ...], shapes: TargetWorkload
+) -> tuple[dict[NodeType, set[frozenset[NodeType]]], dict[TaskShape, frozenset[NodeType]]]:
+    """(node type → the host groups that reserve it, shape → its host group), module doc."""
+    supply: dict[NodeType, int] = {}
+    template: dict[NodeType, Node] = {}
+    for node in cluster:
+        key = node_type(node)
+        supply[key] = supply.get(key, 0) + len(node.gpus)
+        template.setdefault(key, node)
+    supply_total = sum(supply.values())
+    demand: dict[frozenset[NodeType], float] = {}
+    group_of: dict[TaskShape, frozenset[NodeType]] = {}
+    for shape, weight in zip(shapes.shapes, shapes.weights, strict=True):
+        amount = weight * shape.gpu_count * shape.gpu_share
+        if amount == 0:
+            continue
+        hosts = frozenset(key for key, node in template.items() if _can_host(node, shape))
+        demand[hosts] = demand.get(hosts, 0.0) + amount
+        group_of[shape] = hosts
+    demand_total = sum(demand.values())
+    reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
+    if not supply_total or not demand_total:
+        return reserved, group_of
+    for hosts, amount in demand.items():
+        share = sum(supply[key] for key in hosts) / supply_total
+        if 0 < share <= SCARCE_SUPPLY and amount / demand_total > RESERVE_RATIO * share:
+            for key in hosts:
+                reserved.setdefault(key, set()).add(hosts)
+    return reserved, group_of
+
+
+class FgdCpuPolicy:
+    """FGD with a CPU-aware, reservation-respecting tie-break (module doc)."""
+
+    name = "fgd-cpu"
+    deterministic = True
+
+    def __init__(self, context: PolicyContext) -> None:
+        self.paper = FgdPolicy(context, name="fgd-cpu")
+        self.cpu = FgdPolicy(
+            context,
+            name="fgd-cpu",
+            measure=functools.partial(cpu_aware_fragmentation, cpu_weight=CPU_WEIGHT),
+        )
+        self.reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
+        self.group_of: dict[TaskShape, frozenset[NodeType]] = {}
+        if context.all_shapes is not None and context.cluster:
+            self.reserved, self.group_of = reserved_node_types(context.cluster, context.all_shapes)
+
+    def _tie_break(self, state: NodeState, pod: PodRequest) -> float:
+        if pod.gpu_containers:
+            groups = self.reserved.get(node_type(state.node))
+            if groups and self.group_of.get(TaskShape.of(pod)) not in groups:
+                return 0.0
+        return self.cpu.score(state, pod)
+
+    def score(self, state: NodeState, pod: PodRequest) -> float:
+        """FGD's integer score × 1000 + the CPU-aware tie-break (0–100)."""
+        return self.paper.score(state, pod) * TIE_BREAK_SCALE + self._tie_break(state, pod)
+
+    def choose_gpus(self, state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
+        """FGD's GPU choice."""
+        return self.paper.choose_gpus(state, pod)
+
+
+register(
+    "fgd-cpu",
+    "gpushare: FGD, ties broken by CPU-aware fragmentation away from scarce nodes",
+)(FgdCpuPolicy)
