@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control plane used by the cluster-test tier (tests/cluster):
+# etcd, kube-apiserver, kube-scheduler and kwok, from the Go module proxy, at the versions
+# pinned by the Go modules under testenv/controlplane/ (go.mod + go.sum, checked in).
+#
+# The binaries go to a cache directory outside the repository and are reused when present:
+#   ${GPUSHARE_CONTROLPLANE_CACHE:-$HOME/.cache/gpushare/controlplane/<versions>}
+# A stamp file records the versions and a hash of the pinning modules; any change rebuilds.
+#
+# Usage:
+#   scripts/build-controlplane.sh              build (or reuse) the binaries, print progress
+#   scripts/build-controlplane.sh --print-dir  print the binary directory and exit (no Go needed)
+#
+# Environment: GPUSHARE_CONTROLPLANE_CACHE (binary directory), GOPROXY/GOMODCACHE/GOCACHE as
+# usual for Go. Exit status is non-zero, with a message saying why, when Go or the module
+# proxy is unavailable: the cluster tests must never be skipped silently.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MODS="$ROOT/testenv/controlplane"
+BINARIES=(etcd kube-apiserver kube-scheduler kwok)
+# kwok >= 0.8 refuses to start without stages; these are the defaults kwokctl gives it.
+KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
+
+say() { printf '[controlplane] %s\n' "$*" >&2; }
+die() {
+    printf '[controlplane] ERROR: %s\n' "$*" >&2
+    printf '[controlplane] The cluster tests (pytest -m cluster) need these binaries; they are not optional.\n' >&2
+    exit 1
+}
+
+# The pinned version of a module, read from the `require` line of a go.mod file.
+pinned() {
+    local modfile="$1" module="$2" version
+    version="$(awk -v m="$module" '($1 == m || ($1 == "require" && $2 == m)) && !/=>/ {
+        print ($1 == "require" ? $3 : $2); exit }' "$modfile")"
+    [[ -n "$version" ]] || die "cannot find the pinned version of $module in $modfile"
+    printf '%s' "$version"
+}
+
+K8S_VERSION="$(pinned "$MODS/kubernetes/go.mod" k8s.io/kubernetes)"
+ETCD_VERSION="$(pinned "$MODS/etcd/go.mod" go.etcd.io/etcd/server/v3)"
+KWOK_VERSION="$(pinned "$MODS/kwok/go.mod" sigs.k8s.io/kwok)"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
+BIN_DIR="${GPUSHARE_CONTROLPLANE_CACHE:-${HOME}/.cache/gpushare/controlplane/${KEY}}"
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+    printf '%s\n' "$BIN_DIR"
+    exit 0
+elif [[ $# -gt 0 ]]; then
+    die "unknown argument: $1 (usage: $0 [--print-dir])"
+fi
+
+# What the stamp records: the versions, this script and the exact pinning files.
+fingerprint() {
+    printf '%s\n' "$KEY"
+    (cat "${BASH_SOURCE[0]}" && cd "$MODS" && cat kubernetes/go.mod kubernetes/go.sum kubernetes/tools.go \
+        etcd/go.mod etcd/go.sum etcd/tools.go kwok/go.mod kwok/go.sum kwok/tools.go) \
+        | sha256sum | cut -d' ' -f1
+}
+WANT="$(fingerprint)"
+STAMP="$BIN_DIR/.stamp"
+
+cached() {
+    [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] || return 1
+    local b
+    for b in "${BINARIES[@]}"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
+    [[ -s "$BIN_DIR/kwok-stages.yaml" ]]
+}
+
+say "versions: kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION"
+say "binary directory: $BIN_DIR"
+if cached; then
+    say "all binaries present and up to date; nothing to build"
+    exit 0
+fi
+
+# ---- preconditions: a Go toolchain that can build the pinned modules --------------------
+command -v go >/dev/null 2>&1 \
+    || die "Go is not installed (no 'go' on PATH). Install Go >= 1.26 (https://go.dev/dl/) and rerun."
+GO_NEED="$(awk '$1 == "go" { print $2; exit }' "$MODS/kubernetes/go.mod")"
+GO_HAVE="$(go env GOVERSION)"
+GO_HAVE="${GO_HAVE#go}"
+if [[ "$(printf '%s\n%s\n' "$GO_NEED" "$GO_HAVE" | sort -V | head -1)" != "$GO_NEED" ]]; then
+    case "$(go env GOTOOLCHAIN)" in
+        local*) die "Go $GO_HAVE is too old: these modules need Go >= $GO_NEED and GOTOOLCHAIN=local \
+forbids fetching a newer toolchain. Install Go >= $GO_NEED or set GOTOOLCHAIN=auto." ;;
+        *) say "Go $GO_HAVE < $GO_NEED: the go command will fetch a newer toolchain through the proxy" ;;
+    esac
+fi
+say "using $(go version) (GOPROXY=$(go env GOPROXY))"
+
+mkdir -p "$BIN_DIR"
+# One build at a time per cache directory (concurrent `make test` runs).
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"$BIN_DIR/.lock"
+    flock 9
+    if cached; then
+        say "another build finished the binaries meanwhile; nothing to build"
+        exit 0
+    fi
+fi
+PARTIAL="$(mktemp -d "$BIN_DIR/.partial.XXXXXX")"
+trap 'rm -rf "$PARTIAL"' EXIT
+
+START=$SECONDS
+step() { say "$1 (t+$((SECONDS - START))s)"; }
+
+# ---- download (no-op when the module cache already holds everything) --------------------
+download() {
+    local dir="$1" log
+    log="$(mktemp)"
+    if ! (cd "$MODS/$dir" && go mod download) >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        die "cannot download the Go modules for testenv/controlplane/$dir from GOPROXY=$(go env GOPROXY). \
+The Go module proxy must be reachable (or the modules already in $(go env GOMODCACHE))."
+    fi
+    rm -f "$log"
+}
+for d in kubernetes etcd kwok; do
+    step "downloading modules for $d"
+    download "$d"
+done
+
+# ---- build -------------------------------------------------------------------------------
+export CGO_ENABLED=0
+# Run below the priority of everything else on the machine (builds are long on 2 cores).
+NICE=(nice -n 19)
+
+module_time() { (cd "$MODS/$1" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' "$2"); }
+
+K8S_MINOR="${K8S_VERSION#v1.}"
+K8S_MINOR="${K8S_MINOR%%.*}"
+K8S_DATE="$(module_time kubernetes k8s.io/kubernetes)"
+K8S_LDFLAGS="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$K8S_MINOR"
+    K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=${K8S_DATE:-1970-01-01T00:00:00Z}"
+done
+
+step "building kube-apiserver and kube-scheduler $K8S_VERSION (the long part on a cold cache)"
+(cd "$MODS/kubernetes" && "${NICE[@]}" go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$PARTIAL/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler) \
+    || die "go build of kube-apiserver/kube-scheduler failed (output above)"
+
+step "building etcd $ETCD_VERSION"
+(cd "$MODS/etcd" && "${NICE[@]}" go build -trimpath -ldflags "-s -w" -o "$PARTIAL/etcd" \
+    go.etcd.io/etcd/server/v3) \
+    || die "go build of etcd failed (output above)"
+
+step "building kwok $KWOK_VERSION"
+(cd "$MODS/kwok" && "${NICE[@]}" go build -trimpath -ldflags "-s -w" -o "$PARTIAL/kwok" \
+    sigs.k8s.io/kwok/cmd/kwok) \
+    || die "go build of kwok failed (output above)"
+
+step "collecting kwok's default stages (node-initialize, heartbeat with lease, pod fast)"
+KWOK_DIR="$(cd "$MODS/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+for f in "${KWOK_STAGES[@]}"; do
+    [[ -f "$KWOK_DIR/kustomize/stage/$f" ]] || die "kwok $KWOK_VERSION has no stage file kustomize/stage/$f"
+    printf -- '---\n# from sigs.k8s.io/kwok@%s kustomize/stage/%s\n' "$KWOK_VERSION" "$f"
+    cat "$KWOK_DIR/kustomize/stage/$f"
+done >"$PARTIAL/kwok-stages.yaml"
+
+# ---- install atomically: binaries first, stamp last ----------------------------------------
+for b in "${BINARIES[@]}" kwok-stages.yaml; do
+    mv -f "$PARTIAL/$b" "$BIN_DIR/$b"
+done
+printf '%s\n' "$WANT" >"$STAMP"
+say "built: $("$BIN_DIR/kube-apiserver" --version); $("$BIN_DIR/etcd" --version | sed -n 1p)"
+step "done: ${BINARIES[*]} kwok-stages.yaml in $BIN_DIR"

@@ -1,0 +1,220 @@
+"""Fake GPU-share nodes for the cluster tests: kwok nodes that look like gpushare nodes.
+
+A node built by :func:`gpu_node` carries what a memory-shared node carries in a real cluster
+once our device plugin has registered (``design.md``, "Units" and "Node modes"):
+
+* label ``gpushare=true`` (the Alibaba-compatible node label), plus ``type=kwok``;
+* annotation ``kwok.x-k8s.io/node: fake``, so that kwok manages it (Ready, heartbeats, and
+  pods bound to it become Running);
+* ``status.capacity``: ``cpu``, ``memory``, ``pods``, ``aliyun.com/gpu-mem`` = the sum of every
+  GPU's memory in the node's unit, ``aliyun.com/gpu-count`` = the number of GPUs;
+* ``status.allocatable``: the same, except that ``aliyun.com/gpu-mem`` and
+  ``aliyun.com/gpu-count`` count only healthy GPUs (as the kubelet does for unhealthy devices);
+* annotation ``gpushare.io/gpu-inventory``: the per-GPU inventory, the node's memory unit
+  included, as compact JSON::
+
+      {"unit": "GiB",
+       "gpus": [{"index": 0, "uuid": "GPU-...", "model": "Tesla-V100-SXM2-16GB",
+                 "memory": 16, "healthy": true}, ...]}
+
+  ``unit`` is ``"GiB"`` or ``"MiB"``; ``memory`` is the whole GPU in that unit (an integer);
+  ``index`` is the device index (NVML order, 0..n-1); ``uuid`` is the NVML UUID (fakes derive a
+  stable one from the node name and index); ``healthy`` is false for a GPU that takes no new
+  allocations. The extender and the inspect tool read the unit and the per-GPU capacities from
+  here; a node without the annotation (an Alibaba device plugin) falls back to
+  ``gpu-mem ÷ gpu-count``.
+
+:func:`plain_node` builds a kwok node without GPUs (a node that must never receive a
+``aliyun.com/gpu-mem`` pod), :func:`create_nodes` creates nodes and waits until kwok reports
+them Ready.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.core_v1 import NodeStatus
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node
+
+from gpushare.testing.controlplane import (
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_ANNOTATION_VALUE,
+    ControlPlaneError,
+)
+
+GPU_MEM = "aliyun.com/gpu-mem"
+GPU_COUNT = "aliyun.com/gpu-count"
+GPUSHARE_LABEL = "gpushare"
+INVENTORY_ANNOTATION = "gpushare.io/gpu-inventory"
+UNITS = ("GiB", "MiB")
+DEFAULT_MODEL = "Tesla-V100-SXM2-16GB"
+_UUID_NAMESPACE = uuid.UUID("6f1d5c1e-93b5-4a4b-9c1e-2f6b0c1d9a77")
+
+
+@dataclass(frozen=True)
+class FakeGpu:
+    """One GPU of a fake node; ``memory`` is in the node's unit."""
+
+    index: int
+    memory: int
+    model: str = DEFAULT_MODEL
+    uuid: str = ""
+    healthy: bool = True
+
+    def to_json(self, node_name: str) -> dict[str, object]:
+        gpu_uuid = self.uuid or fake_gpu_uuid(node_name, self.index)
+        return {
+            "index": self.index,
+            "uuid": gpu_uuid,
+            "model": self.model,
+            "memory": self.memory,
+            "healthy": self.healthy,
+        }
+
+
+def fake_gpu_uuid(node_name: str, index: int) -> str:
+    """A stable NVML-style UUID (``GPU-<uuid>``) for GPU ``index`` of ``node_name``."""
+    return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{index}')}"
+
+
+def inventory_annotation(node_name: str, gpus: Sequence[FakeGpu], unit: str = "GiB") -> str:
+    """The ``gpushare.io/gpu-inventory`` value for ``gpus`` (see the module docstring)."""
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+    document = {"unit": unit, "gpus": [g.to_json(node_name) for g in gpus]}
+    return json.dumps(document, separators=(",", ":"))
+
+
+def _as_gpus(gpus: Sequence[int | FakeGpu], model: str) -> list[FakeGpu]:
+    result: list[FakeGpu] = []
+    for i, g in enumerate(gpus):
+        result.append(g if isinstance(g, FakeGpu) else FakeGpu(index=i, memory=g, model=model))
+    if sorted(g.index for g in result) != list(range(len(result))):
+        raise ValueError(f"GPU indices must be 0..{len(result) - 1}: {result}")
+    if any(g.memory <= 0 for g in result):
+        raise ValueError(f"GPU memory must be > 0: {result}")
+    return result
+
+
+def _kwok_node(
+    name: str,
+    *,
+    capacity: Mapping[str, str],
+    allocatable: Mapping[str, str],
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+) -> Node:
+    return Node(
+        metadata=ObjectMeta(
+            name=name,
+            labels={"type": "kwok", "kubernetes.io/hostname": name, **labels},
+            annotations={KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE, **annotations},
+        ),
+        status=NodeStatus(capacity=dict(capacity), allocatable=dict(allocatable)),
+    )
+
+
+def gpu_node(
+    name: str,
+    gpus: Sequence[int | FakeGpu],
+    *,
+    unit: str = "GiB",
+    model: str = DEFAULT_MODEL,
+    cpu: str = "32",
+    memory: str = "256Gi",
+    pods: int = 110,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> Node:
+    """A kwok GPU-share node; ``gpus`` are per-GPU memories in ``unit`` (or :class:`FakeGpu`).
+
+    >>> gpu_node("n1", [16, 16]).status.capacity["aliyun.com/gpu-mem"]
+    '32'
+    """
+    devices = _as_gpus(gpus, model)
+    healthy = [g for g in devices if g.healthy]
+    base = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+    return _kwok_node(
+        name,
+        capacity={
+            **base,
+            GPU_MEM: str(sum(g.memory for g in devices)),
+            GPU_COUNT: str(len(devices)),
+        },
+        allocatable={
+            **base,
+            GPU_MEM: str(sum(g.memory for g in healthy)),
+            GPU_COUNT: str(len(healthy)),
+        },
+        labels={GPUSHARE_LABEL: "true", **(labels or {})},
+        annotations={
+            INVENTORY_ANNOTATION: inventory_annotation(name, devices, unit),
+            **(annotations or {}),
+        },
+    )
+
+
+def plain_node(
+    name: str,
+    *,
+    cpu: str = "32",
+    memory: str = "256Gi",
+    pods: int = 110,
+    labels: Mapping[str, str] | None = None,
+) -> Node:
+    """A kwok node without GPUs and without the ``gpushare`` label."""
+    resources = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+    return _kwok_node(
+        name, capacity=resources, allocatable=resources, labels=labels or {}, annotations={}
+    )
+
+
+def _is_ready(node: Node) -> bool:
+    conditions = node.status.conditions if node.status is not None else None
+    return any(c.type == "Ready" and c.status == "True" for c in conditions or ())
+
+
+def create_nodes(client: Client, nodes: Iterable[Node], *, timeout: float = 60.0) -> list[Node]:
+    """Create ``nodes`` and wait until kwok has made every one Ready; return them as read back."""
+    names: list[str] = []
+    for node in nodes:
+        if node.metadata is None or not node.metadata.name:
+            raise ValueError("every node needs metadata.name")
+        client.create(node)
+        names.append(node.metadata.name)
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    pending = list(names)
+    ready: dict[str, Node] = {}
+    while pending:
+        for name in list(pending):
+            current = client.get(Node, name)
+            if _is_ready(current):
+                ready[name] = current
+                pending.remove(name)
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            raise ControlPlaneError(
+                f"kwok did not make nodes Ready within {timeout:.0f}s: {', '.join(pending)}"
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+    return [ready[n] for n in names]
+
+
+def delete_nodes(client: Client, names: Iterable[str]) -> None:
+    """Delete nodes, ignoring those already gone."""
+    for name in names:
+        try:
+            client.delete(Node, name)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
