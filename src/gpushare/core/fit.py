@@ -16,6 +16,7 @@ assignment in rare multi-container cases; it never claims a fit that does not ex
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpushare.core.model import ContainerAllocation, ContainerRequest, NodeState, PodRequest
@@ -77,14 +78,18 @@ class FitResult:
         if self.available is not None:
             parts.append(f"available {self.available}")
         if self.free_per_gpu:
-            parts.append(
-                "free/capacity per GPU "
-                + ", ".join(
-                    f"{free}/{cap}"
-                    for free, cap in zip(self.free_per_gpu, self.capacity_per_gpu, strict=True)
-                )
-            )
+            parts.append(describe_free_per_gpu(self.free_per_gpu, self.capacity_per_gpu))
         return "; ".join(parts)
+
+
+def describe_free_per_gpu(free: tuple[int, ...], capacity: tuple[int, ...]) -> str:
+    """``free/capacity per GPU 4/16, 0/16``: the numbers every rejection message carries."""
+    pairs = ", ".join(f"{f}/{c}" for f, c in zip(free, capacity, strict=True))
+    return f"free/capacity per GPU {pairs}"
+
+
+GpuPicker = Callable[[list[int], tuple[str, ...], ContainerRequest], list[int] | None]
+"""Chooses GPU positions for one container from the free list (per position) and models."""
 
 
 def best_fit_positions(
@@ -220,6 +225,14 @@ def greedy_assignment(
 
     Returns the allocations, or the first container that found no room.
     """
+    return assign_containers(state, containers, best_fit_positions)
+
+
+def assign_containers(
+    state: NodeState, containers: tuple[ContainerRequest, ...], pick: GpuPicker
+) -> tuple[ContainerAllocation, ...] | ContainerRequest:
+    """Containers placed one by one, largest share first, each by ``pick`` on the running free
+    list. Returns the allocations in declaration order, or the first container with no room."""
     gpus = state.node.gpus
     models = state.node.models
     free = list(state.gpu_free)
@@ -229,7 +242,7 @@ def greedy_assignment(
     )
     for i in order:
         container = containers[i]
-        positions = best_fit_positions(free, models, container)
+        positions = pick(free, models, container)
         if positions is None:
             return container
         for position in positions:

@@ -23,6 +23,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpushare.core.fit import describe_free_per_gpu
 from gpushare.core.model import Allocation, Node, NodeState
 
 __all__ = [
@@ -103,13 +104,7 @@ class LedgerResult:
         if self.available is not None:
             parts.append(f"available {self.available}")
         if self.free_per_gpu:
-            parts.append(
-                "free/capacity per GPU "
-                + ", ".join(
-                    f"{free}/{cap}"
-                    for free, cap in zip(self.free_per_gpu, self.capacity_per_gpu, strict=True)
-                )
-            )
+            parts.append(describe_free_per_gpu(self.free_per_gpu, self.capacity_per_gpu))
         return "; ".join(parts)
 
 

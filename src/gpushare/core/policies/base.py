@@ -21,7 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpushare.core.fit import best_fit_positions, greedy_assignment
+from gpushare.core.fit import (
+    GpuPicker,
+    assign_containers,
+    best_fit_positions,
+    greedy_assignment,
+)
 from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import (
     ContainerAllocation,
@@ -108,33 +113,15 @@ def make_policy(name: str, context: PolicyContext | None = None) -> Policy:
     return factory(context or PolicyContext())
 
 
-GpuPicker = Callable[[list[int], tuple[str, ...], ContainerRequest], list[int] | None]
-
-
 def assign_sequentially(
     state: NodeState, pod: PodRequest, pick: GpuPicker
 ) -> tuple[ContainerAllocation, ...]:
     """GPU containers placed one by one (largest share first) with ``pick`` on the running free
     list; falls back to the fit check's best-fit-decreasing assignment if ``pick`` fails."""
-    gpus = state.node.gpus
-    models = state.node.models
-    free = list(state.gpu_free)
-    containers = pod.gpu_containers
-    chosen: dict[int, tuple[int, ...]] = {}  # by position in ``containers``: names may repeat
-    order = sorted(
-        range(len(containers)), key=lambda i: (-containers[i].gpu_share, -containers[i].gpu_count)
-    )
-    for i in order:
-        container = containers[i]
-        positions = pick(free, models, container)
-        if positions is None:
-            return fallback_assignment(state, pod)
-        for position in positions:
-            free[position] -= container.gpu_share
-        chosen[i] = tuple(gpus[p].index for p in positions)
-    return tuple(
-        ContainerAllocation(c.name, chosen[i], c.gpu_share) for i, c in enumerate(containers)
-    )
+    assignment = assign_containers(state, pod.gpu_containers, pick)
+    if isinstance(assignment, ContainerRequest):
+        return fallback_assignment(state, pod)
+    return assignment
 
 
 def fallback_assignment(state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
