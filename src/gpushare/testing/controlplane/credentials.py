@@ -1,0 +1,100 @@
+"""Throw-away TLS material (CA, serving and admin pairs, service-account keys) and kubeconfigs."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpushare.testing.controlplane.errors import ControlPlaneError
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ControlPlaneError(f"openssl {' '.join(args)} failed:\n{done.stderr}")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A throw-away CA, the API server's serving pair, the admin client pair and the SA keys."""
+
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    admin_cert: Path
+    admin_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+    @classmethod
+    def generate(cls, directory: Path) -> Credentials:
+        directory.mkdir(parents=True, exist_ok=True)
+        _openssl(
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=gpushare-test-ca",
+            cwd=directory,
+        )  # fmt: skip
+        (directory / "serving.ext").write_text(
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\n"
+            "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+            "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+        )
+        (directory / "client.ext").write_text(
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=clientAuth\n"
+        )
+        for name, subject, ext in (
+            ("serving", "/CN=kube-apiserver", "serving.ext"),
+            ("admin", "/O=system:masters/CN=gpushare-test-admin", "client.ext"),
+        ):
+            _openssl(
+                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr", "-subj", subject,
+                cwd=directory,
+            )  # fmt: skip
+            _openssl(
+                "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", ext, "-out", f"{name}.crt",
+                cwd=directory,
+            )  # fmt: skip
+        _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
+        _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
+        return cls(
+            ca_cert=directory / "ca.crt",
+            serving_cert=directory / "serving.crt",
+            serving_key=directory / "serving.key",
+            admin_cert=directory / "admin.crt",
+            admin_key=directory / "admin.key",
+            sa_key=directory / "sa.key",
+            sa_pub=directory / "sa.pub",
+        )
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_cert))
+        context.load_cert_chain(str(self.admin_cert), str(self.admin_key))
+        return context
+
+
+def write_kubeconfig(path: Path, server: str, ca_cert: Path, user: Mapping[str, str]) -> Path:
+    """A one-context kubeconfig (JSON, which is YAML) for ``server`` with ``user`` credentials."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gpushare-test",
+                "cluster": {"server": server, "certificate-authority": str(ca_cert)},
+            }
+        ],
+        "users": [{"name": "user", "user": dict(user)}],
+        "contexts": [{"name": "test", "context": {"cluster": "gpushare-test", "user": "user"}}],
+        "current-context": "test",
+    }
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
+    return path

@@ -1,0 +1,312 @@
+"""The :class:`ControlPlane` itself: start, supervise and stop etcd, kube-apiserver,
+kube-scheduler and kwok."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import json
+import shutil
+import ssl
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpushare.testing.controlplane.api import ApiAccess
+from gpushare.testing.controlplane.binaries import KWOK_STAGES, Binaries
+from gpushare.testing.controlplane.credentials import Credentials, write_kubeconfig
+from gpushare.testing.controlplane.errors import ControlPlaneError
+from gpushare.testing.controlplane.processes import (
+    ManagedProcess,
+    _http_ok,
+    free_ports,
+    wait_until,
+)
+from gpushare.testing.controlplane.scheduler_config import scheduler_configuration
+
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_ANNOTATION_VALUE = "fake"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+@dataclass
+class _Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    scheduler: int
+    kwok: int
+
+
+@dataclass
+class ControlPlane(ApiAccess):
+    """etcd + kube-apiserver + kube-scheduler + kwok on loopback; use as a context manager.
+
+    ``extenders`` go into the main kube-scheduler's configuration (profile
+    ``default-scheduler``); ``scheduler_extra`` adds top-level configuration fields. ``log_dir``
+    receives a copy of every process log at :meth:`stop`.
+    """
+
+    binaries: Binaries
+    extenders: Sequence[Mapping[str, Any]] = ()
+    scheduler_extra: Mapping[str, Any] = field(default_factory=dict)
+    log_dir: Path | None = None
+    startup_timeout: float = 90.0
+    root: Path = field(init=False)
+    credentials: Credentials = field(init=False)
+    kubeconfig: Path = field(init=False)
+    server: str = field(init=False)
+    processes: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
+    _finished: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
+    _ports: _Ports = field(init=False)
+    _started: bool = field(init=False, default=False)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ControlPlane:
+        """Start everything and wait until each part is ready; on any failure stop it all."""
+        if self._started:
+            raise ControlPlaneError("control plane already started")
+        self.root = Path(tempfile.mkdtemp(prefix="gpushare-controlplane-"))
+        self._started = True
+        # Backstop for an interpreter that exits without running fixture teardown.
+        atexit.register(self.stop)
+        try:
+            ports = free_ports(5)
+            self._ports = _Ports(*ports)
+            self.server = f"https://127.0.0.1:{self._ports.apiserver}"
+            self.credentials = Credentials.generate(self.root / "pki")
+            self.kubeconfig = write_kubeconfig(
+                self.root / "admin.kubeconfig",
+                self.server,
+                self.credentials.ca_cert,
+                {
+                    "client-certificate": str(self.credentials.admin_cert),
+                    "client-key": str(self.credentials.admin_key),
+                },
+            )
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_scheduler(
+                "kube-scheduler",
+                self._ports.scheduler,
+                scheduler_configuration(
+                    self.kubeconfig, extenders=self.extenders, **self.scheduler_extra
+                ),
+            )
+            self._start_kwok()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every process (newest first), keep the logs, remove the temporary root."""
+        atexit.unregister(self.stop)
+        errors: list[str] = []
+        for proc in reversed(list(self.processes.values())):
+            try:
+                proc.stop()
+            except Exception as exc:  # keep going: every process must be stopped
+                errors.append(f"{proc.name}: {exc!r}")
+        for proc in self.processes.values():
+            self._keep_log(proc)
+        if self._started:
+            shutil.rmtree(self.root, ignore_errors=True)
+        if errors:
+            raise ControlPlaneError("errors while stopping: " + "; ".join(errors))
+
+    def _keep_log(self, proc: ManagedProcess) -> None:
+        if self.log_dir is not None and proc.log_path.exists():
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(proc.log_path, self.log_dir / proc.log_path.name)
+
+    def check_running(self) -> None:
+        """Raise with the log of the first process that has exited."""
+        for proc in self.processes.values():
+            proc.check_running()
+
+    def logs(self, lines: int = 60) -> dict[str, str]:
+        """The last ``lines`` of every process log (extra schedulers too), by process name."""
+        procs = {**self._finished, **self.processes}
+        return {name: proc.log_tail(lines) for name, proc in procs.items()}
+
+    # ---- extra schedulers --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scheduler(
+        self,
+        name: str,
+        *,
+        profiles: Sequence[Mapping[str, Any]],
+        extenders: Sequence[Mapping[str, Any]] = (),
+        **extra: Any,
+    ) -> Iterator[ManagedProcess]:
+        """Run one more kube-scheduler (its own profiles and extenders) for the ``with`` body.
+
+        Give it a profile with its own ``schedulerName``; pods opt in with
+        ``spec.schedulerName``, so the main scheduler and other tests are unaffected.
+        """
+        if name in self.processes:
+            raise ControlPlaneError(f"a process named {name!r} is already running")
+        (port,) = free_ports(1)
+        config = scheduler_configuration(
+            self.kubeconfig, profiles=profiles, extenders=extenders, **extra
+        )
+        try:
+            yield self._start_scheduler(name, port, config)
+        finally:
+            proc = self.processes.pop(name, None)
+            if proc is not None:
+                proc.stop()
+                self._keep_log(proc)
+                self._finished[name] = proc  # its log still goes into failure reports
+
+    # ---- the parts ---------------------------------------------------------------------
+
+    def _launch(self, name: str, argv: Sequence[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.root / name)
+        self.processes[name] = proc
+        return proc.start()
+
+    def _start_etcd(self) -> None:
+        p = self._ports
+        client_url = f"http://127.0.0.1:{p.etcd_client}"
+        peer_url = f"http://127.0.0.1:{p.etcd_peer}"
+        proc = self._launch(
+            "etcd",
+            [
+                str(self.binaries.path("etcd")),
+                "--name=default",
+                f"--data-dir={self.root / 'etcd' / 'data'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        wait_until(
+            "etcd /health",
+            lambda: _http_ok(f"{client_url}/health", body='"health":"true"'),
+            self.startup_timeout,
+            processes=[proc],
+        )
+
+    def _start_apiserver(self) -> None:
+        c = self.credentials
+        proc = self._launch(
+            "kube-apiserver",
+            [
+                str(self.binaries.path("kube-apiserver")),
+                f"--etcd-servers=http://127.0.0.1:{self._ports.etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                # The endpoint reconciler refuses a loopback advertise address ("may not be in
+                # the loopback range") and exits; nothing here needs the `kubernetes` Endpoints.
+                "--endpoint-reconciler-type=none",
+                f"--secure-port={self._ports.apiserver}",
+                f"--cert-dir={self.root / 'kube-apiserver' / 'certs'}",
+                f"--tls-cert-file={c.serving_cert}",
+                f"--tls-private-key-file={c.serving_key}",
+                f"--client-ca-file={c.ca_cert}",
+                "--authorization-mode=RBAC",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={c.sa_pub}",
+                f"--service-account-signing-key-file={c.sa_key}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                # There is no kube-controller-manager: nobody would create the `default`
+                # ServiceAccount (ServiceAccount admission would refuse pods) nor lift the
+                # node.kubernetes.io/not-ready taint that TaintNodesByCondition puts on every
+                # new Node (the scheduler would refuse every kwok node).
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+            ],
+        )
+        context = c.admin_ssl_context()
+        wait_until(
+            "kube-apiserver /readyz",
+            lambda: _http_ok(f"{self.server}/readyz", context),
+            self.startup_timeout,
+            processes=[self.processes["etcd"], proc],
+        )
+        # The system namespaces and the authentication ConfigMap come from post-start hooks.
+        for path in (
+            "/api/v1/namespaces/default",
+            "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication",
+        ):
+            url = f"{self.server}{path}"
+            wait_until(
+                f"GET {path}",
+                functools.partial(_http_ok, url, context),
+                self.startup_timeout,
+                processes=[proc],
+            )
+
+    def _start_scheduler(self, name: str, port: int, config: Mapping[str, Any]) -> ManagedProcess:
+        workdir = self.root / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        config_path = workdir / "config.json"
+        config_path.write_text(json.dumps(config, indent=2))
+        proc = ManagedProcess(
+            name,
+            [
+                str(self.binaries.path("kube-scheduler")),
+                f"--config={config_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={workdir / 'certs'}",
+                # No --authentication/authorization-kubeconfig: with them kube-scheduler logs an
+                # error many times a second because this apiserver has no front-proxy CA, and
+                # its health endpoints are always allowed anyway.
+            ],
+            workdir,
+        )
+        self.processes[name] = proc.start()
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert, on loopback
+        wait_until(
+            f"{name} /readyz",
+            lambda: _http_ok(f"https://127.0.0.1:{port}/readyz", insecure),
+            self.startup_timeout,
+            processes=[proc],
+        )
+        return proc
+
+    def _start_kwok(self) -> None:
+        address = f"127.0.0.1:{self._ports.kwok}"
+        proc = self._launch(
+            "kwok",
+            [
+                str(self.binaries.path("kwok")),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={self.binaries.path(KWOK_STAGES)}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector="
+                f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+                f"--server-address={address}",
+            ],
+        )
+        wait_until(
+            "kwok /healthz",
+            lambda: _http_ok(f"http://{address}/healthz"),
+            self.startup_timeout,
+            processes=[proc],
+        )

@@ -1,0 +1,170 @@
+"""Process supervision and readiness: children in their own process groups, polled to a deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+from gpushare.testing.controlplane.errors import ControlPlaneError
+
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (all reserved at once, then released)."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _child_environment(home: Path) -> dict[str, str]:
+    """The environment for every child: no proxies (extender calls would go through them), and
+    HOME in its own directory so that no user file (``~/.kwok/kwok.yaml``, ``~/.kube``) leaks in.
+    """
+    env = {k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARIABLES}
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    env["HOME"] = str(home)
+    return env
+
+
+class ManagedProcess:
+    """One child process in its own process group, its output in ``<workdir>/<name>.log``."""
+
+    def __init__(self, name: str, argv: Sequence[str], workdir: Path) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.workdir = workdir
+        self.log_path = workdir / f"{name}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log.write(f"$ {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            env=_child_environment(self.workdir),
+            start_new_session=True,  # its own process group: stop() reaches its children too
+        )
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def check_running(self) -> None:
+        """Raise with the log's tail when the process has exited."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise ControlPlaneError(
+                f"{self.name} exited with status {self._proc.returncode}; "
+                f"last lines of {self.log_path}:\n{self.log_tail()}"
+            )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout`` s; idempotent.
+
+        The group is signalled only while its leader is not yet reaped (an exited leader stays
+        a zombie until ``wait``), so its id can never belong to an unrelated process.
+        """
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            self._signal_group(proc.pid, signal.SIGTERM)
+            if not self._exited(proc.pid, timeout):
+                self._signal_group(proc.pid, signal.SIGKILL)
+                self._exited(proc.pid, 60.0)
+            self._signal_group(proc.pid, signal.SIGKILL)  # stragglers of the group, if any
+            proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    @staticmethod
+    def _exited(pid: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for ``pid`` to exit, without reaping it."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # already reaped
+                return True
+            if info is not None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until(
+    what: str,
+    condition: Callable[[], bool],
+    timeout: float,
+    *,
+    processes: Sequence[ManagedProcess] = (),
+) -> None:
+    """Poll ``condition`` with a short backoff until true; fail with ``what`` after ``timeout`` s.
+
+    Every poll first checks that ``processes`` are still running, so a crash fails fast with
+    the crashed program's log instead of a timeout.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        for proc in processes:
+            proc.check_running()
+        if condition():
+            return
+        if time.monotonic() >= deadline:
+            logs = "".join(f"\n--- {p.name} ---\n{p.log_tail(30)}" for p in processes)
+            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{logs}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None, body: str | None = None) -> bool:
+    """True when GET ``url`` answers 200 (and contains ``body`` when given)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+            text = resp.read().decode(errors="replace")
+            return bool(resp.status == 200 and (body is None or body in text))
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
