@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushare.core.fragmentation import (
     TargetWorkload,
@@ -11,8 +13,9 @@ from gpushare.core.fragmentation import (
     node_fragmentation,
 )
 from gpushare.core.model import ContainerRequest, Gpu, Node, NodeState, PodRequest
+from gpushare.core.placement import Placer
 from gpushare.core.policies import PolicyContext, make_policy
-from gpushare.core.policies.fgd_cpu import node_type, reserved_node_types
+from gpushare.core.policies.fgd_cpu import FgdCpuPolicy, node_type, reserved_node_types
 
 ONE_GPU_4_CPU = TargetWorkload((TaskShape(4000, 1000, 1),), (1.0,))
 EIGHT_FREE = (1000,) * 8
@@ -58,9 +61,9 @@ def test_fgd_cpu_keeps_cpu_only_pods_off_gpu_dense_nodes() -> None:
     workload = TargetWorkload((TaskShape(12_000, 1000, 1),), (1.0,))
     context = PolicyContext(workload=workload)
     cpu_pod = PodRequest("cpu", (ContainerRequest("main", 0, 0),), cpu_milli=40_000)
-    policy = make_policy("fgd-cpu", context)
-    dense_score = policy.score(NodeState.empty(dense), cpu_pod)
-    rich_score = policy.score(NodeState.empty(rich), cpu_pod)
+    policy = FgdCpuPolicy(context)
+    dense_score = policy.tie_break(NodeState.empty(dense), cpu_pod)
+    rich_score = policy.tie_break(NodeState.empty(rich), cpu_pod)
     assert rich_score > dense_score
     paper = make_policy("fgd", context)
     assert paper.score(NodeState.empty(rich), cpu_pod) == paper.score(
@@ -73,12 +76,11 @@ def _gpu_node(name: str, model: str, gpus: int, cpu_milli: int) -> Node:
 
 
 def test_fgd_score_is_the_primary_key() -> None:
-    """fgd-cpu's score is FGD's score × 1000 plus a tie-break below 1000: it never reorders
-    nodes that FGD separates."""
+    """fgd-cpu scores exactly as FGD; its CPU-aware tie-break (0–100) only orders FGD's ties."""
     workload = TargetWorkload((TaskShape(4000, 500, 1), TaskShape(4000, 1000, 1)), (0.5, 0.5))
     context = PolicyContext(workload=workload)
     fgd = make_policy("fgd", context)
-    ours = make_policy("fgd-cpu", context)
+    ours = FgdCpuPolicy(context)
     request = PodRequest("p", (ContainerRequest("main", 500),), cpu_milli=4000)
     states = [
         NodeState(_gpu_node("a", "T4", 2, 32_000), (500, 0)),
@@ -86,8 +88,23 @@ def test_fgd_score_is_the_primary_key() -> None:
         NodeState(_gpu_node("c", "T4", 2, 6_000), (0, 0)),
     ]
     for state in states:
-        primary = fgd.score(state, request)
-        assert primary * 1000 <= ours.score(state, request) < (primary + 1) * 1000
+        assert ours.score(state, request) == fgd.score(state, request)
+        assert 0 <= ours.tie_break(state, request) <= 100
+
+
+def test_placer_breaks_fgd_ties_by_cpu() -> None:
+    """Two nodes FGD scores alike: the one whose CPU still serves its GPUs wins, whatever the
+    node order."""
+    workload = TargetWorkload((TaskShape(8000, 1000, 1),), (1.0,))
+    context = PolicyContext(workload=workload)
+    request = PodRequest("p", (ContainerRequest("main", 0, 0),), cpu_milli=8000)
+    cramped = NodeState(_gpu_node("cramped", "G2", 4, 36_000), (0, 0, 0, 0))  # 4 copies → 3
+    roomy = NodeState(_gpu_node("roomy", "G2", 4, 96_000), (0, 0, 0, 0))
+    for order in ((0, 1), (1, 0)):
+        placer = Placer([cramped, roomy], FgdCpuPolicy(context), order)
+        decision = placer.decide(request)
+        assert decision is not None
+        assert decision.allocation.node == "roomy"
 
 
 def test_scarce_node_types_are_reserved_for_the_shapes_that_need_them() -> None:
@@ -105,3 +122,28 @@ def test_scarce_node_types_are_reserved_for_the_shapes_that_need_them() -> None:
     assert group_of[t4_only] in reserved[t4_type]
     assert g2_type not in reserved
     assert group_of[anywhere] not in reserved.get(t4_type, set())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 1000), min_size=2, max_size=8),
+    cpu=st.one_of(st.none(), st.integers(0, 64_000)),
+    shapes=st.lists(
+        st.tuples(st.integers(0, 16_000), st.integers(1, 1000), st.integers(1, 4)),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_fast_path_equals_the_general_path(
+    free: list[int], cpu: int | None, shapes: list[tuple[int, int, int]]
+) -> None:
+    """One-model nodes take a sorted/bisect path; with unconstrained shapes, renaming one GPU's
+    model (forcing the general path) must not change the value."""
+    workload = TargetWorkload(
+        tuple(TaskShape(d, g, k) for d, g, k in shapes), (1.0 / len(shapes),) * len(shapes)
+    )
+    same = ("A",) * len(free)
+    mixed = ("A",) * (len(free) - 1) + ("B",)
+    assert cpu_aware_fragmentation(free, same, cpu, workload) == pytest.approx(
+        cpu_aware_fragmentation(free, mixed, cpu, workload)
+    )

@@ -112,6 +112,8 @@ def simulate(
     """Replay a GPU-sharing trace through placement policies and compare how many GPUs each one
     leaves unallocated (the FGD paper's experiment, Fig. 9a)."""
     console = Console()
+    if not console.is_terminal:  # logs and pipes: wide enough for the table, no truncation
+        console = Console(width=120)
     source = trace_dir or embedded_trace_dir()
     workload = workload or ("default" if trace_dir else EMBEDDED_WORKLOAD)
     try:

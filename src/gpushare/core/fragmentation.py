@@ -189,15 +189,41 @@ def cpu_aware_fragmentation(
     placed badly strands whole GPUs that the paper's F, which only asks "does one copy fit",
     does not see.
     """
+    if len(set(models)) > 1:
+        pieces = [
+            (shape_fragmentation(free, models, cpu_free_milli, shape), shape, weight)
+            for shape, weight in zip(workload.shapes, workload.weights, strict=True)
+        ]
+        return sum(
+            weight * _cpu_capped(paper, sum(free), shape, cpu_free_milli, cpu_weight)
+            for paper, shape, weight in pieces
+        )
+    model = models[0] if models else ""
+    ordered = sorted(free)
+    below = [0, *itertools.accumulate(ordered)]
+    idle = below[-1]
+    count = len(ordered)
     total = 0.0
     for shape, weight in zip(workload.shapes, workload.weights, strict=True):
-        idle = sum(free)
-        paper = shape_fragmentation(free, models, cpu_free_milli, shape)
-        if paper == idle or shape.cpu_milli == 0 or cpu_free_milli is None:
-            total += weight * paper
+        if (
+            shape.gpu_count == 0
+            or (shape.allowed_models and model not in shape.allowed_models)
+            or (cpu_free_milli is not None and cpu_free_milli < shape.cpu_milli)
+        ):
+            total += weight * idle
             continue
-        usable = idle - paper
-        copies = cpu_free_milli // shape.cpu_milli
-        capped = idle - min(usable, copies * shape.gpu_share * shape.gpu_count)
-        total += weight * (paper + cpu_weight * (capped - paper))
+        smaller = bisect.bisect_left(ordered, shape.gpu_share)
+        paper = idle if count - smaller < shape.gpu_count else below[smaller]
+        total += weight * _cpu_capped(paper, idle, shape, cpu_free_milli, cpu_weight)
     return total
+
+
+def _cpu_capped(
+    paper: int, idle: int, shape: TaskShape, cpu_free_milli: int | None, cpu_weight: float
+) -> float:
+    """One shape's term of ``cpu_aware_fragmentation`` from its paper F_n(m)."""
+    if paper == idle or shape.cpu_milli == 0 or cpu_free_milli is None:
+        return paper
+    copies = cpu_free_milli // shape.cpu_milli
+    capped = idle - min(idle - paper, copies * shape.gpu_share * shape.gpu_count)
+    return paper + cpu_weight * (capped - paper)

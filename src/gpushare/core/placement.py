@@ -2,7 +2,8 @@
 
 ``Placer`` is the one decision loop the simulator (and later the extender) runs. For a pod it
 filters every node with ``check_fit``, scores the fitting ones with the policy's node half, takes
-the best (ties: the lowest ``tie_rank``), and lets the policy's GPU half choose the GPUs.
+the best, breaks ties with the policy's optional ``tie_break(state, pod)`` (computed only for the
+tied nodes) and then the lowest ``tie_rank``, and lets the policy's GPU half choose the GPUs.
 
 Speed comes from caching, not from a second implementation of any rule: a node's fit result and
 score for a pod shape are kept until that node changes (a version counter per node), so a
@@ -12,7 +13,7 @@ shape was last seen; identical node states share one computation. Pure: no I/O, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,8 @@ class _ShapeCache:
     version: npt.NDArray[np.int64]
     fits: npt.NDArray[np.bool_]
     score: npt.NDArray[np.float64]
+    tie_version: npt.NDArray[np.int64]
+    tie: npt.NDArray[np.float64]
 
 
 class Placer:
@@ -66,6 +69,10 @@ class Placer:
         self._shapes: dict[tuple[object, ...], _ShapeCache] = {}
         self._memo: dict[tuple[object, ...], tuple[bool, float]] = {}
         self._tolerance = float(getattr(policy, "tie_tolerance", 0.0))
+        tie_break = getattr(policy, "tie_break", None)
+        self._tie_break: Callable[[NodeState, PodRequest], float] | None = (
+            tie_break if callable(tie_break) else None
+        )
 
     @property
     def states(self) -> Sequence[NodeState]:
@@ -92,6 +99,8 @@ class Placer:
                 version=np.full(count, -1, dtype=np.int64),
                 fits=np.zeros(count, dtype=np.bool_),
                 score=np.zeros(count),
+                tie_version=np.full(count, -1, dtype=np.int64),
+                tie=np.zeros(count),
             )
             self._shapes[shape] = cache
         stale = np.flatnonzero(cache.version != self._version)
@@ -113,6 +122,24 @@ class Placer:
             cache.version[stale] = self._version[stale]
         return cache
 
+    def _tie_breaks(
+        self, cache: _ShapeCache, nodes: npt.NDArray[np.int64], pod: PodRequest
+    ) -> npt.NDArray[np.float64]:
+        """The policy's tie-break values for ``nodes``, computed only where stale."""
+        assert self._tie_break is not None
+        stale = nodes[cache.tie_version[nodes] != self._version[nodes]]
+        if stale.size:
+            memo, shape = self._memo, pod.shape
+            for i in stale.tolist():
+                key = (self._keys[i], shape, "tie")
+                hit = memo.get(key)
+                if hit is None:
+                    hit = (True, self._tie_break(self._states[i], pod))
+                    memo[key] = hit
+                cache.tie[i] = hit[1]
+            cache.tie_version[stale] = self._version[stale]
+        return cache.tie[nodes]
+
     def feasible(self, pod: PodRequest) -> npt.NDArray[np.int64]:
         """Indices of the nodes ``pod`` fits now."""
         return np.flatnonzero(self._refresh(pod).fits)
@@ -130,6 +157,9 @@ class Placer:
             states = self._states
             scores = np.array([self.policy.score(states[i], pod) for i in feasible.tolist()])
         best = feasible[scores >= scores.max() - self._tolerance]
+        if best.size > 1 and self._tie_break is not None:
+            ties = self._tie_breaks(cache, best, pod)
+            best = best[ties == ties.max()]
         chosen = int(best[np.argmin(self._rank[best])]) if best.size > 1 else int(best[0])
         state = self._states[chosen]
         allocation = Allocation(

@@ -78,6 +78,11 @@ class Policy(Protocol):
         ...
 
 
+# Optional, looked up with getattr by ``gpushare.core.placement.Placer``:
+#   tie_break(state, pod) -> float   higher wins among nodes with the best score;
+#   tie_tolerance: float             scores within this of the best count as tied.
+
+
 PolicyFactory = Callable[[PolicyContext], Policy]
 _REGISTRY: dict[str, tuple[PolicyFactory, str]] = {}
 

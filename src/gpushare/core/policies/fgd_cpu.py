@@ -29,7 +29,7 @@ from gpushare.core.fragmentation import (
 )
 from gpushare.core.model import ContainerAllocation, Node, NodeState, PodRequest
 from gpushare.core.policies.base import PolicyContext, register
-from gpushare.core.policies.fgd import FgdPolicy
+from gpushare.core.policies.fgd import FgdPolicy, FragmentationMemo, sigmoid
 
 CPU_WEIGHT = 0.7
 """β of ``cpu_aware_fragmentation`` in the tie-break (0.5–1.0 all helped on openb)."""
@@ -37,8 +37,6 @@ RESERVE_RATIO = 0.25
 """A scarce host group is reserved when its demand share exceeds this × its supply share."""
 SCARCE_SUPPLY = 0.5
 """Only host groups holding at most this share of the cluster's GPUs can be reserved."""
-TIE_BREAK_SCALE = 1000.0
-"""Primary scores are multiplied by this so the tie-break (0–100) never outranks them."""
 
 NodeType = tuple[tuple[str, ...], int | None]
 
@@ -94,26 +92,39 @@ class FgdCpuPolicy:
 
     def __init__(self, context: PolicyContext) -> None:
         self.paper = FgdPolicy(context, name="fgd-cpu")
-        self.cpu = FgdPolicy(
-            context,
-            name="fgd-cpu",
-            measure=functools.partial(cpu_aware_fragmentation, cpu_weight=CPU_WEIGHT),
+        assert context.workload is not None  # FgdPolicy raised otherwise
+        self.cpu_frag = FragmentationMemo(
+            context.workload,
+            functools.partial(cpu_aware_fragmentation, cpu_weight=CPU_WEIGHT),
         )
+        self.gpu_unit = context.gpu_unit
         self.reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
         self.group_of: dict[TaskShape, frozenset[NodeType]] = {}
         if context.all_shapes is not None and context.cluster:
             self.reserved, self.group_of = reserved_node_types(context.cluster, context.all_shapes)
 
-    def _tie_break(self, state: NodeState, pod: PodRequest) -> float:
+    def tie_break(self, state: NodeState, pod: PodRequest) -> float:
+        """Among nodes FGD scores equally: ⌊100·σ(−Δ/unit)⌋ of the CPU-aware fragmentation
+        change of FGD's own placement (0–100), or 0 on a node type reserved for other shapes."""
         if pod.gpu_containers:
             groups = self.reserved.get(node_type(state.node))
             if groups and self.group_of.get(TaskShape.of(pod)) not in groups:
                 return 0.0
-        return self.cpu.score(state, pod)
+        models = state.node.models
+        cpu = state.cpu_free_milli
+        free = list(state.gpu_free)
+        for container, chosen in zip(
+            pod.gpu_containers, self.paper.placement(state, pod)[1], strict=True
+        ):
+            for position in chosen:
+                free[position] -= container.gpu_share
+        after = self.cpu_frag(models, None if cpu is None else cpu - pod.cpu_milli, free)
+        delta = after - self.cpu_frag(models, cpu, state.gpu_free)
+        return float(int(100.0 * sigmoid(-delta / self.gpu_unit)))
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
-        """FGD's integer score × 1000 + the CPU-aware tie-break (0–100)."""
-        return self.paper.score(state, pod) * TIE_BREAK_SCALE + self._tie_break(state, pod)
+        """FGD's integer score (the primary key; ``tie_break`` orders its ties)."""
+        return self.paper.score(state, pod)
 
     def choose_gpus(self, state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
         """FGD's GPU choice."""
