@@ -114,8 +114,12 @@ def test_cached_decisions_equal_uncached_core_calls(seed: int, policy_name: str)
             assert not fitting
             continue
         scores = {i: reference.score(placer.states[i], request) for i in fitting}
-        best = max(scores.values())
-        assert decision.node_index == min(i for i, v in scores.items() if v == best)
+        best = [i for i, v in scores.items() if v == max(scores.values())]
+        tie_break = getattr(reference, "tie_break", None)
+        if tie_break is not None and len(best) > 1:
+            ties = {i: tie_break(placer.states[i], request) for i in best}
+            best = [i for i, v in ties.items() if v == max(ties.values())]
+        assert decision.node_index == min(best)
         new_state = placer.states[decision.node_index].with_allocation(decision.allocation)
         assert all(f >= 0 for f in new_state.gpu_free)
         placer.replace(decision.node_index, new_state)
