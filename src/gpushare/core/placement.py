@@ -46,8 +46,8 @@ class _ShapeCache:
 class Placer:
     """Cached decisions for ``policy`` over nodes whose states change one at a time.
 
-    ``tie_rank[i]`` orders node i among equal scores (lowest wins; default: list order). A policy
-    may set ``tie_tolerance`` (score units, default 0): nodes within it of the best score tie.
+    ``tie_rank[i]`` orders node i among equal scores and tie-breaks (lowest wins; default: list
+    order).
     """
 
     def __init__(
@@ -68,7 +68,6 @@ class Placer:
         self._version = np.zeros(count, dtype=np.int64)
         self._shapes: dict[tuple[object, ...], _ShapeCache] = {}
         self._memo: dict[tuple[object, ...], tuple[bool, float]] = {}
-        self._tolerance = float(getattr(policy, "tie_tolerance", 0.0))
         tie_break = getattr(policy, "tie_break", None)
         self._tie_break: Callable[[NodeState, PodRequest], float] | None = (
             tie_break if callable(tie_break) else None
@@ -156,7 +155,7 @@ class Placer:
         else:
             states = self._states
             scores = np.array([self.policy.score(states[i], pod) for i in feasible.tolist()])
-        best = feasible[scores >= scores.max() - self._tolerance]
+        best = feasible[scores == scores.max()]
         if best.size > 1 and self._tie_break is not None:
             ties = self._tie_breaks(cache, best, pod)
             best = best[ties == ties.max()]

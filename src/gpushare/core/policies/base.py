@@ -79,8 +79,7 @@ class Policy(Protocol):
 
 
 # Optional, looked up with getattr by ``gpushare.core.placement.Placer``:
-#   tie_break(state, pod) -> float   higher wins among nodes with the best score;
-#   tie_tolerance: float             scores within this of the best count as tied.
+#   tie_break(state, pod) -> float   higher wins among nodes with the best score.
 
 
 PolicyFactory = Callable[[PolicyContext], Policy]
@@ -157,11 +156,6 @@ def lowest_free_positions(
 def best_fit_gpus(state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
     """Best-fit GPU half shared by several policies (least free that fits; lowest index)."""
     return assign_sequentially(state, pod, best_fit_positions)
-
-
-def gpu_request_total(pod: PodRequest) -> int:
-    """D = Σ k·g over the pod's containers, in GPU units."""
-    return pod.gpu_total
 
 
 def is_sharing(pod: PodRequest, gpu_unit: int) -> bool:
