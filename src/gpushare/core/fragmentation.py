@@ -125,39 +125,53 @@ def shape_fragmentation(
     return unusable
 
 
+def shape_terms(
+    free: Sequence[int],
+    models: Sequence[str],
+    cpu_free_milli: int | None,
+    workload: TargetWorkload,
+) -> list[tuple[float, int, TaskShape]]:
+    """(p_m, F_n(m), m) for every shape of M: the paper's per-shape terms.
+
+    Nodes whose GPUs are all one model (every openb node) take a fast path: with the free list
+    sorted, "how many GPUs hold g" and "idle below g" are a bisection and a prefix sum.
+    """
+    pairs = zip(workload.shapes, workload.weights, strict=True)
+    if len(set(models)) > 1:
+        return [
+            (weight, shape_fragmentation(free, models, cpu_free_milli, shape), shape)
+            for shape, weight in pairs
+        ]
+    model = models[0] if models else ""
+    ordered = sorted(free)
+    below = [0, *itertools.accumulate(ordered)]
+    idle = below[-1]
+    count = len(ordered)
+    terms: list[tuple[float, int, TaskShape]] = []
+    for shape, weight in pairs:
+        if (
+            shape.gpu_count == 0
+            or (shape.allowed_models and model not in shape.allowed_models)
+            or (cpu_free_milli is not None and cpu_free_milli < shape.cpu_milli)
+        ):
+            terms.append((weight, idle, shape))
+            continue
+        smaller = bisect.bisect_left(ordered, shape.gpu_share)
+        paper = idle if count - smaller < shape.gpu_count else below[smaller]
+        terms.append((weight, paper, shape))
+    return terms
+
+
 def node_fragmentation(
     free: Sequence[int],
     models: Sequence[str],
     cpu_free_milli: int | None,
     workload: TargetWorkload,
 ) -> float:
-    """F_n(M) = Σ_m p_m · F_n(m), in GPU units.
-
-    Nodes whose GPUs are all one model (every openb node) take a fast path: with the free list
-    sorted, "how many GPUs hold g" and "idle below g" are a bisection and a prefix sum.
-    """
-    if len(set(models)) > 1:
-        return sum(
-            weight * shape_fragmentation(free, models, cpu_free_milli, shape)
-            for shape, weight in zip(workload.shapes, workload.weights, strict=True)
-        )
-    model = models[0] if models else ""
-    ordered = sorted(free)
-    below = [0, *itertools.accumulate(ordered)]
-    idle = below[-1]
-    count = len(ordered)
-    total = 0.0
-    for shape, weight in zip(workload.shapes, workload.weights, strict=True):
-        if (
-            shape.gpu_count == 0
-            or (shape.allowed_models and model not in shape.allowed_models)
-            or (cpu_free_milli is not None and cpu_free_milli < shape.cpu_milli)
-        ):
-            total += weight * idle
-            continue
-        smaller = bisect.bisect_left(ordered, shape.gpu_share)
-        total += weight * (idle if count - smaller < shape.gpu_count else below[smaller])
-    return total
+    """F_n(M) = Σ_m p_m · F_n(m), in GPU units."""
+    return sum(
+        weight * paper for weight, paper, _ in shape_terms(free, models, cpu_free_milli, workload)
+    )
 
 
 def state_fragmentation(state: NodeState, workload: TargetWorkload) -> float:
@@ -189,33 +203,11 @@ def cpu_aware_fragmentation(
     placed badly strands whole GPUs that the paper's F, which only asks "does one copy fit",
     does not see.
     """
-    if len(set(models)) > 1:
-        pieces = [
-            (shape_fragmentation(free, models, cpu_free_milli, shape), shape, weight)
-            for shape, weight in zip(workload.shapes, workload.weights, strict=True)
-        ]
-        return sum(
-            weight * _cpu_capped(paper, sum(free), shape, cpu_free_milli, cpu_weight)
-            for paper, shape, weight in pieces
-        )
-    model = models[0] if models else ""
-    ordered = sorted(free)
-    below = [0, *itertools.accumulate(ordered)]
-    idle = below[-1]
-    count = len(ordered)
-    total = 0.0
-    for shape, weight in zip(workload.shapes, workload.weights, strict=True):
-        if (
-            shape.gpu_count == 0
-            or (shape.allowed_models and model not in shape.allowed_models)
-            or (cpu_free_milli is not None and cpu_free_milli < shape.cpu_milli)
-        ):
-            total += weight * idle
-            continue
-        smaller = bisect.bisect_left(ordered, shape.gpu_share)
-        paper = idle if count - smaller < shape.gpu_count else below[smaller]
-        total += weight * _cpu_capped(paper, idle, shape, cpu_free_milli, cpu_weight)
-    return total
+    idle = sum(free)
+    return sum(
+        weight * _cpu_capped(paper, idle, shape, cpu_free_milli, cpu_weight)
+        for weight, paper, shape in shape_terms(free, models, cpu_free_milli, workload)
+    )
 
 
 def _cpu_capped(
