@@ -145,7 +145,7 @@ class Placer:
 
     def decide(self, pod: PodRequest) -> Decision | None:
         """The best node and GPUs for ``pod``, or ``None`` when it fits nowhere. Changes nothing:
-        call ``commit`` to place it."""
+        the caller applies the allocation and passes the new state to ``replace``."""
         cache = self._refresh(pod)
         feasible = np.flatnonzero(cache.fits)
         if feasible.size == 0:
