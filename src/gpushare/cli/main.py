@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gpushare import __version__
+from gpushare.cli.extender import extender
 from gpushare.cli.simulate import simulate
 
 
@@ -15,3 +16,4 @@ def main() -> None:
 
 
 main.add_command(simulate)
+main.add_command(extender)

@@ -1,0 +1,35 @@
+"""The scheduler extender: the HTTP service kube-scheduler calls to filter, score and bind pods
+that ask for ``aliyun.com/gpu-mem`` (spec: ``shared/spec/kubernetes-interfaces.md`` §1).
+
+* :mod:`~gpushare.extender.wire` — the extender wire types (msgspec structs, exact JSON keys);
+* :mod:`~gpushare.extender.state` — ``ExtenderState`` (ledger, nodes, pods) and the seams to
+  the API server: ``Binder``, ``EventSink``, and the feeding methods ``gpushare.kube`` calls;
+* :mod:`~gpushare.extender.scheduler` — the decisions (filter, prioritize, bind), no HTTP;
+* :mod:`~gpushare.extender.scoring` — policies for the extender and the 0–10 mapping;
+* :mod:`~gpushare.extender.report` — the ``/inspect`` report;
+* :mod:`~gpushare.extender.app` — ``create_app``, the starlette app.
+"""
+
+from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
+from gpushare.extender.scheduler import Scheduler
+from gpushare.extender.state import (
+    Binder,
+    BindEvent,
+    Binding,
+    EventSink,
+    ExtenderState,
+    UnwiredBinder,
+)
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_PREFIX",
+    "BindEvent",
+    "Binder",
+    "Binding",
+    "EventSink",
+    "ExtenderState",
+    "Scheduler",
+    "UnwiredBinder",
+    "create_app",
+]

@@ -1,0 +1,178 @@
+"""The extender's HTTP service: a starlette app over a ``Scheduler`` (thin transport).
+
+Routes (spec §1.1; Alibaba's URL layout, ``pkg/routes/routes.go``), ``P`` the prefix (default
+``/gpushare-scheduler``):
+
+=========================  =======================================================================
+``POST P/filter``          ``ExtenderArgs`` → ``ExtenderFilterResult``
+``POST P/prioritize``      ``ExtenderArgs`` → ``[HostPriority]`` (integers 0–10)
+``POST P/bind``            ``ExtenderBindingArgs`` → ``ExtenderBindingResult``
+``GET P/inspect[/node]``   allocation report (``gpushare.extender.report``); 404 for an unknown node
+``GET /healthz``           200 while the process serves
+``GET /readyz``            200 once the state has synced, else 503
+``GET /version``           ``{"version": ...}``
+=========================  =======================================================================
+
+A body that is not JSON or not of the verb's shape gets **400** with ``{"Error": "<what>"}``.
+A pod or node the codec cannot read is reported in the result (``Error``, or per node), with
+HTTP 200 so that kube-scheduler shows the text. An unexpected exception in filter or bind is an
+``Error`` text too (logged with its traceback); in prioritize it is a 500. Handlers are
+``async`` and run on the event loop, where every state change happens (``ExtenderState``).
+A background task expires assumed allocations every ``expire_interval_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gpushare import __version__
+from gpushare.core.policies import Policy
+from gpushare.extender.report import cluster_report, node_report
+from gpushare.extender.scheduler import Scheduler
+from gpushare.extender.scoring import extender_policy
+from gpushare.extender.state import Binder, EventSink, ExtenderState, UnwiredBinder
+from gpushare.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    RequestError,
+    decode,
+    encode,
+)
+
+DEFAULT_PREFIX = "/gpushare-scheduler"
+DEFAULT_PORT = 12345
+log = logging.getLogger(__name__)
+
+
+def _json(value: object, status: int = 200) -> Response:
+    return Response(encode(value), status_code=status, media_type="application/json")
+
+
+def _error(status: int, text: str) -> Response:
+    return _json({"Error": text}, status)
+
+
+async def _expire_forever(state: ExtenderState, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        for allocation in state.expire():
+            log.info("assumed allocation of pod %s on %s expired", allocation.pod, allocation.node)
+
+
+def create_app(
+    state: ExtenderState,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    policy: Policy | str = "binpack",
+    binder: Binder | None = None,
+    events: EventSink | None = None,
+    gpu_unit: int = 16,
+    expire_interval_s: float | None = 1.0,
+    clock_ns: Callable[[], int] = time.time_ns,
+    version: str = __version__,
+) -> Starlette:
+    """The extender app over ``state``.
+
+    ``policy`` is a policy or its registry name (``gpu_unit``: one whole GPU in the node unit,
+    for ``fgd``/``fgd-cpu``); ``binder`` creates Bindings (default: ``UnwiredBinder``, which
+    refuses); ``events`` records bind outcomes; ``expire_interval_s`` ``None`` turns the expiry
+    task off (tests call ``state.expire()``). The ``Scheduler`` is ``app.state.scheduler``.
+    """
+    chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
+    scheduler = Scheduler(
+        state, chosen, binder or UnwiredBinder(), events=events, clock_ns=clock_ns
+    )
+    base = "/" + prefix.strip("/") if prefix.strip("/") else ""
+
+    def guarded(
+        verb: str,
+        handle: Callable[[bytes], Awaitable[Response]],
+        internal: Callable[[str], object] | None,
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            body = await request.body()
+            try:
+                return await handle(body)
+            except RequestError as error:
+                return _error(400, str(error))
+            except Exception as error:
+                log.exception("%s failed", verb)
+                text = f"gpushare internal error in {verb}: {error!r}"
+                return _error(500, text) if internal is None else _json(internal(text))
+
+        return endpoint
+
+    async def filter_(body: bytes) -> Response:
+        return _json(scheduler.filter(decode(body, ExtenderArgs, "filter")))
+
+    async def prioritize(body: bytes) -> Response:
+        return _json(scheduler.prioritize(decode(body, ExtenderArgs, "prioritize")))
+
+    async def bind(body: bytes) -> Response:
+        return _json(await scheduler.bind(decode(body, ExtenderBindingArgs, "bind")))
+
+    async def inspect_all(request: Request) -> Response:
+        return _json(cluster_report(state))
+
+    async def inspect_node(request: Request) -> Response:
+        name = request.path_params["node"]
+        info = state.node(name)
+        if info is None or not info.gpushare:
+            return _error(404, f"no GPU-share node {name!r}")
+        return _json(node_report(state, info))
+
+    async def healthz(request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ready = state.synced
+        return _json({"ready": ready}, 200 if ready else 503)
+
+    async def version_(request: Request) -> Response:
+        return _json({"version": version})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = None
+        if expire_interval_s:
+            task = asyncio.create_task(_expire_forever(state, expire_interval_s))
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    routes = [
+        Route(
+            f"{base}/filter",
+            guarded("filter", filter_, lambda t: ExtenderFilterResult(error=t)),
+            methods=["POST"],
+        ),
+        Route(f"{base}/prioritize", guarded("prioritize", prioritize, None), methods=["POST"]),
+        Route(
+            f"{base}/bind",
+            guarded("bind", bind, lambda t: ExtenderBindingResult(error=t)),
+            methods=["POST"],
+        ),
+        Route(f"{base}/inspect", inspect_all, methods=["GET"]),
+        Route(f"{base}/inspect/{{node}}", inspect_node, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/version", version_, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.scheduler = scheduler
+    return app

@@ -1,0 +1,366 @@
+"""The extender's decisions: filter, prioritize and bind over an ``ExtenderState``. No HTTP.
+
+* **filter** — per candidate node, ``gpushare.core.fit.check_fit`` of the pod on the node with
+  everything allocated there, assumed allocations included: passes (``NodeNames`` or ``Nodes``,
+  matching the request), ``FailedNodes`` (does not fit now) or ``FailedAndUnresolvableNodes``
+  (can never fit: not a GPU-share node, unknown to the extender, request larger than any GPU,
+  model excluded). Reasons carry the numbers. Reserves nothing. A pod asking no GPU passes
+  everywhere.
+* **prioritize** — the policy's node half on the nodes the pod fits, mapped to 0–10
+  (``gpushare.extender.scoring``).
+* **bind** — the policy's GPU half on the chosen node, the allocation *assumed* in the ledger,
+  then ``Binder.bind`` with the annotations that record it (``gpushare.kube.codec``). A retried
+  bind of a pod already bound there succeeds without a second allocation; a bind that would not
+  fit fails with an ``Error`` and leaves the ledger as it was; a binder's definite failure
+  releases the assumption. Binds of one pod are serialised, and the decide-and-assume step of
+  all binds runs under one ``asyncio.Lock``, so concurrent binds never overcommit a GPU.
+
+A pod's own allocation never counts against itself (a retry after an unknown binder outcome
+must still fit where it was placed). Fit results are cached per (node, pod shape) until the
+node's ``version`` changes, and so are the values of deterministic policies. Expected failures
+are values (result fields); exceptions are bugs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from gpushare.core.fit import FitResult, FitStatus, check_fit
+from gpushare.core.model import Allocation, NodeState, PodRequest
+from gpushare.core.policies import Policy
+from gpushare.extender.scoring import policy_value, to_priorities
+from gpushare.extender.state import (
+    Binder,
+    BindEvent,
+    Binding,
+    EventSink,
+    ExtenderState,
+    pod_node_name,
+    pod_uid,
+)
+from gpushare.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    NodeList,
+    RequestError,
+)
+from gpushare.kube.codec import CodecError, NodeInfo, allocation_annotations, node_info, pod_request
+
+log = logging.getLogger(__name__)
+
+NOT_SYNCED = "gpushare: the extender has not finished listing nodes and pods yet"
+UNKNOWN_NODE = "gpushare: node unknown to the extender (not in its node cache)"
+NOT_GPUSHARE = (
+    "gpushare: not a GPU-share node (no gpushare.io/gpu-inventory annotation and no "
+    "aliyun.com/gpu-mem capacity)"
+)
+_CACHE_LIMIT = 500_000
+
+
+def describe_fit(result: FitResult, info: NodeInfo) -> str:
+    """``<reason>; <numbers>[; unit <unit>]`` for a rejected fit (``FitResult.describe``)."""
+    unit = f"; unit {info.unit}" if info.unit else ""
+    return f"{result.describe()}{unit}"
+
+
+def _without(state: NodeState, own: Allocation | None) -> NodeState:
+    """``state`` minus ``own`` when ``own`` is on that node (a pod never blocks itself)."""
+    if own is None or own.node != state.node.name:
+        return state
+    used = list(state.gpu_used)
+    position = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
+    for index, amount in own.per_gpu().items():
+        if index in position:
+            used[position[index]] -= amount
+    return NodeState(node=state.node, gpu_used=tuple(used))
+
+
+class Scheduler:
+    """Filter, prioritize and bind (module doc). ``clock_ns`` gives the wall-clock nanoseconds
+    written as ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``; ``events`` records bind outcomes."""
+
+    def __init__(
+        self,
+        state: ExtenderState,
+        policy: Policy,
+        binder: Binder,
+        *,
+        events: EventSink | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.binder = binder
+        self.events = events
+        self._clock_ns = clock_ns
+        self._fits: dict[tuple[str, tuple[object, ...]], tuple[int, FitResult]] = {}
+        self._values: dict[tuple[str, tuple[object, ...]], tuple[int, float]] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._decide: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    # -- filter and prioritize -------------------------------------------------------------
+
+    def _candidates(self, args: ExtenderArgs) -> tuple[list[str], dict[str, str], bool]:
+        """(candidate names in order, names that could not be read → reason, names mode)."""
+        if args.node_names is not None:
+            return list(dict.fromkeys(args.node_names)), {}, True
+        if args.nodes is None:
+            raise RequestError("neither NodeNames nor Nodes is set; one of them must be")
+        names: list[str] = []
+        broken: dict[str, str] = {}
+        for i, item in enumerate(args.nodes.items or ()):
+            try:
+                info = node_info(item)
+            except CodecError as error:
+                broken[_item_name(item) or f"Nodes.items[{i}]"] = f"gpushare: {error}"
+                continue
+            self.state.upsert_node_info(info)
+            names.append(info.node.name)
+        return list(dict.fromkeys(names)), broken, False
+
+    def _fit(self, name: str, pod: PodRequest, own: Allocation | None) -> FitResult | None:
+        """The fit of ``pod`` on node ``name`` now, or ``None`` for an unknown node."""
+        state = self.state.node_state(name)
+        if state is None:
+            return None
+        if own is not None and own.node == name:
+            return check_fit(_without(state, own), pod)
+        key = (name, _shape(pod))
+        version = self.state.version(name)
+        cached = self._fits.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        if len(self._fits) > _CACHE_LIMIT:
+            self._fits.clear()
+        result = check_fit(state, pod)
+        self._fits[key] = (version, result)
+        return result
+
+    def _value(self, state: NodeState, pod: PodRequest, own: Allocation | None) -> float:
+        """The policy's value of ``state`` (a node ``pod`` fits), cached like fits when the
+        policy is deterministic."""
+        name = state.node.name
+        if (own is not None and own.node == name) or not self.policy.deterministic:
+            return policy_value(self.policy, _without(state, own), pod)
+        key = (name, _shape(pod))
+        version = self.state.version(name)
+        cached = self._values.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        if len(self._values) > _CACHE_LIMIT:
+            self._values.clear()
+        value = policy_value(self.policy, state, pod)
+        self._values[key] = (version, value)
+        return value
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        """The filter verb (module doc). ``RequestError`` when no candidates are given."""
+        names, unresolvable, names_mode = self._candidates(args)
+        failed: dict[str, str] = {}
+        passed: list[str] = []
+        error = ""
+        try:
+            pod = pod_request(args.pod)
+            self.state.remember_pod(args.pod)
+        except CodecError as codec_error:
+            pod, error = None, f"gpushare: {codec_error}"
+        if pod is not None and pod.gpu_containers and not self.state.synced:
+            pod, error = None, NOT_SYNCED
+        if pod is not None and not pod.gpu_containers:
+            passed = names
+        elif pod is not None:
+            own = self.state.ledger.allocation(pod.key)
+            for name in names:
+                info = self.state.node(name)
+                result = self._fit(name, pod, own) if info is not None and info.gpushare else None
+                if info is None or result is None:
+                    unresolvable[name] = UNKNOWN_NODE if info is None else NOT_GPUSHARE
+                elif result.status is FitStatus.FITS:
+                    passed.append(name)
+                elif result.status is FitStatus.DOES_NOT_FIT_NOW:
+                    failed[name] = f"gpushare: {describe_fit(result, info)}"
+                else:
+                    unresolvable[name] = f"gpushare: {describe_fit(result, info)}"
+        if names_mode or args.nodes is None:
+            return ExtenderFilterResult(None, passed, failed, unresolvable, error)
+        keep = set(passed)
+        items = [item for item in args.nodes.items or () if _item_name(item) in keep]
+        nodes = NodeList(items, args.nodes.metadata or {})
+        return ExtenderFilterResult(nodes, None, failed, unresolvable, error)
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        """The prioritize verb (module doc). ``RequestError`` for a pod that cannot be read or
+        no candidates (kube-scheduler ignores a failed prioritize)."""
+        names, _, _ = self._candidates(args)
+        try:
+            pod = pod_request(args.pod)
+        except CodecError as error:
+            raise RequestError(f"gpushare: {error}") from None
+        values: dict[str, float] = {}
+        if pod.gpu_containers and self.state.synced:
+            own = self.state.ledger.allocation(pod.key)
+            for name in names:
+                result = self._fit(name, pod, own)
+                state = self.state.node_state(name)
+                if result is not None and result.fits and state is not None:
+                    values[name] = self._value(state, pod, own)
+        scores = to_priorities(values, names)
+        return [HostPriority(name, scores[name]) for name in names]
+
+    # -- bind ------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _pod_lock(self, key: str) -> AsyncIterator[None]:
+        """Serialise binds of one pod; the lock lives while someone holds or awaits it."""
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def _decide_lock(self) -> asyncio.Lock:
+        """The lock around every decide-and-assume step, one per running event loop."""
+        loop = asyncio.get_running_loop()
+        if self._decide is None or self._decide[0] is not loop:
+            self._decide = (loop, asyncio.Lock())
+        return self._decide[1]
+
+    def _reserve(self, key: str, pod: PodRequest, node: str) -> tuple[Allocation, NodeInfo] | str:
+        """Decide and assume the GPUs of ``pod`` on ``node``: the allocation and the node, or
+        why not (the ledger then unchanged). Synchronous: nothing else runs in between."""
+        info = self.state.node(node)
+        state = self.state.node_state(node)
+        if info is None or state is None:
+            return f"{UNKNOWN_NODE}: {node}"
+        if not info.gpushare:
+            return f"{NOT_GPUSHARE}: {node}"
+        own = self.state.ledger.allocation(key)
+        if own is not None and own.node == node and _matches(own, pod):
+            return own, info  # a retry: the GPUs chosen before
+        if own is not None and not self.state.ledger.is_assumed(key):
+            return f"gpushare: pod {key} already holds GPUs on node {own.node}"
+        fit = check_fit(_without(state, own), pod)
+        if not fit.fits:
+            why = describe_fit(fit, info)
+            return f"gpushare: pod {key} does not fit node {node} now: {why}"
+        allocation = Allocation(
+            pod=key, node=node, containers=self.policy.choose_gpus(_without(state, own), pod)
+        )
+        if own is not None:
+            self.state.release(key)  # a stale assumption from an attempt on another node
+        result = self.state.assume(allocation)
+        if not result.ok:
+            if own is not None:
+                self.state.assume(own)
+            return f"gpushare: {result.describe()}"
+        return allocation, info
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """The bind verb (module doc); the ``Error`` text names what went wrong."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        async with self._pod_lock(key):
+            message, allocation = await self._bind(key, args)
+        if self.events is not None:
+            ok = not message
+            text = message or _describe_allocation(key, args.node, allocation, self.state)
+            event = BindEvent(args.pod_namespace, args.pod_name, args.pod_uid, args.node, ok, text)
+            try:
+                await self.events.emit(event)
+            except Exception:
+                log.exception("recording the bind event of pod %s failed", key)
+        return ExtenderBindingResult(message)
+
+    async def _bind(self, key: str, args: ExtenderBindingArgs) -> tuple[str, Allocation | None]:
+        pod = self.state.pod(key)
+        if pod is None:
+            return f"gpushare: pod {key} unknown to the extender (never seen)", None
+        if args.pod_uid and pod_uid(pod) and pod_uid(pod) != args.pod_uid:
+            return f"gpushare: pod {key} has UID {pod_uid(pod)}, not {args.pod_uid}", None
+        bound = pod_node_name(pod)
+        if bound:
+            if bound == args.node:
+                return "", self.state.ledger.allocation(key)
+            return f"gpushare: pod {key} is already bound to node {bound}, not {args.node}", None
+        try:
+            request = pod_request(pod)
+        except CodecError as error:
+            return f"gpushare: {error}", None
+        allocation: Allocation | None = None
+        annotations: dict[str, str] = {}
+        if request.gpu_containers:
+            if not self.state.synced:
+                return NOT_SYNCED, None
+            async with self._decide_lock():
+                reserved = self._reserve(key, request, args.node)
+            if isinstance(reserved, str):
+                return reserved, None
+            allocation, info = reserved
+            annotations = allocation_annotations(
+                allocation, info.node, now_ns=self._clock_ns(), unit=info.unit
+            )
+        namespace, name = key.split("/", 1)
+        binding = Binding(namespace, name, args.pod_uid or pod_uid(pod), args.node, annotations)
+        try:
+            failure = await self.binder.bind(binding)
+        except Exception as error:
+            log.exception("binding pod %s to node %s: outcome unknown", key, args.node)
+            return (
+                f"gpushare: binding pod {key} to node {args.node}: outcome unknown: {error!r}",
+                None,
+            )
+        if failure is not None:
+            if allocation is not None and self.state.ledger.allocation(key) == allocation:
+                self.state.release(key)
+            return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None
+        self.state.record_bound(key, args.node, annotations)
+        return "", allocation
+
+
+def _describe_allocation(
+    key: str, node: str, allocation: Allocation | None, state: ExtenderState
+) -> str:
+    """``pod ns/n bound to node n3: container main on GPU 1 (8138 MiB each)``."""
+    info = state.node(node)
+    unit = f" {info.unit}" if info is not None and info.unit else ""
+    parts = [
+        f"container {c.container} on GPU {','.join(map(str, c.gpu_indices))} "
+        f"({c.gpu_share}{unit} each)"
+        for c in (allocation.containers if allocation is not None else ())
+    ]
+    return f"gpushare: pod {key} bound to node {node}" + (": " + "; ".join(parts) if parts else "")
+
+
+def _shape(pod: PodRequest) -> tuple[object, ...]:
+    """What a fit or a policy value depends on: the pod's shape and its container names (the
+    reasons name the container)."""
+    return (pod.shape, tuple(c.name for c in pod.containers))
+
+
+def _matches(allocation: Allocation, pod: PodRequest) -> bool:
+    """Whether ``allocation`` gives each GPU container of ``pod`` what it asks (a pod recreated
+    under the same name may ask differently)."""
+    got = {c.container: (c.gpu_share, len(c.gpu_indices)) for c in allocation.containers}
+    return got == {c.name: (c.gpu_share, c.gpu_count) for c in pod.gpu_containers}
+
+
+def _item_name(item: dict[str, Any]) -> str | None:
+    """``metadata.name`` of a node in a ``Nodes`` request, or ``None``."""
+    meta = item.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) and name else None

@@ -1,0 +1,82 @@
+"""Policies for the extender, and their node half mapped to kube-scheduler's integer 0–10.
+
+**Mapping.** ``prioritize`` ranks the candidates the scheduler sent for one pod. A policy's raw
+scores have policy-specific ranges (binpack and spread floats in [0, 100], FGD integers 0–100,
+random [0, 1)), so they are normalised over the candidates: with ``lo``/``hi`` the lowest and
+highest value, a node scores ⌊10 · (v − lo) / (hi − lo)⌋ — only the policy's best node(s) get
+10, the worst get 0 — and 10 when all are equal (no preference). Nodes the pod does not fit
+(or the extender does not know) get 0. Integers only (spec §1.6, pitfall 5).
+
+**Tie-breaks.** A policy with a ``tie_break`` (``fgd-cpu``: integer FGD score s, CPU-aware
+tie-break t in 0–100) is ranked on v = s + t / 101, which orders nodes exactly by (s, t) as
+``gpushare.core.placement.Placer`` does: t only separates nodes of equal s, and when every
+candidate ties on s (frequent with FGD), t spreads them over 0–10.
+
+**Context.** ``fgd`` and ``fgd-cpu`` need a target workload M and one whole GPU in the node
+unit. ``extender_policy`` takes them as arguments; ``default_workload`` is a placeholder M
+(¼, ½ and 1 GPU, and 2 whole GPUs, equally likely) until M is derived from the cluster's pods.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from gpushare.core.fragmentation import TargetWorkload, TaskShape
+from gpushare.core.model import NodeState, PodRequest
+from gpushare.core.policies import Policy, PolicyContext, make_policy
+from gpushare.extender.wire import MAX_PRIORITY, MIN_PRIORITY
+
+TIE_BREAK_SCALE = 101.0
+"""t / 101 < 1 for t in 0..100: a tie-break never outweighs one point of the primary score."""
+
+
+def default_workload(gpu_unit: int) -> TargetWorkload:
+    """A placeholder M: ¼, ½ and 1 GPU and 2 whole GPUs, equally likely (module doc)."""
+    if gpu_unit < 4:
+        raise ValueError(f"gpu_unit must be >= 4 node units, got {gpu_unit}")
+    shapes = (
+        TaskShape(0, gpu_unit // 4, 1),
+        TaskShape(0, gpu_unit // 2, 1),
+        TaskShape(0, gpu_unit, 1),
+        TaskShape(0, gpu_unit, 2),
+    )
+    return TargetWorkload(shapes, (0.25,) * 4)
+
+
+def extender_policy(
+    name: str, *, gpu_unit: int = 16, workload: TargetWorkload | None = None
+) -> Policy:
+    """Policy ``name`` for the extender; ``gpu_unit`` is one whole GPU in the node unit (FGD's
+    normalisation). ``KeyError`` naming the accepted names for an unknown name."""
+    context = PolicyContext(
+        workload=workload or default_workload(gpu_unit),
+        gpu_unit=gpu_unit,
+        max_node_gpu=8 * gpu_unit,
+    )
+    return make_policy(name, context)
+
+
+def policy_value(policy: Policy, state: NodeState, pod: PodRequest) -> float:
+    """The value ranked by ``prioritize`` (module doc). Precondition: ``pod`` fits ``state``."""
+    value = policy.score(state, pod)
+    tie_break: Callable[[NodeState, PodRequest], float] | None = getattr(policy, "tie_break", None)
+    if callable(tie_break):
+        value += tie_break(state, pod) / TIE_BREAK_SCALE
+    return value
+
+
+def to_priorities(values: Mapping[str, float], candidates: list[str]) -> dict[str, int]:
+    """Integer 0–10 per candidate from ``values`` (only the nodes the pod fits; module doc)."""
+    scores = dict.fromkeys(candidates, MIN_PRIORITY)
+    finite = {name: v for name, v in values.items() if math.isfinite(v)}
+    if not finite:
+        return scores
+    lo, hi = min(finite.values()), max(finite.values())
+    for name, value in finite.items():
+        if hi == lo:
+            scores[name] = MAX_PRIORITY
+        else:
+            scaled = math.floor(MAX_PRIORITY * (value - lo) / (hi - lo))
+            scores[name] = max(MIN_PRIORITY, min(MAX_PRIORITY, int(scaled)))
+    return scores

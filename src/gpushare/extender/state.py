@@ -1,0 +1,282 @@
+"""What the extender knows: nodes, pods and the ledger — and the seams to the API server.
+
+``ExtenderState`` holds the ``gpushare.core.Ledger`` (committed and assumed allocations), the
+node inventory (``NodeInfo`` by name, decoded by ``gpushare.kube.codec``) and the last copy of
+each GPU pod. It is fed in two ways:
+
+* by the API-server caches (``gpushare.kube``) through ``upsert_node`` / ``remove_node`` /
+  ``observe_pod`` / ``forget_pod`` / ``mark_synced`` — one call per watch event, after the
+  initial list; the ledger is thus rebuilt purely from pods and nodes (design.md, "Source of
+  truth");
+* by the scheduler itself: pods seen in filter requests (``remember_pod``), nodes sent in
+  ``Nodes`` requests, allocations assumed at bind (``assume`` / ``release`` / ``expire``).
+
+All calls must happen on the event loop that serves the extender (the ledger is not
+thread-safe): a feeder running in a thread hands its events over with
+``loop.call_soon_threadsafe``. Every change bumps the node's ``version`` so that per-node results
+can be cached.
+
+``Binder`` and ``EventSink`` are the protocols ``gpushare.kube`` implements: create the
+``pods/binding`` subresource (spec §4.1) and record Kubernetes Events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult
+from gpushare.core.model import Allocation, NodeState
+from gpushare.kube.codec import Json, NodeInfo, node_info, pod_allocation, pod_key
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """Bind pod ``namespace/name`` (UID ``uid``, a precondition) to ``node`` and merge
+    ``annotations`` into the pod in the same call."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    annotations: Mapping[str, str]
+
+
+class Binder(Protocol):
+    """Creates bindings (``gpushare.kube`` implements it with the API server).
+
+    Return ``None`` when the pod is bound to ``binding.node`` with the annotations merged —
+    also when it already was (a retried bind whose first answer was lost); return an error text
+    when the pod is certainly not bound; raise when the outcome is unknown (a timeout): the
+    extender then keeps the assumed allocation until the watch shows the pod or it expires.
+    """
+
+    async def bind(self, binding: Binding) -> str | None:
+        """Bind, see the class doc."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BindEvent:
+    """What happened to one bind: ``ok`` with the GPUs in ``message``, or why it failed."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    ok: bool
+    message: str
+
+
+class EventSink(Protocol):
+    """Records a bind's outcome as a Kubernetes Event on the pod (``gpushare.kube``)."""
+
+    async def emit(self, event: BindEvent) -> None:
+        """Record ``event``; failures are the sink's to log, never the bind's."""
+        ...
+
+
+class UnwiredBinder:
+    """The binder of an extender started without an API-server connection: refuses, saying so."""
+
+    async def bind(self, binding: Binding) -> str | None:
+        """Always an error: nothing can create the Binding."""
+        return (
+            f"no API binder: pod {binding.namespace}/{binding.name} cannot be bound to "
+            f"{binding.node} by an extender running on an in-memory state"
+        )
+
+
+class ExtenderState:
+    """Ledger + node inventory + pods (module doc).
+
+    ``clock`` (seconds, monotonic) times assumed allocations, which expire ``assume_ttl_s``
+    after ``assume`` unless a watch event confirms them. ``synced`` starts ``False`` until the
+    feeder calls ``mark_synced``.
+    """
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, assume_ttl_s: float = 60.0
+    ) -> None:
+        self.ledger = Ledger(clock, assume_ttl_s)
+        self._nodes: dict[str, NodeInfo] = {}
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._versions: dict[str, int] = {}
+        self._states: dict[str, tuple[int, NodeState]] = {}
+        self._waiting: dict[str, set[str]] = {}  # node -> bound pods seen before the node
+        self._synced = False
+
+    # -- readiness -------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        """True once the initial list of nodes and pods has been fed in."""
+        return self._synced
+
+    def mark_synced(self) -> None:
+        """The feeder has listed every node and pod: decisions may be made."""
+        self._synced = True
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def upsert_node(self, obj: Json) -> NodeInfo:
+        """Add or update a Kubernetes Node; ``CodecError`` (nothing changed) on garbage."""
+        info = node_info(obj)
+        self.upsert_node_info(info)
+        return info
+
+    def upsert_node_info(self, info: NodeInfo) -> None:
+        """Add or update an already decoded node (a no-op when nothing changed)."""
+        name = info.node.name
+        if self._nodes.get(name) == info:
+            return
+        self._nodes[name] = info
+        self.ledger.upsert_node(info.node)
+        self._bump(name)
+        for key in sorted(self._waiting.pop(name, ())):
+            pod = self._pods.get(key)
+            if pod is not None and pod_node_name(pod) == name:
+                self.observe_pod(pod)  # bound before its node was known: record it now
+
+    def remove_node(self, name: str) -> None:
+        """Forget node ``name``; allocations on it stay until their pods go (``Ledger``)."""
+        if self._nodes.pop(name, None) is not None:
+            self.ledger.remove_node(name)
+            self._bump(name)
+
+    def node(self, name: str) -> NodeInfo | None:
+        """The node called ``name``, or ``None``."""
+        return self._nodes.get(name)
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every known node, sorted by name."""
+        return [self._nodes[name] for name in sorted(self._nodes)]
+
+    def version(self, name: str) -> int:
+        """A counter that changes whenever node ``name`` or an allocation on it changes."""
+        return self._versions.get(name, 0)
+
+    def node_state(self, name: str) -> NodeState | None:
+        """The node with everything allocated on it (committed + assumed), or ``None``."""
+        if name not in self._nodes:
+            return None
+        version = self._versions.get(name, 0)
+        cached = self._states.get(name)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        state = self.ledger.state(name)
+        self._states[name] = (version, state)
+        return state
+
+    # -- pods ------------------------------------------------------------------------------
+
+    def pod(self, key: str) -> Json | None:
+        """The last copy of pod ``namespace/name``, or ``None``."""
+        return self._pods.get(key)
+
+    def remember_pod(self, pod: Json) -> None:
+        """Keep the copy of a pod from a filter request (kube-scheduler's informer copy)
+        unless the kept copy of the same pod (same UID) is bound: a pod being scheduled is not.
+        ``CodecError`` without a name."""
+        key = pod_key(pod)
+        known = self._pods.get(key)
+        if known is None or not pod_node_name(known) or pod_uid(known) != pod_uid(pod):
+            self._pods[key] = dict(pod)
+
+    def observe_pod(self, pod: Json) -> LedgerResult | Allocation | None:
+        """A pod from the API server (list or watch ``ADDED``/``MODIFIED``).
+
+        Finished pods (``Succeeded``/``Failed``) release their allocation (returned). A bound
+        pod's recorded allocation is committed: the ``LedgerResult`` says how (a rejection
+        means the cluster holds more than the GPU has: report it; ``UNKNOWN_NODE``: it is
+        recorded when the node arrives). The API server wins over an assumption that differs.
+        Otherwise ``None``. ``CodecError`` (nothing changed) on
+        garbage annotations.
+        """
+        key = pod_key(pod)
+        if pod_phase(pod) in FINISHED_PHASES:
+            self._pods.pop(key, None)
+            return self.release(key)
+        allocation = pod_allocation(pod)
+        self._pods[key] = dict(pod)
+        if allocation is None or not pod_node_name(pod):
+            return None
+        result = self.ledger.apply(allocation, allow_unhealthy=True)
+        if result.outcome is LedgerOutcome.UNKNOWN_NODE:
+            self._waiting.setdefault(allocation.node, set()).add(key)
+        if result.outcome is LedgerOutcome.CONFLICT:
+            previous = self.release(key)
+            result = self.ledger.apply(allocation, allow_unhealthy=True)
+            if not result.ok and previous is not None:
+                self.ledger.assume(previous)
+        self._bump(allocation.node)
+        return result
+
+    def forget_pod(self, key: str) -> Allocation | None:
+        """Pod ``namespace/name`` is gone (watch ``DELETED``): drop it and release its GPUs."""
+        self._pods.pop(key, None)
+        return self.release(key)
+
+    def record_bound(self, key: str, node: str, annotations: Mapping[str, str]) -> None:
+        """Our bind of ``key`` to ``node`` succeeded: update the kept copy until the watch
+        brings the API server's."""
+        pod = self._pods.get(key)
+        if pod is None:
+            return
+        meta = dict(pod.get("metadata") or {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        self._pods[key] = {
+            **pod,
+            "metadata": meta,
+            "spec": {**(pod.get("spec") or {}), "nodeName": node},
+        }
+
+    # -- allocations -----------------------------------------------------------------------
+
+    def assume(self, allocation: Allocation) -> LedgerResult:
+        """``Ledger.assume``, keeping versions right."""
+        result = self.ledger.assume(allocation)
+        self._bump(allocation.node)
+        return result
+
+    def release(self, key: str) -> Allocation | None:
+        """``Ledger.release``, keeping versions right."""
+        allocation = self.ledger.release(key)
+        if allocation is not None:
+            self._bump(allocation.node)
+        return allocation
+
+    def expire(self) -> list[Allocation]:
+        """``Ledger.expire``: drop assumed allocations past their deadline."""
+        expired = self.ledger.expire()
+        for allocation in expired:
+            self._bump(allocation.node)
+        return expired
+
+    def _bump(self, name: str) -> None:
+        self._versions[name] = self._versions.get(name, 0) + 1
+
+
+def pod_node_name(pod: Json) -> str:
+    """``spec.nodeName``, or ``""`` when the pod is not bound."""
+    spec = pod.get("spec")
+    name = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def pod_uid(pod: Json) -> str:
+    """``metadata.uid``, or ``""``."""
+    meta = pod.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) else ""
+
+
+def pod_phase(pod: Json) -> str:
+    """``status.phase``, or ``""``."""
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    return phase if isinstance(phase, str) else ""

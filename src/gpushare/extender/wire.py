@@ -1,0 +1,93 @@
+"""The scheduler-extender wire types (``k8s.io/kube-scheduler/extender/v1``), as msgspec structs.
+
+Source: ``shared/spec/kubernetes-interfaces.md`` §1.2. The top-level keys are the Go field names
+in PascalCase (``Pod``, ``NodeNames``, ``FailedAndUnresolvableNodes``, ``PodUID``...); nested
+Kubernetes objects (the Pod, the Nodes) stay plain JSON dicts, read by ``gpushare.kube.codec``.
+No field is omitted on encoding: ``None`` is written as ``null``, as Go does. ``decode`` turns any
+malformed body into ``RequestError`` (the HTTP layer answers 400 with its text).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+MIN_PRIORITY = 0
+MAX_PRIORITY = 10
+"""``MinExtenderPriority`` / ``MaxExtenderPriority``: the range of ``HostPriority.score``."""
+
+
+class NodeList(msgspec.Struct):
+    """A core/v1 NodeList: ``{"metadata": {...}, "items": [<Node>, ...]}``; nodes stay dicts."""
+
+    items: list[dict[str, Any]] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ExtenderArgs(msgspec.Struct, rename="pascal"):
+    """Body of ``filter`` and ``prioritize``: the pod and the candidates, as ``NodeNames``
+    (``nodeCacheCapable: true``) or full ``Nodes`` (``false``); the other one is ``null``."""
+
+    pod: dict[str, Any]
+    nodes: NodeList | None = None
+    node_names: list[str] | None = None
+
+
+class ExtenderFilterResult(msgspec.Struct, rename="pascal"):
+    """Answer of ``filter``: the passing nodes (in the field the request used), the nodes that
+    do not fit now (``FailedNodes``) and those that never will (``FailedAndUnresolvableNodes``),
+    each with a reason; a non-empty ``Error`` fails the whole call."""
+
+    nodes: NodeList | None = None
+    node_names: list[str] | None = None
+    failed_nodes: dict[str, str] | None = None
+    failed_and_unresolvable_nodes: dict[str, str] | None = None
+    error: str = ""
+
+
+class HostPriority(msgspec.Struct, rename="pascal"):
+    """One entry of the ``prioritize`` answer (a JSON array of these); ``Score`` is an integer
+    in ``MIN_PRIORITY..MAX_PRIORITY``."""
+
+    host: str
+    score: int
+
+
+class ExtenderBindingArgs(msgspec.Struct, rename="pascal"):
+    """Body of ``bind``: the pod (by name, namespace and UID) and the node chosen for it."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str = msgspec.field(name="PodUID")
+    node: str = msgspec.field(name="Node")
+
+
+class ExtenderBindingResult(msgspec.Struct, rename="pascal"):
+    """Answer of ``bind``: empty ``Error`` on success."""
+
+    error: str = ""
+
+
+class RequestError(ValueError):
+    """A request body that is not valid JSON or not of the expected shape."""
+
+
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+
+
+def decode(body: bytes, kind: type[T], verb: str) -> T:
+    """``body`` as ``kind``; ``RequestError`` naming ``verb`` and the problem otherwise."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as error:
+        raise RequestError(f"invalid {verb} request: {error}") from None
+    except msgspec.DecodeError as error:
+        raise RequestError(f"invalid {verb} request: malformed JSON: {error}") from None
+
+
+def encode(value: object) -> bytes:
+    """JSON bytes of a wire value (structs, lists of structs, plain JSON)."""
+    return _encoder.encode(value)

@@ -1,0 +1,1 @@
+"""The API-server adapter: the only gpushare code that talks to kube-apiserver."""

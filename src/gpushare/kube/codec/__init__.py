@@ -1,0 +1,101 @@
+"""Pure translation between Kubernetes JSON (plain dicts) and ``gpushare.core`` types. No I/O.
+
+Pods → ``PodRequest`` (what a pod asks), pod annotations ↔ ``Allocation`` (what it got), nodes →
+``NodeInfo`` (its GPUs). Everything is in the node's own memory unit (design.md, "Units").
+
+**How a pod asks** (per container in ``spec.containers``; as in Alibaba's extender, init
+containers are not placed: they run before the app containers, whose GPUs the kubelet hands them):
+
+* ``resources.limits["aliyun.com/gpu-mem"]`` (or ``requests``; equal when both are set): the
+  container's GPU memory **in total** over its GPUs, a whole Kubernetes quantity (``"8"``,
+  ``"1k"``). Keeping the total makes kube-scheduler's node sum and the kubelet's unit count right.
+* Several GPUs: the pod annotation ``gpushare.io/gpu-count`` — ``"2"`` (every GPU container) or
+  JSON ``{"main": 2}`` (by container name) — or ``aliyun.com/gpu-count`` in the container's
+  ``limits``. The container then gets total ÷ count on each of count distinct GPUs (the total
+  must divide evenly). Beware: a node advertises ``aliyun.com/gpu-count`` in its capacity, so
+  kube-scheduler and the kubelet also *count* that limit against the node's GPUs — the sum of
+  ``aliyun.com/gpu-count`` limits over a node's pods stays at most its GPU count. The annotation
+  has no such side effect and is the recommended form; when both are set they must agree.
+* Allowed GPU models: the pod annotation ``gpushare.io/gpu-models`` — ``"A100,V100"`` (every
+  GPU container) or JSON ``{"main": ["A100"]}``. Absent: any model.
+
+**What a pod got** (written at bind, read back on every watch event and on restart):
+
+* Alibaba gpushare's annotations, same keys and formats as its ``pkg/utils/pod.go``
+  (``PatchPodAnnotationSpec``) and its device plugin's ``pkg/gpu/nvidia/podutils.go``:
+  ``ALIYUN_COM_GPU_MEM_IDX`` the GPU index, ``ALIYUN_COM_GPU_MEM_POD`` the pod's total gpu-mem,
+  ``ALIYUN_COM_GPU_MEM_DEV`` the GPU's whole memory (all decimal integers in the node unit),
+  ``ALIYUN_COM_GPU_MEM_ASSIGNED`` ``"false"`` at bind (the device plugin sets ``"true"``),
+  ``ALIYUN_COM_GPU_MEM_ASSUME_TIME`` nanoseconds since the Unix epoch, decimal. IDX and DEV
+  name one GPU, so they are written only when the whole pod sits on one GPU (their meaning is
+  never changed); POD, ASSIGNED and ASSUME_TIME always.
+* ``gpushare.io/allocation``: JSON ``{"node": "n3", "unit": "MiB", "containers": [{"name":
+  "main", "gpus": [0, 1], "share": 8}]}`` (``share`` per GPU). Authoritative when present;
+  pods with only Alibaba's annotations (bound by Alibaba's extender) are read from those.
+
+**Nodes**: the ``gpushare.io/gpu-inventory`` annotation (``gpushare.testing.nodes`` documents
+it) when present; else Alibaba's fallback, ``status.capacity`` ``aliyun.com/gpu-mem`` ÷
+``aliyun.com/gpu-count`` per GPU (integer division, all healthy, unit unknown). A node with
+neither is not a GPU-share node. CPU and memory are left to kube-scheduler (``None``).
+
+Garbage raises ``CodecError`` naming the object, the key, the value and what is accepted.
+"""
+
+from gpushare.kube.codec.common import (
+    ALIYUN_ASSIGNED,
+    ALIYUN_ASSUME_TIME,
+    ALIYUN_DEV,
+    ALIYUN_IDX,
+    ALIYUN_KEYS,
+    ALIYUN_POD,
+    ALLOCATION,
+    GPU_COUNT,
+    GPU_COUNT_ANNOTATION,
+    GPU_MEM,
+    GPU_MODELS_ANNOTATION,
+    GPUSHARE_LABEL,
+    INVENTORY,
+    UNITS,
+    CodecError,
+    Json,
+    parse_quantity,
+    pod_key,
+    whole_quantity,
+)
+from gpushare.kube.codec.nodes import NodeInfo, node_info
+from gpushare.kube.codec.pods import (
+    AlibabaAnnotations,
+    alibaba_annotations,
+    allocation_annotations,
+    pod_allocation,
+    pod_request,
+)
+
+__all__ = [
+    "ALIYUN_ASSIGNED",
+    "ALIYUN_ASSUME_TIME",
+    "ALIYUN_DEV",
+    "ALIYUN_IDX",
+    "ALIYUN_KEYS",
+    "ALIYUN_POD",
+    "ALLOCATION",
+    "GPUSHARE_LABEL",
+    "GPU_COUNT",
+    "GPU_COUNT_ANNOTATION",
+    "GPU_MEM",
+    "GPU_MODELS_ANNOTATION",
+    "INVENTORY",
+    "UNITS",
+    "AlibabaAnnotations",
+    "CodecError",
+    "Json",
+    "NodeInfo",
+    "alibaba_annotations",
+    "allocation_annotations",
+    "node_info",
+    "parse_quantity",
+    "pod_allocation",
+    "pod_key",
+    "pod_request",
+    "whole_quantity",
+]

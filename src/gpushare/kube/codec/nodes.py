@@ -1,0 +1,108 @@
+"""Nodes: a Kubernetes Node → ``NodeInfo`` (the core ``Node`` with its GPUs, the unit, whether
+it is a GPU-share node). Inventory format: the package docstring. Pure; no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpushare.core.model import Gpu, Node
+from gpushare.kube.codec.common import (
+    GPU_COUNT,
+    GPU_MEM,
+    GPUSHARE_LABEL,
+    INVENTORY,
+    UNITS,
+    CodecError,
+    Json,
+    annotations_of,
+    is_int,
+    mapping,
+    parse_json,
+    whole_quantity,
+)
+
+# -- nodes -----------------------------------------------------------------------------------
+
+_INVENTORY_ACCEPTED = (
+    '{"unit": "GiB"|"MiB", "gpus": [{"index": 0, "memory": 16, "model": "...", "uuid": "...", '
+    '"healthy": true}, ...]} with distinct indices >= 0 and memory > 0'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node as the extender sees it.
+
+    ``node`` has the GPUs (none for a node that is not GPU-share); ``gpushare`` tells a
+    memory-shared node; ``unit`` is ``"GiB"``/``"MiB"`` from the inventory, ``None`` when
+    unknown; ``source`` is ``"inventory"``, ``"capacity"`` (Alibaba's fallback) or ``"none"``;
+    ``uuids`` per GPU position (``""`` when unknown); ``labelled``: label ``gpushare=true``.
+    """
+
+    node: Node
+    gpushare: bool
+    unit: str | None = None
+    source: str = "none"
+    uuids: tuple[str, ...] = ()
+    labelled: bool = False
+
+
+def _inventory(raw: str, subject: str) -> tuple[str, list[Gpu], list[str]]:
+    def bad(problem: str) -> CodecError:
+        return CodecError(subject, f"annotation {INVENTORY}", raw, problem, _INVENTORY_ACCEPTED)
+
+    document = parse_json(raw, subject, INVENTORY, _INVENTORY_ACCEPTED)
+    if not isinstance(document, dict) or document.get("unit") not in UNITS:
+        raise bad("unit missing or unknown")
+    items = document.get("gpus")
+    if not isinstance(items, list) or len(items) > 1024:
+        raise bad("no gpus list of at most 1024 GPUs")
+    gpus: list[tuple[Gpu, str]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise bad("a GPU entry is not an object")
+        index, memory = item.get("index"), item.get("memory")
+        model, uuid, healthy = (
+            item.get("model", ""),
+            item.get("uuid", ""),
+            item.get("healthy", True),
+        )
+        if not (is_int(index) and index >= 0 and is_int(memory) and memory > 0):
+            raise bad(f"GPU {index!r}: index must be an integer >= 0 and memory > 0")
+        if not (isinstance(model, str) and isinstance(uuid, str) and isinstance(healthy, bool)):
+            raise bad(f"GPU {index}: model and uuid must be strings, healthy a boolean")
+        gpus.append((Gpu(index, model, memory, healthy), uuid))
+    indices = [gpu.index for gpu, _ in gpus]
+    if len(set(indices)) != len(indices):
+        raise bad(f"GPU indices repeat: {indices}")
+    gpus.sort(key=lambda pair: pair[0].index)
+    return document["unit"], [gpu for gpu, _ in gpus], [uuid for _, uuid in gpus]
+
+
+def node_info(obj: Json) -> NodeInfo:
+    """Read a Kubernetes Node (module doc). Raises ``CodecError`` on garbage."""
+    meta = mapping(mapping(obj, "node", "(the node)").get("metadata"), "node", "metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise CodecError("node", "metadata.name", name, "missing or not a string", "a node name")
+    subject = f"node {name}"
+    labels = mapping(meta.get("labels"), subject, "metadata.labels")
+    labelled = labels.get(GPUSHARE_LABEL) == "true"
+    annotations = annotations_of(obj, subject)
+    if INVENTORY in annotations:
+        unit, gpus, uuids = _inventory(annotations[INVENTORY], subject)
+        return NodeInfo(Node(name, tuple(gpus)), True, unit, "inventory", tuple(uuids), labelled)
+    status = mapping(obj.get("status"), subject, "status")
+    capacity = mapping(status.get("capacity"), subject, "status.capacity")
+    total = whole_quantity(capacity.get(GPU_MEM, "0"), subject, f"status.capacity.{GPU_MEM}")
+    count = whole_quantity(capacity.get(GPU_COUNT, "0"), subject, f"status.capacity.{GPU_COUNT}")
+    if total == 0:
+        return NodeInfo(Node(name, ()), False, labelled=labelled)
+    if count > 1024 or (count and total < count):
+        raise CodecError(
+            subject, f"status.capacity.{GPU_COUNT}", count, f"for {GPU_MEM} {total}",
+            f"1..1024 GPUs and at least one {GPU_MEM} unit per GPU",
+        )  # fmt: skip
+    share = total // count if count else 0
+    fallback = tuple(Gpu(i, "", share) for i in range(count))
+    return NodeInfo(Node(name, fallback), True, None, "capacity", ("",) * count, labelled)

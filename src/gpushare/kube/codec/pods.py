@@ -1,0 +1,292 @@
+"""Pods: what a pod asks (``pod_request``), what it got (``pod_allocation``, Alibaba's
+annotations), and the annotations that record an allocation (``allocation_annotations``).
+Formats and the multi-GPU syntax: the package docstring. Pure; no I/O."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.core.model import Allocation, ContainerAllocation, ContainerRequest, Node, PodRequest
+from gpushare.kube.codec.common import (
+    ALIYUN_ASSIGNED,
+    ALIYUN_ASSUME_TIME,
+    ALIYUN_DEV,
+    ALIYUN_IDX,
+    ALIYUN_POD,
+    ALLOCATION,
+    GPU_COUNT,
+    GPU_COUNT_ANNOTATION,
+    GPU_MEM,
+    GPU_MODELS_ANNOTATION,
+    CodecError,
+    Json,
+    annotations_of,
+    decimal,
+    is_int,
+    mapping,
+    parse_json,
+    pod_key,
+    whole_quantity,
+)
+
+# -- pod requests ----------------------------------------------------------------------------
+
+
+def _per_container(
+    annotations: Json,
+    key: str,
+    subject: str,
+    names: list[str],
+    *,
+    parse: Callable[[object], Any],
+    accepted: str,
+) -> dict[str, Any]:
+    """A per-container annotation: one plain value for every GPU container, or a JSON object
+    keyed by container name. ``parse(raw)`` returns the value or ``None`` when invalid."""
+    raw = annotations.get(key)
+    if raw is None:
+        return {}
+    document = parse_json(raw, subject, key, accepted) if raw.lstrip().startswith("{") else None
+    if document is None:
+        value = parse(raw)
+        if value is None:
+            raise CodecError(subject, f"annotation {key}", raw, "invalid value", accepted)
+        return dict.fromkeys(names, value)
+    result: dict[str, Any] = {}
+    for name, item in document.items():
+        value = parse(item)
+        if name not in names or value is None:
+            problem = "no such GPU container" if name not in names else "invalid value"
+            raise CodecError(subject, f"annotation {key}", raw, f"{name!r}: {problem}", accepted)
+        result[name] = value
+    return result
+
+
+def _count(raw: object) -> int | None:
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 4:
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw <= 1024:
+        return raw
+    return None
+
+
+def _models(raw: object) -> frozenset[str] | None:
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(m, str) and m.strip() for m in items):
+        return None
+    return frozenset(m.strip() for m in items)
+
+
+def _resource(container: Json, subject: str, name: str) -> int | None:
+    resources = mapping(container.get("resources"), subject, "resources")
+    found = {}
+    for kind in ("limits", "requests"):
+        values = mapping(resources.get(kind), subject, f"resources.{kind}")
+        if name in values:
+            found[kind] = whole_quantity(values[name], subject, f"resources.{kind}.{name}")
+    if len(set(found.values())) > 1:
+        raise CodecError(subject, name, found, "limit and request differ", "equal values")
+    return found.get("limits", found.get("requests"))
+
+
+def pod_request(pod: Json) -> PodRequest:
+    """What ``pod`` asks (package doc): its ``spec.containers``, in order; init containers are
+    not placed. CPU and memory are left 0 (kube-scheduler's job). ``CodecError`` on garbage."""
+    key = pod_key(pod)
+    subject = f"pod {key}"
+    spec = mapping(pod.get("spec"), subject, "spec")
+    annotations = annotations_of(pod, subject)
+    raw_containers = spec.get("containers")
+    if not isinstance(raw_containers, list) or not raw_containers:
+        raise CodecError(subject, "spec.containers", raw_containers, "missing", "a list")
+    asked: list[tuple[str, int, int | None]] = []
+    for i, raw in enumerate(raw_containers):
+        container = mapping(raw, subject, f"spec.containers[{i}]")
+        name = container.get("name")
+        if not isinstance(name, str) or not name:
+            raise CodecError(subject, f"spec.containers[{i}].name", name, "missing", "a name")
+        where = f"{subject} container {name}"
+        total = _resource(container, where, GPU_MEM)
+        count = _resource(container, where, GPU_COUNT)
+        if count is not None and not total:
+            raise CodecError(where, GPU_COUNT, count, f"without {GPU_MEM}", f"with {GPU_MEM}")
+        asked.append((name, total or 0, count))
+    gpu_names = [name for name, total, _ in asked if total]
+    counts = _per_container(
+        annotations, GPU_COUNT_ANNOTATION, subject, gpu_names,
+        parse=_count, accepted='"2" or {"<container>": 2}, 1..1024',
+    )  # fmt: skip
+    models = _per_container(
+        annotations, GPU_MODELS_ANNOTATION, subject, gpu_names,
+        parse=_models, accepted='"A100,V100" or {"<container>": ["A100"]}',
+    )  # fmt: skip
+    containers = []
+    for name, total, limit_count in asked:
+        count = counts.get(name, limit_count or 1)
+        if limit_count and limit_count != count:
+            raise CodecError(
+                f"{subject} container {name}", GPU_COUNT, limit_count,
+                f"differs from annotation {GPU_COUNT_ANNOTATION} ({count})", "equal GPU counts",
+            )  # fmt: skip
+        if total % count:
+            raise CodecError(
+                f"{subject} container {name}", GPU_MEM, total,
+                f"not divisible by the GPU count {count}", "the total over all its GPUs",
+            )  # fmt: skip
+        containers.append(
+            ContainerRequest(
+                name, total // count, count if total else 0, models.get(name, frozenset())
+            )
+        )
+    return PodRequest(key=key, containers=tuple(containers))
+
+
+# -- allocations -----------------------------------------------------------------------------
+
+_ALLOCATION_ACCEPTED = (
+    '{"node": "<name>", "containers": [{"name": "<container>", "gpus": [0], "share": 8}]}'
+)
+
+
+def _our_allocation(raw: str, subject: str) -> tuple[str, tuple[ContainerAllocation, ...]]:
+    def bad(problem: str) -> CodecError:
+        return CodecError(subject, f"annotation {ALLOCATION}", raw, problem, _ALLOCATION_ACCEPTED)
+
+    document = parse_json(raw, subject, ALLOCATION, _ALLOCATION_ACCEPTED)
+    if not isinstance(document, dict) or not isinstance(document.get("node"), str):
+        raise bad("no node")
+    items = document.get("containers")
+    if not isinstance(items, list):
+        raise bad("no containers list")
+    containers = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise bad("a container without a name")
+        gpus, share = item.get("gpus"), item.get("share")
+        if not isinstance(gpus, list) or not gpus or not all(is_int(g) and g >= 0 for g in gpus):
+            raise bad(f"container {item['name']}: gpus must be a non-empty list of indices")
+        if len(set(gpus)) != len(gpus) or not is_int(share) or share <= 0:
+            raise bad(f"container {item['name']}: repeated GPU or share not an integer > 0")
+        containers.append(ContainerAllocation(item["name"], tuple(gpus), share))
+    return document["node"], tuple(containers)
+
+
+def pod_allocation(pod: Json) -> Allocation | None:
+    """The allocation recorded on ``pod`` (module doc), or ``None`` when it records none or
+    when only Alibaba's annotations are set and the pod is not bound (they name no node).
+
+    The node is ``spec.nodeName`` when bound, else the one in ``gpushare.io/allocation``. The
+    record is checked against what the pod asks. Raises ``CodecError`` on garbage.
+    """
+    key = pod_key(pod)
+    subject = f"pod {key}"
+    annotations = annotations_of(pod, subject)
+    spec = mapping(pod.get("spec"), subject, "spec")
+    bound = spec.get("nodeName") or None
+    if bound is not None and not isinstance(bound, str):
+        raise CodecError(subject, "spec.nodeName", bound, "not a string", "a node name")
+    if ALLOCATION not in annotations and ALIYUN_IDX not in annotations:
+        return None
+    alibaba = alibaba_annotations(pod)
+    asked = {c.name: c for c in pod_request(pod).gpu_containers}
+    if not asked:
+        raise CodecError(subject, GPU_MEM, None, "records a GPU but asks none", "a GPU pod")
+    index, pod_total = alibaba.index, alibaba.pod_total
+    if ALLOCATION in annotations:
+        node, containers = _our_allocation(annotations[ALLOCATION], subject)
+        if bound is not None and node != bound:
+            raise CodecError(
+                subject, f"annotation {ALLOCATION}", node, f"pod is bound to {bound}", bound
+            )
+        got = {c.container: (c.gpu_share, len(c.gpu_indices)) for c in containers}
+        wanted = {name: (c.gpu_share, c.gpu_count) for name, c in asked.items()}
+        if got != wanted:
+            raise CodecError(
+                subject, f"annotation {ALLOCATION}", got, "does not match the pod's request",
+                f"(share, count) per GPU container: {wanted}",
+            )  # fmt: skip
+        indices = {i for c in containers for i in c.gpu_indices}
+        if index is not None and indices != {index}:
+            raise CodecError(subject, ALIYUN_IDX, index, f"{ALLOCATION} uses GPUs {indices}", "")
+    else:
+        if bound is None:
+            return None
+        node = bound
+        if any(c.gpu_count != 1 for c in asked.values()) or index is None:
+            raise CodecError(
+                subject, ALIYUN_IDX, index, "pod asks several GPUs", f"annotation {ALLOCATION}"
+            )
+        containers = tuple(
+            ContainerAllocation(c.name, (index,), c.gpu_share) for c in asked.values()
+        )
+    total = sum(c.gpu_share * len(c.gpu_indices) for c in containers)
+    if pod_total is not None and pod_total != total:
+        raise CodecError(subject, ALIYUN_POD, pod_total, f"the pod asks {total}", str(total))
+    return Allocation(pod=key, node=node, containers=containers)
+
+
+@dataclass(frozen=True, slots=True)
+class AlibabaAnnotations:
+    """Alibaba's five annotations on a pod, read (``None``: absent). ``device_memory`` is
+    ``ALIYUN_COM_GPU_MEM_DEV``; ``assume_time_ns`` nanoseconds since the Unix epoch."""
+
+    index: int | None = None
+    pod_total: int | None = None
+    device_memory: int | None = None
+    assigned: bool | None = None
+    assume_time_ns: int | None = None
+
+
+def alibaba_annotations(pod: Json) -> AlibabaAnnotations:
+    """Read and check Alibaba's annotations on ``pod`` (formats: module doc)."""
+    subject = f"pod {pod_key(pod)}"
+    annotations = annotations_of(pod, subject)
+
+    def number(key: str, *, positive: bool = False) -> int | None:
+        raw = annotations.get(key)
+        return None if raw is None else decimal(raw, subject, key, positive=positive)
+
+    flag = annotations.get(ALIYUN_ASSIGNED)
+    if flag not in (None, "true", "false"):
+        raise CodecError(
+            subject, f"annotation {ALIYUN_ASSIGNED}", flag, "not a flag", '"true" or "false"'
+        )
+    return AlibabaAnnotations(
+        index=number(ALIYUN_IDX),
+        pod_total=number(ALIYUN_POD),
+        device_memory=number(ALIYUN_DEV, positive=True),
+        assigned=None if flag is None else flag == "true",
+        assume_time_ns=number(ALIYUN_ASSUME_TIME),
+    )
+
+
+def allocation_annotations(
+    allocation: Allocation, node: Node, *, now_ns: int, unit: str | None = None
+) -> dict[str, str]:
+    """The annotations recording ``allocation`` on ``node`` (module doc); ``now_ns`` is the
+    assume time in nanoseconds since the Unix epoch; ``unit`` the node's memory unit when known.
+    Empty for an allocation without GPU containers. ``KeyError`` if ``node`` lacks a GPU used."""
+    if not allocation.containers:
+        return {}
+    document: dict[str, object] = {"node": allocation.node}
+    if unit is not None:
+        document["unit"] = unit
+    document["containers"] = [
+        {"name": c.container, "gpus": list(c.gpu_indices), "share": c.gpu_share}
+        for c in allocation.containers
+    ]
+    per_gpu = allocation.per_gpu()
+    result = {
+        ALLOCATION: json.dumps(document, separators=(",", ":")),
+        ALIYUN_POD: str(sum(per_gpu.values())),
+        ALIYUN_ASSIGNED: "false",
+        ALIYUN_ASSUME_TIME: str(now_ns),
+    }
+    if len(per_gpu) == 1:
+        (index,) = per_gpu
+        result[ALIYUN_IDX] = str(index)
+        result[ALIYUN_DEV] = str(node.gpu(index).capacity)
+    return result

@@ -1,0 +1,120 @@
+"""Fakes for the extender's component tests: pod and node JSON, a recording binder and event sink.
+
+Pods and nodes are the plain dicts kube-scheduler sends (``ExtenderArgs.Pod``, ``Nodes.items``);
+GPU nodes come from :func:`gpushare.testing.nodes.gpu_node`, so they carry the same
+``gpushare.io/gpu-inventory`` contract as the kwok nodes of the cluster tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare.extender.state import BindEvent, Binding
+from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
+
+GPU_MEM = "aliyun.com/gpu-mem"
+
+
+def node_json(name: str, gpus: Sequence[int | FakeGpu], *, unit: str = "MiB") -> dict[str, Any]:
+    """A GPU-share Node as JSON (``gpu_node``), per-GPU memories in ``unit``."""
+    result: dict[str, Any] = gpu_node(name, gpus, unit=unit).to_dict()
+    return result
+
+
+def plain_node_json(name: str) -> dict[str, Any]:
+    """A Node without GPUs, as JSON."""
+    result: dict[str, Any] = plain_node(name).to_dict()
+    return result
+
+
+def alibaba_node_json(name: str, total: int, count: int) -> dict[str, Any]:
+    """A node as Alibaba's device plugin leaves it: capacity only, no inventory annotation."""
+    capacity = {
+        "cpu": "32",
+        "memory": "256Gi",
+        GPU_MEM: str(total),
+        "aliyun.com/gpu-count": str(count),
+    }
+    return {
+        "metadata": {"name": name, "labels": {"gpushare": "true"}},
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+def pod_json(
+    name: str,
+    gpu_mem: int | Sequence[int | None] | None = None,
+    *,
+    namespace: str = "default",
+    uid: str | None = None,
+    node: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    limits: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod as kube-scheduler sends it. ``gpu_mem``: one container ``main`` asking that much,
+    or one container per entry (``c0``, ``c1``...); ``limits`` are added to every container;
+    ``node`` sets ``spec.nodeName`` (a bound pod)."""
+    amounts = [gpu_mem] if isinstance(gpu_mem, int) or gpu_mem is None else list(gpu_mem)
+    names = ["main"] if len(amounts) == 1 else [f"c{i}" for i in range(len(amounts))]
+    containers = []
+    for container_name, amount in zip(names, amounts, strict=True):
+        resources = {"cpu": "100m", **(limits or {})}
+        if amount is not None:
+            resources[GPU_MEM] = str(amount)
+        containers.append(
+            {
+                "name": container_name,
+                "image": "registry.invalid/gpushare/test:0",
+                "resources": {"limits": dict(resources), "requests": dict(resources)},
+            }
+        )
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or str(uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/{name}")),
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    spec: dict[str, Any] = {"containers": containers, "schedulerName": "gpushare"}
+    if node is not None:
+        spec["nodeName"] = node
+    phase = "Running" if node is not None else "Pending"
+    return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
+
+
+@dataclass
+class RecordingBinder:
+    """A ``Binder`` that records every call. ``failure`` (an error text) or ``error`` (raised:
+    unknown outcome) make binds fail; ``gate``, when set, is awaited before answering so that
+    tests can hold binds in flight."""
+
+    failure: str | None = None
+    error: Exception | None = None
+    gate: asyncio.Event | None = None
+    calls: list[Binding] = field(default_factory=list)
+
+    async def bind(self, binding: Binding) -> str | None:
+        """Record ``binding``, then answer as configured."""
+        self.calls.append(binding)
+        if self.gate is not None:
+            await self.gate.wait()
+        else:
+            await asyncio.sleep(0)  # yield, as a real API call would
+        if self.error is not None:
+            raise self.error
+        return self.failure
+
+
+@dataclass
+class RecordingEvents:
+    """An ``EventSink`` that keeps every event."""
+
+    events: list[BindEvent] = field(default_factory=list)
+
+    async def emit(self, event: BindEvent) -> None:
+        """Keep ``event``."""
+        self.events.append(event)

@@ -1,0 +1,55 @@
+"""``gpushare extender``: its options, the in-memory state it builds, and bad ``--nodes`` files
+that exit non-zero with a message naming the file and the problem (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpushare.cli.extender import build_state
+from gpushare.cli.main import main
+from gpushare.testing.extender import node_json, plain_node_json
+
+
+def test_help_lists_the_options() -> None:
+    result = CliRunner().invoke(main, ["extender", "--help"])
+    assert result.exit_code == 0
+    for option in ("--port", "--prefix", "--policy", "--gpu-unit", "--assume-ttl", "--nodes"):
+        assert option in result.output
+    assert "12345" in result.output
+
+
+@pytest.mark.parametrize("wrap", [True, False], ids=["NodeList", "list of nodes"])
+def test_build_state_preloads_nodes(tmp_path: Path, wrap: bool) -> None:
+    items = [node_json("n1", [16, 16], unit="GiB"), plain_node_json("cpu")]
+    path = tmp_path / "nodes.json"
+    path.write_text(json.dumps({"kind": "NodeList", "items": items} if wrap else items))
+    state = build_state(path, assume_ttl_s=5)
+    assert state.synced
+    assert [info.node.name for info in state.nodes()] == ["cpu", "n1"]
+    assert state.ledger.state("n1").gpu_free == (16, 16)
+
+
+BAD_FILES = [
+    ("not JSON", "{", "Expecting"),
+    ("not a list", '{"items": 3}', "expected a NodeList"),
+    ("item not an object", "[3]", "not a Node object"),
+    ("garbage inventory", json.dumps([{"metadata": {"name": "x"}, "status": {"capacity": {
+        "aliyun.com/gpu-mem": "lots"}}}]), "node x: status.capacity.aliyun.com/gpu-mem='lots'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "message"), [b[1:] for b in BAD_FILES], ids=[b[0] for b in BAD_FILES]
+)
+def test_bad_nodes_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "nodes.json"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["extender", "--nodes", str(path), "--port", "1"])
+    assert result.exit_code != 0
+    assert f"--nodes {path}" in result.output
+    assert message in result.output
+    assert "Traceback" not in result.output

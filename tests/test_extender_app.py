@@ -1,0 +1,655 @@
+"""The extender through its ASGI app, with the request bodies kube-scheduler really sent.
+
+The fixtures in ``tests/fixtures/extender/`` were recorded from kube-scheduler by
+``tests/cluster/test_extender_wiring.py``: a filter of pod ``wiring/gpu-a`` over
+``wiring-gpu-0..2`` and its bind to ``wiring-gpu-2``. Here the three nodes are design.md §1's
+(two 16,276 MiB GPUs each) and the pod asks 8,138 MiB: N1 = ``wiring-gpu-0`` (4,069 free in
+all), N2 = ``wiring-gpu-1`` (4,069 + 4,069), N3 = ``wiring-gpu-2`` (8,138 on GPU0). Existing
+allocations are fed as bound pods with annotations, as the API-server watch will feed them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.extender import ExtenderState, create_app
+from gpushare.kube.codec import (
+    ALIYUN_DEV,
+    ALIYUN_IDX,
+    ALIYUN_POD,
+    ALLOCATION,
+    GPU_COUNT_ANNOTATION,
+    GPU_MEM,
+    allocation_annotations,
+    node_info,
+)
+from gpushare.testing.extender import (
+    RecordingBinder,
+    RecordingEvents,
+    node_json,
+    plain_node_json,
+    pod_json,
+)
+from gpushare.testing.nodes import FakeGpu
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "extender"
+GPU = 16276
+N1, N2, N3 = "wiring-gpu-0", "wiring-gpu-1", "wiring-gpu-2"
+PREFIX = "/gpushare-scheduler"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
+    return document
+
+
+def filter_body(gpu_mem: int = 8138, **annotations: str) -> dict[str, Any]:
+    """The recorded filter request, the pod asking ``gpu_mem`` MiB."""
+    body = fixture("filter_request")
+    container = body["Pod"]["spec"]["containers"][0]
+    for kind in ("limits", "requests"):
+        container["resources"][kind][GPU_MEM] = str(gpu_mem)
+    if annotations:
+        body["Pod"]["metadata"]["annotations"] = annotations
+    return body
+
+
+def seed(state: ExtenderState, node: str, used: list[int]) -> None:
+    """Bound pods ``seed-<node>-<i>`` holding ``used[i]`` on GPU i, fed as the watch would."""
+    info = state.node(node)
+    assert info is not None
+    for index, amount in enumerate(used):
+        if amount:
+            name = f"seed-{node}-{index}"
+            allocation = Allocation(
+                f"default/{name}", node, (ContainerAllocation("main", (index,), amount),)
+            )
+            notes = allocation_annotations(allocation, info.node, now_ns=1, unit=info.unit)
+            result = state.observe_pod(pod_json(name, amount, node=node, annotations=notes))
+            assert result is not None
+            assert not isinstance(result, Allocation)
+            assert result.ok
+
+
+def design_state(*, synced: bool = True) -> ExtenderState:
+    """design.md §1: N1 free 0 + 4,069; N2 4,069 + 4,069; N3 8,138 + 0."""
+    state = ExtenderState()
+    for name in (N1, N2, N3):
+        state.upsert_node(node_json(name, [GPU, GPU]))
+    seed(state, N1, [GPU, GPU - 4069])
+    seed(state, N2, [GPU - 4069, GPU - 4069])
+    seed(state, N3, [GPU - 8138, GPU])
+    if synced:
+        state.mark_synced()
+    return state
+
+
+def snapshot(state: ExtenderState) -> tuple[object, ...]:
+    """Everything the ledger holds, to compare before and after."""
+    names = state.ledger.node_names()
+    return (
+        tuple((name, state.ledger.state(name).gpu_used) for name in names),
+        tuple(state.ledger.allocations(name) for name in names),
+        tuple(
+            state.ledger.is_assumed(a.pod) for name in names for a in state.ledger.allocations(name)
+        ),
+    )
+
+
+def app_for(
+    state: ExtenderState, binder: RecordingBinder | None = None, **kwargs: Any
+) -> Starlette:
+    return create_app(state, binder=binder or RecordingBinder(), expire_interval_s=None, **kwargs)
+
+
+def post(app: Starlette, verb: str, body: object) -> httpx2.Response:
+    with TestClient(app) as client:
+        return client.post(f"{PREFIX}/{verb}", json=body)
+
+
+def bind_body(pod: dict[str, Any], node: str) -> dict[str, str]:
+    meta = pod["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+
+
+# -- the recorded fixtures -------------------------------------------------------------------
+
+
+def test_fixtures_have_the_wire_shape() -> None:
+    assert set(fixture("filter_request")) == {"Pod", "Nodes", "NodeNames"}
+    assert set(fixture("prioritize_request")) == {"Pod", "Nodes", "NodeNames"}
+    assert set(fixture("bind_request")) == {"PodName", "PodNamespace", "PodUID", "Node"}
+    assert fixture("bind_request")["PodUID"] == fixture("filter_request")["Pod"]["metadata"]["uid"]
+
+
+# -- filter ----------------------------------------------------------------------------------
+
+
+def test_filter_node_names_only_n3_passes() -> None:
+    state = design_state()
+    before = snapshot(state)
+    response = post(app_for(state), "filter", filter_body())
+    assert response.status_code == 200
+    result = response.json()
+    assert set(result) == {
+        "Nodes",
+        "NodeNames",
+        "FailedNodes",
+        "FailedAndUnresolvableNodes",
+        "Error",
+    }
+    assert result["NodeNames"] == [N3]
+    assert result["Nodes"] is None
+    assert result["Error"] == ""
+    assert result["FailedAndUnresolvableNodes"] == {}
+    assert result["FailedNodes"] == {
+        N1: "gpushare: no GPU has enough free; container main; requested 8138; "
+        "free/capacity per GPU 0/16276, 4069/16276; unit MiB",
+        N2: "gpushare: no GPU has enough free; container main; requested 8138; "
+        "free/capacity per GPU 4069/16276, 4069/16276; unit MiB",
+    }
+    assert snapshot(state) == before  # filter reserves nothing
+
+
+def test_filter_nodes_returns_the_node_objects_as_received() -> None:
+    state = ExtenderState()  # nodes come with the request
+    nodes = [node_json(name, [GPU, GPU]) for name in (N1, N2, N3)]
+    for node in nodes:
+        state.upsert_node(node)
+    seed(state, N1, [GPU, GPU - 4069])
+    seed(state, N2, [GPU - 4069, GPU - 4069])
+    seed(state, N3, [GPU - 8138, GPU])
+    state.mark_synced()
+    body = filter_body()
+    body["NodeNames"] = None
+    body["Nodes"] = {"metadata": {"resourceVersion": "7"}, "items": copy.deepcopy(nodes)}
+    result = post(app_for(state), "filter", body).json()
+    assert result["NodeNames"] is None
+    assert result["Nodes"] == {"metadata": {"resourceVersion": "7"}, "items": [nodes[2]]}
+    assert set(result["FailedNodes"]) == {N1, N2}
+
+
+def test_filter_nodes_mode_learns_nodes_from_the_request() -> None:
+    state = ExtenderState()
+    state.mark_synced()
+    body = filter_body()
+    body["NodeNames"] = None
+    body["Nodes"] = {"metadata": {}, "items": [node_json(N3, [GPU, GPU]), plain_node_json("cpu")]}
+    result = post(app_for(state), "filter", body).json()
+    assert [item["metadata"]["name"] for item in result["Nodes"]["items"]] == [N3]
+    assert result["FailedAndUnresolvableNodes"] == {
+        "cpu": "gpushare: not a GPU-share node (no gpushare.io/gpu-inventory annotation and no "
+        "aliyun.com/gpu-mem capacity)"
+    }
+    assert state.node(N3) is not None
+
+
+UNRESOLVABLE = [
+    ("larger than any GPU", 20000, {}, "request is larger than any GPU; container main; "
+     "requested 20000; available 16276"),
+    ("model excluded", 4, {"gpushare.io/gpu-models": "A100"}, "no GPU of an allowed model"),
+    ("more GPUs than the node has", 3 * 4069, {GPU_COUNT_ANNOTATION: "3"},
+     "node has fewer GPUs than requested"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("gpu_mem", "annotations", "reason"),
+    [u[1:] for u in UNRESOLVABLE],
+    ids=[u[0] for u in UNRESOLVABLE],
+)
+def test_filter_can_never_fit(gpu_mem: int, annotations: dict[str, str], reason: str) -> None:
+    state = design_state()
+    result = post(app_for(state), "filter", filter_body(gpu_mem, **annotations)).json()
+    assert result["NodeNames"] == []
+    assert set(result["FailedAndUnresolvableNodes"]) == {N1, N2, N3}
+    assert reason in result["FailedAndUnresolvableNodes"][N3]
+
+
+def test_filter_unknown_and_plain_nodes_are_unresolvable() -> None:
+    state = design_state()
+    state.upsert_node(plain_node_json("cpu-0"))
+    body = filter_body()
+    body["NodeNames"] = [N3, "cpu-0", "ghost"]
+    result = post(app_for(state), "filter", body).json()
+    assert result["NodeNames"] == [N3]
+    assert result["FailedAndUnresolvableNodes"]["ghost"].startswith("gpushare: node unknown")
+    assert result["FailedAndUnresolvableNodes"]["cpu-0"].startswith("gpushare: not a GPU-share")
+
+
+def test_filter_pod_without_gpu_passes_everywhere() -> None:
+    state = design_state()
+    body = filter_body()
+    del body["Pod"]["spec"]["containers"][0]["resources"]["limits"][GPU_MEM]
+    del body["Pod"]["spec"]["containers"][0]["resources"]["requests"][GPU_MEM]
+    body["NodeNames"] = [N1, "ghost"]
+    assert post(app_for(state), "filter", body).json()["NodeNames"] == [N1, "ghost"]
+
+
+def test_filter_excludes_unhealthy_gpus() -> None:
+    state = ExtenderState()
+    state.upsert_node(node_json(N3, [FakeGpu(0, GPU, healthy=False), FakeGpu(1, GPU)]))
+    seed(state, N3, [0, 4069])
+    state.mark_synced()
+    body = filter_body(GPU - 4069 + 1)
+    body["NodeNames"] = [N3]
+    result = post(app_for(state), "filter", body).json()
+    assert result["FailedNodes"][N3].startswith("gpushare: not enough healthy GPUs")
+
+
+def test_filter_before_sync_is_an_error_and_not_ready() -> None:
+    state = design_state(synced=False)
+    app = app_for(state)
+    with TestClient(app) as client:
+        assert client.get("/readyz").status_code == 503
+        result = client.post(f"{PREFIX}/filter", json=filter_body()).json()
+        assert result["Error"].startswith("gpushare: the extender has not finished listing")
+        state.mark_synced()
+        assert client.get("/readyz").status_code == 200
+
+
+# -- prioritize ------------------------------------------------------------------------------
+
+
+def test_prioritize_binpack_prefers_the_fuller_node() -> None:
+    state = design_state()
+    state.upsert_node(node_json("empty", [GPU, GPU]))
+    body = fixture("prioritize_request")
+    body["Pod"] = filter_body(4069)["Pod"]
+    body["NodeNames"] = [N1, N2, "empty", "ghost"]
+    response = post(app_for(state), "prioritize", body)
+    assert response.status_code == 200
+    assert b'"Score":10' in response.content  # integers, never 10.0
+    scores = {entry["Host"]: entry["Score"] for entry in response.json()}
+    assert scores == {N1: 10, N2: scores[N2], "empty": 0, "ghost": 0}
+    assert 0 < scores[N2] < 10
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "fgd-cpu", "bestfit", "random"])
+def test_prioritize_scores_are_integers_0_to_10(policy: str) -> None:
+    state = design_state()
+    state.upsert_node(node_json("empty", [GPU, GPU]))
+    body = filter_body(4069)
+    body["NodeNames"] = [N1, N2, N3, "empty"]
+    result = post(app_for(state, policy=policy, gpu_unit=GPU), "prioritize", body).json()
+    assert [entry["Host"] for entry in result] == [N1, N2, N3, "empty"]
+    assert all(isinstance(e["Score"], int) and 0 <= e["Score"] <= 10 for e in result)
+    assert max(e["Score"] for e in result) == 10
+
+
+# -- bind ------------------------------------------------------------------------------------
+
+
+def test_bind_design_example_lands_on_n3_gpu0() -> None:
+    state = design_state()
+    binder, events = RecordingBinder(), RecordingEvents()
+    app = app_for(state, binder, events=events)
+    with TestClient(app) as client:
+        assert client.post(f"{PREFIX}/filter", json=filter_body()).json()["NodeNames"] == [N3]
+        response = client.post(f"{PREFIX}/bind", json=fixture("bind_request"))
+    assert response.json() == {"Error": ""}
+    (call,) = binder.calls
+    assert (call.namespace, call.name, call.node) == ("wiring", "gpu-a", N3)
+    assert call.uid == fixture("bind_request")["PodUID"]
+    assert call.annotations[ALIYUN_IDX] == "0"
+    assert call.annotations[ALIYUN_POD] == "8138"
+    assert call.annotations[ALIYUN_DEV] == "16276"
+    assert state.ledger.state(N3).gpu_free == (0, 0)
+    assert state.ledger.is_assumed("wiring/gpu-a")
+    assert events.events[-1].ok
+    assert "container main on GPU 0 (8138 MiB each)" in events.events[-1].message
+
+
+def binpack_state() -> ExtenderState:
+    """N3 with four GPUs, free 12,207 / 8,138 / 4,069 / 16,276 MiB."""
+    state = ExtenderState()
+    state.upsert_node(node_json(N3, [GPU] * 4))
+    seed(state, N3, [4069, 8138, 12207, 0])
+    state.mark_synced()
+    return state
+
+
+def test_bind_binpack_picks_gpu1() -> None:
+    state = binpack_state()
+    binder = RecordingBinder()
+    app = app_for(state, binder)
+    with TestClient(app) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
+    assert binder.calls[0].annotations[ALIYUN_IDX] == "1"
+    assert state.ledger.state(N3).gpu_free == (12207, 0, 4069, 16276)
+
+
+def test_bind_multi_gpu_pod_records_our_annotation_only() -> None:
+    state = binpack_state()
+    binder = RecordingBinder()
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body(2 * 8138, **{GPU_COUNT_ANNOTATION: "2"}))
+        assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
+    annotations = binder.calls[0].annotations
+    assert ALIYUN_IDX not in annotations
+    assert ALIYUN_DEV not in annotations
+    assert annotations[ALIYUN_POD] == "16276"
+    document = json.loads(annotations[ALLOCATION])
+    assert document["containers"] == [{"name": "main", "gpus": [0, 1], "share": 8138}]
+
+
+def test_retried_bind_succeeds_without_a_second_allocation() -> None:
+    state = design_state()
+    binder = RecordingBinder()
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        first = client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()
+        after_first = snapshot(state)
+        second = client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()
+    assert first == second == {"Error": ""}
+    assert len(binder.calls) == 1
+    assert snapshot(state) == after_first
+
+
+def test_bind_retry_after_watch_confirmed_it() -> None:
+    state = design_state()
+    binder = RecordingBinder()
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        client.post(f"{PREFIX}/bind", json=fixture("bind_request"))
+        bound = filter_body()["Pod"]
+        bound["spec"]["nodeName"] = N3
+        bound["metadata"]["annotations"] = dict(binder.calls[0].annotations)
+        state.observe_pod(bound)  # the watch sees the pod bound: committed
+        assert not state.ledger.is_assumed("wiring/gpu-a")
+        assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
+    assert len(binder.calls) == 1
+    assert state.ledger.state(N3).gpu_free == (0, 0)
+
+
+def test_retry_after_unknown_outcome_reuses_the_same_gpus() -> None:
+    state = binpack_state()
+    binder = RecordingBinder(error=TimeoutError("apiserver timeout"))
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        first = client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()
+        assert "outcome unknown" in first["Error"]
+        assert state.ledger.is_assumed("wiring/gpu-a")  # kept: the bind may have happened
+        # kube-scheduler retries: the pod's own assumption does not block it
+        assert client.post(f"{PREFIX}/filter", json=filter_body()).json()["NodeNames"] == [N3]
+        binder.error = None
+        assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
+    assert [c.annotations[ALIYUN_IDX] for c in binder.calls] == ["1", "1"]
+    assert state.ledger.state(N3).gpu_free == (12207, 0, 4069, 16276)
+
+
+def test_retry_on_another_node_moves_a_stale_assumption() -> None:
+    state = design_state()
+    state.upsert_node(node_json("spare", [GPU]))
+    binder = RecordingBinder(error=TimeoutError("lost"))
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        client.post(f"{PREFIX}/bind", json=fixture("bind_request"))
+        binder.error = None
+        body = fixture("bind_request") | {"Node": "spare"}
+        assert client.post(f"{PREFIX}/bind", json=body).json()["Error"] == ""
+    allocation = state.ledger.allocation("wiring/gpu-a")
+    assert allocation is not None
+    assert allocation.node == "spare"
+    assert state.ledger.state(N3).gpu_free == (8138, 0)
+
+
+def test_bind_that_would_overcommit_fails_and_leaves_the_ledger() -> None:
+    state = design_state()
+    binder, events = RecordingBinder(), RecordingEvents()
+    before = snapshot(state)
+    with TestClient(app_for(state, binder, events=events)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        body = fixture("bind_request") | {"Node": N2}
+        error = client.post(f"{PREFIX}/bind", json=body).json()["Error"]
+    assert error == (
+        f"gpushare: pod wiring/gpu-a does not fit node {N2} now: no GPU has enough free; "
+        "container main; requested 8138; free/capacity per GPU 4069/16276, 4069/16276; unit MiB"
+    )
+    assert binder.calls == []
+    assert snapshot(state) == before
+    assert not events.events[-1].ok
+    assert events.events[-1].message == error
+
+
+def test_binder_failure_releases_the_assumption() -> None:
+    state = design_state()
+    binder = RecordingBinder(failure="pods/binding: 409 Conflict")
+    before = snapshot(state)
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        error = client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"]
+    assert (
+        error
+        == f"gpushare: binding pod wiring/gpu-a to node {N3} failed: pods/binding: 409 Conflict"
+    )
+    assert snapshot(state) == before
+
+
+def test_assumption_expires() -> None:
+    now = [0.0]
+    state = ExtenderState(clock=lambda: now[0], assume_ttl_s=30)
+    state.upsert_node(node_json(N3, [GPU, GPU]))
+    state.mark_synced()
+    binder = RecordingBinder(error=TimeoutError("lost"))
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        client.post(f"{PREFIX}/bind", json=fixture("bind_request"))
+    assert state.ledger.state(N3).gpu_free == (GPU - 8138, GPU)
+    now[0] = 29.9
+    assert state.expire() == []
+    now[0] = 30.0
+    assert [a.pod for a in state.expire()] == ["wiring/gpu-a"]
+    assert state.ledger.state(N3).gpu_free == (GPU, GPU)
+
+
+def test_concurrent_binds_never_overcommit() -> None:
+    """20 pods of 8,138 MiB bound at once to a node with two 16,276 MiB GPUs: four fit."""
+    state = ExtenderState()
+    state.upsert_node(node_json(N3, [GPU, GPU]))
+    state.mark_synced()
+    pods = [pod_json(f"p{i}", 8138) for i in range(20)]
+    for pod in pods:
+        state.remember_pod(pod)
+    binder = RecordingBinder()
+    app = app_for(state, binder)
+
+    async def run() -> list[str]:
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://extender") as client:
+            bodies = [bind_body(pod, N3) for pod in pods] + [bind_body(pods[0], N3)]
+            responses = await asyncio.gather(
+                *(client.post(f"{PREFIX}/bind", json=body) for body in bodies)
+            )
+        return [r.json()["Error"] for r in responses]
+
+    errors = asyncio.run(run())
+    assert sum(1 for e in errors[:20] if e == "") == 4
+    assert all("does not fit node" in e for e in errors[:20] if e)
+    assert errors[0] == errors[20] == ""  # the same pod twice: both succeed, bound once
+    assert len(binder.calls) == 4
+    assert state.ledger.state(N3).gpu_free == (0, 0)
+    assert state.ledger.check_invariants() == []
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+BAD_BODIES: list[tuple[str, str, bytes, str]] = [
+    ("filter, malformed JSON", "filter", b'{"Pod": ', "malformed JSON"),
+    ("filter, not an object", "filter", b"[1, 2]", "Expected `object`"),
+    ("filter, missing Pod", "filter", b'{"NodeNames": ["a"]}', "missing required field `Pod`"),
+    ("filter, Pod not an object", "filter", b'{"Pod": 3, "NodeNames": []}', "`$.Pod`"),
+    ("filter, NodeNames not strings", "filter", b'{"Pod": {}, "NodeNames": [1]}', "NodeNames"),
+    ("filter, no candidates", "filter", b'{"Pod": {}, "Nodes": null, "NodeNames": null}',
+     "neither NodeNames nor Nodes"),
+    ("prioritize, malformed JSON", "prioritize", b"{", "malformed JSON"),
+    ("prioritize, unreadable pod", "prioritize", b'{"Pod": {}, "NodeNames": []}', "metadata.name"),
+    ("bind, empty body", "bind", b"", "malformed JSON"),
+    ("bind, missing PodUID", "bind", b'{"PodName": "a", "PodNamespace": "b", "Node": "n"}',
+     "missing required field `PodUID`"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "message"), [b[1:] for b in BAD_BODIES], ids=[b[0] for b in BAD_BODIES]
+)
+def test_bad_bodies_are_400_with_the_reason(verb: str, body: bytes, message: str) -> None:
+    state = design_state()
+    before = snapshot(state)
+    with TestClient(app_for(state)) as client:
+        response = client.post(f"{PREFIX}/{verb}", content=body)
+    assert response.status_code == 400
+    assert message in response.json()["Error"]
+    assert snapshot(state) == before
+
+
+BAD_PODS: list[tuple[str, dict[str, str], int | str, str]] = [
+    ("garbage gpu-count annotation", {GPU_COUNT_ANNOTATION: "lots"}, 8138,
+     "annotation gpushare.io/gpu-count='lots'"),
+    ("fractional gpu-mem", {}, "500m", "resources.limits.aliyun.com/gpu-mem='500m'"),
+    ("garbage gpu-models annotation", {"gpushare.io/gpu-models": '{"main": 5}'}, 8138,
+     "annotation gpushare.io/gpu-models"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("annotations", "gpu_mem", "message"), [b[1:] for b in BAD_PODS], ids=[b[0] for b in BAD_PODS]
+)
+def test_unreadable_pod_is_a_filter_error(
+    annotations: dict[str, str], gpu_mem: int | str, message: str
+) -> None:
+    state = design_state()
+    before = snapshot(state)
+    body = filter_body(8138, **annotations)
+    container = body["Pod"]["spec"]["containers"][0]
+    container["resources"]["limits"][GPU_MEM] = container["resources"]["requests"][GPU_MEM] = str(
+        gpu_mem
+    )
+    app = app_for(state)
+    with TestClient(app) as client:
+        result = client.post(f"{PREFIX}/filter", json=body)
+        bind = client.post(f"{PREFIX}/bind", json=fixture("bind_request"))
+    assert result.status_code == 200
+    assert result.json()["Error"].startswith("gpushare: pod wiring/gpu-a")
+    assert message in result.json()["Error"]
+    assert result.json()["NodeNames"] == []
+    assert bind.json()["Error"] == "gpushare: pod wiring/gpu-a unknown to the extender (never seen)"
+    assert snapshot(state) == before
+
+
+def test_garbage_node_in_nodes_request_is_unresolvable() -> None:
+    state = design_state()
+    broken = node_json("broken", [GPU])
+    broken["metadata"]["annotations"]["gpushare.io/gpu-inventory"] = '{"unit": "KiB"}'
+    body = filter_body()
+    body["NodeNames"] = None
+    body["Nodes"] = {"metadata": {}, "items": [broken, {"metadata": {}}]}
+    result = post(app_for(state), "filter", body).json()
+    assert result["FailedAndUnresolvableNodes"]["broken"].startswith(
+        "gpushare: node broken: annotation gpushare.io/gpu-inventory="
+    )
+    assert "Nodes.items[1]" in result["FailedAndUnresolvableNodes"]
+    assert result["Nodes"]["items"] == []
+
+
+BAD_BINDS: list[tuple[str, dict[str, str], str]] = [
+    ("unknown node", {"Node": "ghost"}, "gpushare: node unknown to the extender"),
+    ("UID mismatch", {"PodUID": "other"}, "has UID"),
+    ("unknown pod", {"PodName": "nobody"}, "pod wiring/nobody unknown"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"), [b[1:] for b in BAD_BINDS], ids=[b[0] for b in BAD_BINDS]
+)
+def test_bad_bind_is_an_error_and_leaves_the_ledger(change: dict[str, str], message: str) -> None:
+    state = design_state()
+    before = snapshot(state)
+    binder = RecordingBinder()
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        response = client.post(f"{PREFIX}/bind", json=fixture("bind_request") | change)
+    assert response.status_code == 200
+    assert message in response.json()["Error"]
+    assert binder.calls == []
+    assert snapshot(state) == before
+
+
+def test_bind_of_a_pod_bound_elsewhere_fails() -> None:
+    state = design_state()
+    pod = fixture("filter_request")["Pod"]
+    pod["spec"]["nodeName"] = N1
+    state.observe_pod(pod)
+    error = post(app_for(state), "bind", fixture("bind_request")).json()["Error"]
+    assert error == f"gpushare: pod wiring/gpu-a is already bound to node {N1}, not {N3}"
+
+
+# -- the other routes ------------------------------------------------------------------------
+
+
+def test_health_version_and_inspect() -> None:
+    state = design_state()
+    app = app_for(state, prefix="/custom/")
+    with TestClient(app) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/readyz").json() == {"ready": True}
+        assert client.get("/version").json() == {"version": "0.1.0"}
+        report = client.get("/custom/inspect").json()
+        one = client.get(f"/custom/inspect/{N3}").json()
+        assert client.get("/custom/inspect/ghost").status_code == 404
+        assert client.post("/custom/filter", json=filter_body()).json()["NodeNames"] == [N3]
+    assert [node["name"] for node in report["nodes"]] == [N1, N2, N3]
+    assert report["violations"] == []
+    assert one["totalGPU"] == 2 * GPU
+    assert one["usedGPU"] == GPU + 8138
+    assert one["devs"][0]["pods"] == [
+        {
+            "name": f"seed-{N3}-0",
+            "namespace": "default",
+            "usedGPU": 8138,
+            "assumed": False,
+            "containers": ["main"],
+        }
+    ]
+
+
+def test_finished_and_deleted_pods_release_their_gpus() -> None:
+    state = design_state()
+    pod = pod_json(f"seed-{N3}-0", 8138, node=N3)
+    pod["status"]["phase"] = "Succeeded"
+    released = state.observe_pod(pod)
+    assert isinstance(released, Allocation)
+    assert released.node == N3
+    assert state.forget_pod(f"default/seed-{N3}-1") is not None
+    assert state.ledger.state(N3).gpu_free == (GPU, GPU)
+    assert node_info(node_json(N3, [GPU, GPU])).node == state.ledger.state(N3).node
+
+
+def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
+    state = ExtenderState()
+    node = node_json("late", [GPU, GPU])
+    allocation = Allocation("default/early", "late", (ContainerAllocation("main", (1,), 4069),))
+    notes = allocation_annotations(allocation, node_info(node).node, now_ns=1, unit="MiB")
+    result = state.observe_pod(pod_json("early", 4069, node="late", annotations=notes))
+    assert result is not None
+    assert not isinstance(result, Allocation)
+    assert str(result.outcome) == "unknown node"
+    state.upsert_node(node)
+    assert state.ledger.allocation("default/early") == allocation
+    assert state.ledger.state("late").gpu_free == (GPU, GPU - 4069)
