@@ -30,6 +30,7 @@ from gpushare.core.policies import (
     policy_summary,
     register,
 )
+from gpushare.core.policies import fgd as fgd_module
 from gpushare.core.policies.fgd import FgdPolicy
 
 ALL_POLICIES = (
@@ -699,3 +700,15 @@ def test_fgd_chooses_the_gpu_that_minimises_the_increase(
     (chosen,) = allocation.gpu_indices
     assert deltas[chosen] == pytest.approx(min(deltas.values()))
     assert fgd.score(state, request) == pytest.approx(-deltas[chosen])
+
+
+def test_fgd_memos_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived extender scores forever: FGD's memos clear themselves at MEMO_LIMIT."""
+    monkeypatch.setattr(fgd_module, "MEMO_LIMIT", 3)
+    policy = FgdPolicy(PolicyContext(workload=DEFAULT_M))
+    request = PodRequest("p", (ContainerRequest("main", 250),))
+    for used in range(10):
+        state = NodeState(Node("n", (Gpu(0, "T4", 1000), Gpu(1, "T4", 1000))), (used * 10, 0))
+        policy.score(state, request)
+        assert policy.memo_entries <= 3
+        assert len(policy.frag) <= 3

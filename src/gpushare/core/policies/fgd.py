@@ -30,6 +30,8 @@ from gpushare.core.policies.base import (
 )
 
 Placement = tuple[float, tuple[tuple[int, ...], ...]]
+MEMO_LIMIT = 1_000_000
+"""Entries per memo before it is cleared (a cache, so clearing only costs recomputation)."""
 
 
 def sigmoid(x: float) -> float:
@@ -50,6 +52,10 @@ class FragmentationMemo:
         self.measure = measure
         self._cache: dict[tuple[object, ...], float] = {}
 
+    def __len__(self) -> int:
+        """Entries cached now (at most ``MEMO_LIMIT``)."""
+        return len(self._cache)
+
     def __call__(
         self, models: tuple[str, ...], cpu_free_milli: int | None, free: Sequence[int]
     ) -> float:
@@ -63,6 +69,8 @@ class FragmentationMemo:
         value = self._cache.get(key)
         if value is None:
             value = self.measure(free, models, cpu_free_milli, self.workload)
+            if len(self._cache) >= MEMO_LIMIT:  # a long-lived extender must not grow forever
+                self._cache.clear()
             self._cache[key] = value
         return value
 
@@ -88,6 +96,11 @@ class FgdPolicy:
         self.truncate = truncate
         self.frag = FragmentationMemo(context.workload, measure)
         self._placements: dict[tuple[object, ...], Placement] = {}
+
+    @property
+    def memo_entries(self) -> int:
+        """Placements cached now (at most ``MEMO_LIMIT``)."""
+        return len(self._placements)
 
     def _gpu_score(self, delta: float) -> float:
         if self.truncate:
@@ -143,6 +156,8 @@ class FgdPolicy:
             self._gpu_score(after - before),
             tuple(positions[i] for i in range(len(containers))),
         )
+        if len(self._placements) >= MEMO_LIMIT:
+            self._placements.clear()
         self._placements[key] = result
         return result
 
