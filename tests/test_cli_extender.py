@@ -1,5 +1,7 @@
-"""``gpushare extender``: its options, the in-memory state it builds, and bad ``--nodes`` files
-that exit non-zero with a message naming the file and the problem (never a traceback)."""
+"""``gpushare extender``: its options, the ``--in-memory`` state it builds, bad ``--nodes`` files
+and bad kubeconfigs that exit non-zero with a message naming the file and the problem (never a
+traceback), and options that do not go together. The live mode runs in
+``tests/cluster/test_extender_live.py``."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from gpushare.testing.extender import node_json, plain_node_json
 def test_help_lists_the_options() -> None:
     result = CliRunner().invoke(main, ["extender", "--help"])
     assert result.exit_code == 0
-    for option in ("--port", "--prefix", "--policy", "--gpu-unit", "--assume-ttl", "--nodes"):
+    options = ("--port", "--prefix", "--policy", "--gpu-unit", "--assume-ttl", "--bind-timeout")
+    for option in (*options, "--kubeconfig", "--context", "--in-memory", "--nodes"):
         assert option in result.output
     assert "12345" in result.output
 
@@ -48,8 +51,51 @@ BAD_FILES = [
 def test_bad_nodes_file(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "nodes.json"
     path.write_text(text)
-    result = CliRunner().invoke(main, ["extender", "--nodes", str(path), "--port", "1"])
+    result = CliRunner().invoke(
+        main, ["extender", "--in-memory", "--nodes", str(path), "--port", "1"]
+    )
     assert result.exit_code != 0
     assert f"--nodes {path}" in result.output
     assert message in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--nodes", "{nodes}"], "--nodes needs --in-memory"),
+        (["--in-memory", "--kubeconfig", "{nodes}"], "--in-memory takes no --kubeconfig"),
+        (["--in-memory", "--context", "c"], "--in-memory takes no --kubeconfig or --context"),
+    ],
+    ids=["nodes without in-memory", "in-memory with kubeconfig", "in-memory with context"],
+)
+def test_options_that_do_not_go_together(tmp_path: Path, extra: list[str], message: str) -> None:
+    path = tmp_path / "nodes.json"
+    path.write_text("[]")
+    args = [a.format(nodes=path) for a in extra]
+    result = CliRunner().invoke(main, ["extender", *args, "--port", "1"])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "context"),
+    [
+        ("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n", None),
+        (
+            "apiVersion: v1\nkind: Config\ncurrent-context: a\nclusters:\n- name: a\n"
+            "  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: a\n"
+            "  context: {cluster: a, user: a}\nusers:\n- name: a\n  user: {}\n",
+            "missing",
+        ),
+    ],
+    ids=["no context", "unknown context"],
+)
+def test_bad_kubeconfig(tmp_path: Path, text: str, context: str | None) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    args = ["extender", "--kubeconfig", str(path), "--port", "1"]
+    result = CliRunner().invoke(main, args + (["--context", context] if context else []))
+    assert result.exit_code == 1
+    assert f"--kubeconfig {path}: " in result.output
     assert "Traceback" not in result.output

@@ -193,8 +193,7 @@ def test_filter_nodes_mode_learns_nodes_from_the_request() -> None:
     result = post(app_for(state), "filter", body).json()
     assert [item["metadata"]["name"] for item in result["Nodes"]["items"]] == [N3]
     assert result["FailedAndUnresolvableNodes"] == {
-        "cpu": "gpushare: not a GPU-share node (no gpushare.io/gpu-inventory annotation and no "
-        "aliyun.com/gpu-mem capacity)"
+        "cpu": "gpushare: not a GPU-share node (no label gpushare=true)"
     }
     assert state.node(N3) is not None
 

@@ -510,6 +510,33 @@ def test_alibaba_fallback(node: dict[str, Any], capacities: tuple[int, ...]) -> 
 def test_plain_node_is_not_gpushare() -> None:
     info = node_info(plain_node_json("cpu-0"))
     assert (info.gpushare, info.node.gpus, info.labelled) == (False, (), False)
+    assert info.refusal == "no label gpushare=true"
+
+
+@pytest.mark.parametrize(
+    "node",
+    [node_json("n1", [16, 16]), alibaba_node_json("a", 32, 2)],
+    ids=["inventory", "alibaba capacity"],
+)
+def test_a_node_without_the_label_is_not_gpushare_but_keeps_its_gpus(
+    node: dict[str, Any],
+) -> None:
+    del node["metadata"]["labels"]["gpushare"]
+    info = node_info(node)
+    assert (info.gpushare, info.labelled, info.node.capacities) == (False, False, (16, 16))
+    assert info.refusal == "no label gpushare=true"
+
+
+def test_a_labelled_node_without_gpus_is_not_gpushare() -> None:
+    node = plain_node_json("cpu-0")
+    node["metadata"]["labels"] = {"gpushare": "true"}
+    info = node_info(node)
+    assert (info.gpushare, info.labelled) == (False, True)
+    assert info.refusal == (
+        "label gpushare=true but no gpushare.io/gpu-inventory annotation and no "
+        "aliyun.com/gpu-mem capacity"
+    )
+    assert node_info(node_json("n1", [16])).refusal == ""
 
 
 BAD_NODES: list[tuple[str, dict[str, Any], str]] = [

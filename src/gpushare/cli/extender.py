@@ -1,15 +1,23 @@
 """``gpushare extender``: serve the scheduler extender with uvicorn.
 
-Today the state is in memory: nodes come from ``--nodes FILE`` (a NodeList or a list of Node
-objects, as ``kubectl get nodes -o json`` prints) and from ``Nodes`` requests
-(``nodeCacheCapable: false``); nothing can bind (``UnwiredBinder``). The seam for the API
-server is ``build_state``: ``gpushare.kube`` will feed the same ``ExtenderState`` from its
-list+watch caches and pass its binder and event sink to ``create_app``.
+By default it runs on the cluster (``gpushare.extender.live``): ``--kubeconfig PATH`` and
+``--context``, or without them the pod's service account, ``$KUBECONFIG`` or
+``~/.kube/config``. Nodes and GPU pods come from list+watch, binds create ``pods/binding``,
+each bind leaves an Event on its pod, and ``/readyz`` answers 200 once nodes and pods are
+listed.
+
+``--in-memory`` is a test and benchmark mode without an API server: nodes come from
+``--nodes FILE`` (a NodeList or a list of Node objects, as ``kubectl get nodes -o json``
+prints) and from ``Nodes`` requests (``nodeCacheCapable: false``); nothing can bind
+(``UnwiredBinder``), so kube-scheduler must not use it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from pathlib import Path
 
 import click
@@ -17,12 +25,14 @@ import uvicorn
 
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
+from gpushare.extender.live import LiveOptions, serve
+from gpushare.kube.client import connect
 from gpushare.kube.codec import CodecError
 
 
 def build_state(nodes_file: Path | None, assume_ttl_s: float) -> ExtenderState:
-    """An in-memory state, synced, with the nodes of ``nodes_file`` (``ClickException`` naming
-    the file and the problem when it cannot be read)."""
+    """The ``--in-memory`` state: synced, with the nodes of ``nodes_file`` (``ClickException``
+    naming the file and the problem when it cannot be read)."""
     state = ExtenderState(assume_ttl_s=assume_ttl_s)
     if nodes_file is not None:
         try:
@@ -69,12 +79,36 @@ def build_state(nodes_file: Path | None, assume_ttl_s: float) -> ExtenderState:
     help="Seconds an assumed allocation lives unless the pod is seen bound.",
 )
 @click.option(
+    "--bind-timeout",
+    "bind_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=20.0,
+    show_default=True,
+    help="Seconds one bind may take; keep it below kube-scheduler's httpTimeout.",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Kubeconfig file (default: in-cluster service account, $KUBECONFIG, ~/.kube/config).",
+)
+@click.option("--context", help="Context of the kubeconfig (default: its current context).")
+@click.option(
+    "--in-memory",
+    is_flag=True,
+    help="Test/benchmark mode: no API server, nodes from --nodes and Nodes requests, no binds.",
+)
+@click.option(
     "--nodes",
     "nodes_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="JSON NodeList to preload (in-memory state).",
+    help="JSON NodeList to preload (--in-memory only).",
 )
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
 def extender(
     *,
     host: str,
@@ -83,10 +117,41 @@ def extender(
     policy: str,
     gpu_unit: int,
     assume_ttl_s: float,
+    bind_timeout_s: float,
+    kubeconfig: Path | None,
+    context: str | None,
+    in_memory: bool,
     nodes_file: Path | None,
     log_level: str,
 ) -> None:
     """Serve the scheduler extender (filter, prioritize, bind, inspect) for kube-scheduler."""
-    state = build_state(nodes_file, assume_ttl_s)
-    app = create_app(state, prefix=prefix, policy=policy, gpu_unit=gpu_unit)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    if in_memory and (kubeconfig is not None or context is not None):
+        raise click.UsageError("--in-memory takes no --kubeconfig or --context")
+    if nodes_file is not None and not in_memory:
+        raise click.UsageError("--nodes needs --in-memory (on a cluster, nodes come from the API)")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if log_level != "debug":  # one line per API request otherwise
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+    if in_memory:
+        state = build_state(nodes_file, assume_ttl_s)
+        app = create_app(state, prefix=prefix, policy=policy, gpu_unit=gpu_unit)
+        uvicorn.run(app, host=host, port=port, log_config=None, ws="none")
+        return
+    options = LiveOptions(
+        host=host,
+        port=port,
+        prefix=prefix,
+        policy=policy,
+        gpu_unit=gpu_unit,
+        assume_ttl_s=assume_ttl_s,
+        bind_timeout_s=bind_timeout_s,
+    )
+    try:
+        client = connect(kubeconfig, context=context)
+    except Exception as error:  # lightkube's ConfigError; only gpushare.kube may name it
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the Kubernetes configuration"
+        raise click.ClickException(f"{where}: {error}") from error
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(client, options))

@@ -7,7 +7,11 @@ that ask for ``aliyun.com/gpu-mem`` (spec: ``shared/spec/kubernetes-interfaces.m
 * :mod:`~gpushare.extender.scheduler` — the decisions (filter, prioritize, bind), no HTTP;
 * :mod:`~gpushare.extender.scoring` — policies for the extender and the 0–10 mapping;
 * :mod:`~gpushare.extender.report` — the ``/inspect`` report;
-* :mod:`~gpushare.extender.app` — ``create_app``, the starlette app.
+* :mod:`~gpushare.extender.app` — ``create_app``, the starlette app;
+* :mod:`~gpushare.extender.feed` — ``StateFeeder``: the API-server cache's changes into the state;
+* :mod:`~gpushare.extender.apiserver` — ``ApiBinder`` and ``ApiEventSink`` on ``gpushare.kube``;
+* :mod:`~gpushare.extender.live` — ``LiveExtender``: all of it with uvicorn on one event loop
+  (what ``gpushare extender --kubeconfig`` runs).
 """
 
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app

@@ -58,11 +58,13 @@ log = logging.getLogger(__name__)
 
 NOT_SYNCED = "gpushare: the extender has not finished listing nodes and pods yet"
 UNKNOWN_NODE = "gpushare: node unknown to the extender (not in its node cache)"
-NOT_GPUSHARE = (
-    "gpushare: not a GPU-share node (no gpushare.io/gpu-inventory annotation and no "
-    "aliyun.com/gpu-mem capacity)"
-)
+NOT_GPUSHARE = "gpushare: not a GPU-share node"
 _CACHE_LIMIT = 500_000
+
+
+def not_gpushare(info: NodeInfo) -> str:
+    """``gpushare: not a GPU-share node (<why>)`` for a node that takes no GPU-memory pods."""
+    return f"{NOT_GPUSHARE} ({info.refusal})"
 
 
 def describe_fit(result: FitResult, info: NodeInfo) -> str:
@@ -182,7 +184,7 @@ class Scheduler:
                 info = self.state.node(name)
                 result = self._fit(name, pod, own) if info is not None and info.gpushare else None
                 if info is None or result is None:
-                    unresolvable[name] = UNKNOWN_NODE if info is None else NOT_GPUSHARE
+                    unresolvable[name] = UNKNOWN_NODE if info is None else not_gpushare(info)
                 elif result.status is FitStatus.FITS:
                     passed.append(name)
                 elif result.status is FitStatus.DOES_NOT_FIT_NOW:
@@ -249,7 +251,7 @@ class Scheduler:
         if info is None or state is None:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
-            return f"{NOT_GPUSHARE}: {node}"
+            return f"{not_gpushare(info)}: {node}"
         own = self.state.ledger.allocation(key)
         if own is not None and own.node == node and _matches(own, pod):
             return own, info  # a retry: the GPUs chosen before

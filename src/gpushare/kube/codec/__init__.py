@@ -33,10 +33,14 @@ containers are not placed: they run before the app containers, whose GPUs the ku
   "main", "gpus": [0, 1], "share": 8}]}`` (``share`` per GPU). Authoritative when present;
   pods with only Alibaba's annotations (bound by Alibaba's extender) are read from those.
 
-**Nodes**: the ``gpushare.io/gpu-inventory`` annotation (``gpushare.testing.nodes`` documents
-it) when present; else Alibaba's fallback, ``status.capacity`` ``aliyun.com/gpu-mem`` ÷
-``aliyun.com/gpu-count`` per GPU (integer division, all healthy, unit unknown). A node with
-neither is not a GPU-share node. CPU and memory are left to kube-scheduler (``None``).
+**Nodes**: a GPU-share (memory-shared) node is one labelled ``gpushare=true`` (design.md,
+"Node modes"; Alibaba's device plugin runs only there) that publishes GPUs. Its GPUs come from
+the ``gpushare.io/gpu-inventory`` annotation (``gpushare.testing.nodes`` documents it) when
+present; else Alibaba's fallback, ``status.capacity`` ``aliyun.com/gpu-mem`` ÷
+``aliyun.com/gpu-count`` per GPU (integer division, all healthy, unit unknown). A node without
+the label, or with neither, is not a GPU-share node (``NodeInfo.refusal`` says why); an
+unlabelled node's GPUs are still read, so pods already on it keep counting. CPU and memory are
+left to kube-scheduler (``None``).
 
 Garbage raises ``CodecError`` naming the object, the key, the value and what is accepted.
 """

@@ -33,10 +33,13 @@ _INVENTORY_ACCEPTED = (
 class NodeInfo:
     """A node as the extender sees it.
 
-    ``node`` has the GPUs (none for a node that is not GPU-share); ``gpushare`` tells a
-    memory-shared node; ``unit`` is ``"GiB"``/``"MiB"`` from the inventory, ``None`` when
-    unknown; ``source`` is ``"inventory"``, ``"capacity"`` (Alibaba's fallback) or ``"none"``;
-    ``uuids`` per GPU position (``""`` when unknown); ``labelled``: label ``gpushare=true``.
+    ``node`` has the GPUs the node publishes (none when it publishes none); ``gpushare`` tells
+    a memory-shared node: labelled ``gpushare=true`` **and** publishing GPUs (inventory or
+    capacity). An unlabelled node keeps its GPUs here so that pods already placed on it are
+    still counted, but takes no new GPU-memory pods. ``unit`` is ``"GiB"``/``"MiB"`` from the
+    inventory, ``None`` when unknown; ``source`` is ``"inventory"``, ``"capacity"`` (Alibaba's
+    fallback) or ``"none"``; ``uuids`` per GPU position (``""`` when unknown); ``labelled``:
+    label ``gpushare=true``.
     """
 
     node: Node
@@ -45,6 +48,17 @@ class NodeInfo:
     source: str = "none"
     uuids: tuple[str, ...] = ()
     labelled: bool = False
+
+    @property
+    def refusal(self) -> str:
+        """Why the node takes no GPU-memory pods (``""`` when it is a GPU-share node)."""
+        if self.gpushare:
+            return ""
+        if not self.labelled:
+            return f"no label {GPUSHARE_LABEL}=true"
+        return (
+            f"label {GPUSHARE_LABEL}=true but no {INVENTORY} annotation and no {GPU_MEM} capacity"
+        )
 
 
 def _inventory(raw: str, subject: str) -> tuple[str, list[Gpu], list[str]]:
@@ -91,7 +105,9 @@ def node_info(obj: Json) -> NodeInfo:
     annotations = annotations_of(obj, subject)
     if INVENTORY in annotations:
         unit, gpus, uuids = _inventory(annotations[INVENTORY], subject)
-        return NodeInfo(Node(name, tuple(gpus)), True, unit, "inventory", tuple(uuids), labelled)
+        return NodeInfo(
+            Node(name, tuple(gpus)), labelled, unit, "inventory", tuple(uuids), labelled
+        )
     status = mapping(obj.get("status"), subject, "status")
     capacity = mapping(status.get("capacity"), subject, "status.capacity")
     total = whole_quantity(capacity.get(GPU_MEM, "0"), subject, f"status.capacity.{GPU_MEM}")
@@ -105,4 +121,4 @@ def node_info(obj: Json) -> NodeInfo:
         )  # fmt: skip
     share = total // count if count else 0
     fallback = tuple(Gpu(i, "", share) for i in range(count))
-    return NodeInfo(Node(name, fallback), True, None, "capacity", ("",) * count, labelled)
+    return NodeInfo(Node(name, fallback), labelled, None, "capacity", ("",) * count, labelled)

@@ -1,0 +1,126 @@
+"""Feeding ``ExtenderState`` from the API server: ``gpushare.kube.cache.ClusterCache`` changes.
+
+:class:`StateFeeder` is the listener the live extender registers on the cache. The cache calls
+it synchronously, in event order, in its own task on the extender's event loop — the loop where
+every ``ExtenderState`` change must happen — so no hand-over is needed.
+
+* **Nodes** (every node, so that filter can tell "not a GPU-share node" from "unknown"):
+  ``UPSERT`` → ``upsert_node`` (a no-op when nothing the extender reads changed, so status
+  heartbeats cost a decode); ``DELETE`` → ``remove_node``. A node whose inventory or capacity
+  cannot be read is removed (filter then calls it unknown; the log says why) rather than kept
+  with GPUs that may no longer be true.
+* **Pods** (only those asking ``aliyun.com/gpu-mem``): ``UPSERT`` → ``observe_pod``, which
+  commits the allocation recorded on a bound pod and releases the allocation of a pod that
+  finished (``Succeeded``/``Failed``); ``DELETE`` (deleted, gone in a relist, or no longer
+  asking GPU memory) → ``forget_pod``, which releases it. When a relist shows a pod recreated
+  under the same name (another UID), the old incarnation is forgotten first.
+* **Sync**: :meth:`StateFeeder.mark_when_synced` waits until the cache has listed nodes and then
+  pods (the cache lists nodes first, so every bound pod's node is known when the pod arrives)
+  and calls ``mark_synced``: ``/readyz`` turns 200 and GPU pods are filtered and bound.
+
+Garbage on a pod (annotations that cannot be read) leaves the state as it was and is logged;
+an allocation on a bound pod that the ledger refuses (the cluster already holds more than a GPU
+has) is logged as an error and shows in ``/inspect`` as a violation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from gpushare.core.ledger import LedgerOutcome, LedgerResult
+from gpushare.extender.state import ExtenderState, pod_uid
+from gpushare.kube.cache import CacheStats, ClusterCache
+from gpushare.kube.codec import CodecError
+from gpushare.kube.watch import Action, Change
+
+log = logging.getLogger(__name__)
+
+
+class SyncSource(Protocol):
+    """What :meth:`StateFeeder.mark_when_synced` needs of the cache (``ClusterCache``)."""
+
+    async def wait_synced(self, timeout_s: float) -> None:
+        """Return once synced; ``TimeoutError`` after ``timeout_s``."""
+        ...
+
+    @property
+    def stats(self) -> CacheStats:
+        """The reflectors' counters."""
+        ...
+
+
+class StateFeeder:
+    """Applies cache changes to ``state`` (module doc). ``errors`` counts the changes that
+    could not be applied (garbage, refused allocations), for tests and logs."""
+
+    def __init__(self, state: ExtenderState) -> None:
+        self.state = state
+        self.errors = 0
+
+    def attach(self, cache: ClusterCache) -> None:
+        """Register on ``cache`` (before it starts, to see the initial lists)."""
+        cache.on_node(self.on_node)
+        cache.on_pod(self.on_pod)
+
+    def on_node(self, change: Change) -> None:
+        """A node was added, changed or deleted."""
+        if change.action is Action.DELETE:
+            self.state.remove_node(change.key)
+            return
+        try:
+            self.state.upsert_node(change.obj)
+        except CodecError as error:
+            self.errors += 1
+            log.warning("node %s cannot be read and is left out: %s", change.key, error)
+            self.state.remove_node(change.key)
+
+    def on_pod(self, change: Change) -> None:
+        """A GPU-memory pod was added, changed, finished or deleted."""
+        key = change.key
+        if change.action is Action.DELETE:
+            released = self.state.forget_pod(key)
+            if released is not None:
+                log.info("pod %s is gone: released its GPUs on %s", key, released.node)
+            return
+        previous = change.previous
+        if previous is not None and pod_uid(previous) != pod_uid(change.obj):
+            self.state.forget_pod(key)  # recreated during a watch gap: the old one is gone
+        try:
+            result = self.state.observe_pod(change.obj)
+        except CodecError as error:
+            self.errors += 1
+            log.warning("pod %s cannot be read; its GPUs are counted as before: %s", key, error)
+            return
+        if (
+            isinstance(result, LedgerResult)
+            and not result.ok
+            and result.outcome is not LedgerOutcome.UNKNOWN_NODE
+        ):
+            self.errors += 1
+            log.error("pod %s records an allocation the ledger refuses: %s", key, result.describe())
+
+    async def mark_when_synced(self, cache: SyncSource, *, log_every_s: float = 30.0) -> None:
+        """Wait until ``cache`` has listed nodes and pods, then ``mark_synced``; logs while it
+        waits. Raises the cache's own error if it died before syncing."""
+        waited = 0.0
+        while True:
+            try:
+                await cache.wait_synced(log_every_s)
+                break
+            except TimeoutError:
+                waited += log_every_s
+                stats = cache.stats
+                log.warning(
+                    "still listing nodes and pods after %.0fs (nodes: %s; pods: %s)",
+                    waited,
+                    stats.nodes.last_error or "no error",
+                    stats.pods.last_error or "no error",
+                )
+        self.state.mark_synced()
+        log.info(
+            "synced: %d nodes (%d GPU-share), %d allocations",
+            len(self.state.nodes()),
+            sum(1 for info in self.state.nodes() if info.gpushare),
+            sum(len(self.state.ledger.allocations(n)) for n in self.state.ledger.node_names()),
+        )

@@ -1,0 +1,154 @@
+"""The extender on a real cluster: API-server caches, binder and events wired to the HTTP app.
+
+:class:`LiveExtender` puts the parts together on one event loop:
+
+* a :class:`~gpushare.kube.cache.ClusterCache` (list+watch of every Node and of the pods that
+  ask ``aliyun.com/gpu-mem``) feeding an :class:`~gpushare.extender.state.ExtenderState`
+  through a :class:`~gpushare.extender.feed.StateFeeder`, which marks the state synced once
+  nodes and then pods are listed (``/readyz`` 503 → 200);
+* the starlette app of :func:`~gpushare.extender.app.create_app` with an
+  :class:`~gpushare.extender.apiserver.ApiBinder` and an
+  :class:`~gpushare.extender.apiserver.ApiEventSink` on the same lightkube client;
+* a uvicorn ``Server`` that serves the app while the cache runs; the HTTP port opens at once
+  (health checks answer during the initial list).
+
+:meth:`LiveExtender.run` returns after :meth:`LiveExtender.request_stop` (or SIGINT/SIGTERM when
+uvicorn runs in the main thread): the server drains, the cache stops. The client belongs to the
+caller (``gpushare.kube.client.connect``); :func:`serve` runs the extender, then closes it.
+RBAC needed by the client's identity: ``nodes`` get/list/watch; ``pods`` get/list/watch/patch;
+``pods/binding`` create; ``events`` create.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import uvicorn
+
+from gpushare.extender.apiserver import ApiBinder, ApiEventSink
+from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
+from gpushare.extender.feed import StateFeeder
+from gpushare.extender.state import ExtenderState
+from gpushare.kube.binder import Binder as KubeBinder
+from gpushare.kube.cache import ClusterCache
+from gpushare.kube.client import AsyncClient
+from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
+from gpushare.kube.watch import Backoff
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveOptions:
+    """How the live extender serves and decides.
+
+    ``host``/``port``/``prefix``: where it listens; ``policy`` and ``gpu_unit``: placement
+    (``create_app``); ``assume_ttl_s``: life of an assumed allocation; ``bind_timeout_s``:
+    bound on one bind (below kube-scheduler's ``httpTimeout``); ``event_timeout_s``: bound on one
+    Event; ``instance``: ``reportingInstance`` of the Events (default: ``$POD_NAME``, else the
+    host name); ``access_log``: uvicorn's access log; ``backoff``/``watch_timeout_s``: the
+    cache's retry pacing and watch length; ``graceful_shutdown_s``: how long open requests may
+    finish on stop.
+    """
+
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    prefix: str = DEFAULT_PREFIX
+    policy: str = "binpack"
+    gpu_unit: int = 16
+    assume_ttl_s: float = 60.0
+    bind_timeout_s: float = 20.0
+    event_timeout_s: float = 5.0
+    instance: str | None = None
+    access_log: bool = False
+    backoff: Backoff | None = None
+    watch_timeout_s: int = 300
+    graceful_shutdown_s: int = 5
+
+
+class LiveExtender:
+    """The extender on the API server behind ``client`` (module doc). Build it on any thread;
+    :meth:`run` it on the event loop that is to own the state."""
+
+    def __init__(self, client: AsyncClient, options: LiveOptions | None = None) -> None:
+        self.options = options = options or LiveOptions()
+        self.state = ExtenderState(assume_ttl_s=options.assume_ttl_s)
+        self.cache = ClusterCache(
+            client, backoff=options.backoff, watch_timeout_s=options.watch_timeout_s
+        )
+        self.feeder = StateFeeder(self.state)
+        self.feeder.attach(self.cache)
+        self.events = ApiEventSink(
+            EventRecorder(
+                client,
+                component=REPORTING_COMPONENT,
+                instance=options.instance or os.environ.get("POD_NAME") or socket.gethostname(),
+            ),
+            timeout_s=options.event_timeout_s,
+        )
+        self.binder = ApiBinder(KubeBinder(client), timeout_s=options.bind_timeout_s)
+        self.app = create_app(
+            self.state,
+            prefix=options.prefix,
+            policy=options.policy,
+            binder=self.binder,
+            events=self.events,
+            gpu_unit=options.gpu_unit,
+        )
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app,
+                host=options.host,
+                port=options.port,
+                lifespan="on",
+                ws="none",
+                log_config=None,
+                access_log=options.access_log,
+                timeout_graceful_shutdown=options.graceful_shutdown_s,
+            )
+        )
+
+    @property
+    def started(self) -> bool:
+        """True once the HTTP server listens."""
+        return bool(self.server.started)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to finish (from any thread): the server stops within ~0.1 s."""
+        self.server.should_exit = True
+
+    async def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve until stopped; on already bound ``sockets`` when given (tests), else on
+        ``options.host``/``port``. Raises the cache's error if it failed before syncing."""
+        self.cache.start()
+        sync = asyncio.create_task(self._sync(), name="gpushare-extender-sync")
+        try:
+            await self.server.serve(sockets=sockets)
+        finally:
+            sync.cancel()
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sync  # re-raises the cache's failure, if that is why we stop
+            finally:
+                await self.cache.stop()
+
+    async def _sync(self) -> None:
+        try:
+            await self.feeder.mark_when_synced(self.cache)
+        except Exception:
+            log.exception("the cluster cache failed before it synced; stopping")
+            self.request_stop()
+            raise
+
+
+async def serve(client: AsyncClient, options: LiveOptions) -> None:
+    """Run a :class:`LiveExtender` on ``client`` until it is stopped, then close ``client``."""
+    try:
+        await LiveExtender(client, options).run()
+    finally:
+        await client.close()

@@ -1,0 +1,145 @@
+"""The live extender in a thread of the test process, on a loopback port, with clean shutdown.
+
+:class:`ExtenderThread` runs :class:`gpushare.extender.live.LiveExtender` — the same code as
+``gpushare extender --kubeconfig`` — on its own event loop in a daemon thread, serving on a
+socket it binds to ``127.0.0.1:0`` before starting (so the port is known and free). Entering
+waits until ``/healthz`` answers (not until synced: tests poll ``/readyz`` themselves); leaving
+asks the server to stop, joins the thread and re-raises whatever the thread died of. The tests
+talk to it over HTTP only (:meth:`ExtenderThread.get`), never touching its state across threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from gpushare.extender.live import LiveExtender, LiveOptions
+from gpushare.kube.client import AsyncClient, connect
+from gpushare.testing.controlplane import ControlPlaneError
+
+
+class ExtenderThread:
+    """``LiveExtender`` over ``kubeconfig`` in a thread (module doc); a context manager.
+
+    ``options`` ``host``/``port`` are ignored (the thread binds its own loopback socket).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        options: LiveOptions | None = None,
+        *,
+        startup_timeout_s: float = 30.0,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.options = options or LiveOptions()
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.extender: LiveExtender | None = None
+        self.error: BaseException | None = None
+        self._socket: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._client: AsyncClient | None = None
+        self.port = 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> ExtenderThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ExtenderThread:
+        """Bind the socket, start the thread, wait until ``/healthz`` answers."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self._socket = sock
+        self._client = connect(self.kubeconfig, trust_env=False)
+        self.extender = LiveExtender(self._client, self.options)
+        self._thread = threading.Thread(target=self._main, name="gpushare-extender", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while self.get("/healthz")[0] != 200:
+            if not self._thread.is_alive():
+                self.stop()
+                raise ControlPlaneError("the extender thread ended during start-up")
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise ControlPlaneError(
+                    f"the extender did not answer /healthz within {self.startup_timeout_s:g}s"
+                )
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Stop the server, join the thread, re-raise the thread's error if it had one."""
+        thread, self._thread = self._thread, None
+        if self.extender is not None:
+            self.extender.request_stop()
+        if thread is not None:
+            thread.join(self.stop_timeout_s)
+            if thread.is_alive():
+                raise ControlPlaneError(f"the extender did not stop within {self.stop_timeout_s}s")
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        error, self.error = self.error, None
+        if error is not None:
+            raise ControlPlaneError(f"the extender thread failed: {error!r}") from error
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as error:  # handed to the test thread by stop()
+            self.error = error
+
+    async def _serve(self) -> None:
+        assert self._socket is not None
+        assert self.extender is not None
+        assert self._client is not None
+        try:
+            await self.extender.run(sockets=[self._socket])
+        finally:
+            await self._client.close()
+
+    # ---- HTTP ------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url_prefix(self) -> str:
+        """The ``urlPrefix`` for kube-scheduler's extender configuration."""
+        return self.url + "/" + self.options.prefix.strip("/")
+
+    def get(self, path: str) -> tuple[int, Any]:
+        """``GET path`` on the extender (:func:`http_get`)."""
+        return http_get(self.url + path)
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, Any]:
+    """``GET url`` without any proxy: (HTTP status, decoded JSON body), or (0, None) when
+    nothing answers."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            return int(response.status), json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read() or b"null")
+    except OSError:
+        return 0, None
