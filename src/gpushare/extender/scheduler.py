@@ -17,7 +17,9 @@
 
 A pod's own allocation never counts against itself (a retry after an unknown binder outcome
 must still fit where it was placed). Fit results are cached per (node, pod shape) until the
-node's ``version`` changes, and so are the values of deterministic policies. Expected failures
+node's ``version`` changes, and so are the values of deterministic policies. For a GPU pod that
+holds nothing, the whole answer over a ``NodeNames`` list is memoised per pod shape and only
+the nodes changed since (``ExtenderState.changed_since``) are re-evaluated. Expected failures
 are values (result fields); exceptions are bugs.
 """
 
@@ -60,6 +62,8 @@ NOT_SYNCED = "gpushare: the extender has not finished listing nodes and pods yet
 UNKNOWN_NODE = "gpushare: node unknown to the extender (not in its node cache)"
 NOT_GPUSHARE = "gpushare: not a GPU-share node"
 _CACHE_LIMIT = 500_000
+_MEMO_LIMIT = 64
+_PASS, _FAIL, _NEVER = 0, 1, 2
 
 
 def not_gpushare(info: NodeInfo) -> str:
@@ -85,6 +89,22 @@ def _without(state: NodeState, own: Allocation | None) -> NodeState:
     return NodeState(node=state.node, gpu_used=tuple(used))
 
 
+class _Memo:
+    """The last filter or prioritize of one pod shape: its candidate names, the state epoch it
+    reflects, per-node verdicts or values, and the assembled answer (``None``: to rebuild)."""
+
+    __slots__ = ("epoch", "members", "names", "outcomes", "priorities", "result", "values")
+
+    def __init__(self, names: list[str], epoch: int) -> None:
+        self.names = names
+        self.members = set(names)
+        self.epoch = epoch
+        self.outcomes: dict[str, tuple[int, str]] = {}
+        self.values: dict[str, float] = {}
+        self.result: tuple[list[str], dict[str, str], dict[str, str]] | None = None
+        self.priorities: list[HostPriority] | None = None
+
+
 class Scheduler:
     """Filter, prioritize and bind (module doc). ``clock_ns`` gives the wall-clock nanoseconds
     written as ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``; ``events`` records bind outcomes."""
@@ -107,13 +127,21 @@ class Scheduler:
         self._values: dict[tuple[str, tuple[object, ...]], tuple[int, float]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._decide: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._last_names: list[str] = []  # the last NodeNames, when they had no duplicates
+        self._filter_memo: dict[tuple[object, ...], _Memo] = {}
+        self._prioritize_memo: dict[tuple[object, ...], _Memo] = {}
 
     # -- filter and prioritize -------------------------------------------------------------
 
     def _candidates(self, args: ExtenderArgs) -> tuple[list[str], dict[str, str], bool]:
         """(candidate names in order, names that could not be read → reason, names mode)."""
         if args.node_names is not None:
-            return list(dict.fromkeys(args.node_names)), {}, True
+            if args.node_names != self._last_names:  # the same list again: already unique
+                self._last_names = list(dict.fromkeys(args.node_names))
+                if len(self._last_names) != len(args.node_names):
+                    unique, self._last_names = self._last_names, []
+                    return unique, {}, True
+            return list(self._last_names), {}, True
         if args.nodes is None:
             raise RequestError("neither NodeNames nor Nodes is set; one of them must be")
         names: list[str] = []
@@ -180,17 +208,16 @@ class Scheduler:
             passed = names
         elif pod is not None:
             own = self.state.ledger.allocation(pod.key)
+            if names_mode and own is None:
+                return self._filter_memoised(names, pod)
             for name in names:
-                info = self.state.node(name)
-                result = self._fit(name, pod, own) if info is not None and info.gpushare else None
-                if info is None or result is None:
-                    unresolvable[name] = UNKNOWN_NODE if info is None else not_gpushare(info)
-                elif result.status is FitStatus.FITS:
+                kind, reason = self._outcome(name, pod, own)
+                if kind == _PASS:
                     passed.append(name)
-                elif result.status is FitStatus.DOES_NOT_FIT_NOW:
-                    failed[name] = f"gpushare: {describe_fit(result, info)}"
+                elif kind == _FAIL:
+                    failed[name] = reason
                 else:
-                    unresolvable[name] = f"gpushare: {describe_fit(result, info)}"
+                    unresolvable[name] = reason
         if names_mode or args.nodes is None:
             return ExtenderFilterResult(None, passed, failed, unresolvable, error)
         keep = set(passed)
@@ -209,13 +236,100 @@ class Scheduler:
         values: dict[str, float] = {}
         if pod.gpu_containers and self.state.synced:
             own = self.state.ledger.allocation(pod.key)
+            if own is None and self.policy.deterministic:
+                return self._prioritize_memoised(names, pod)
             for name in names:
-                result = self._fit(name, pod, own)
-                state = self.state.node_state(name)
-                if result is not None and result.fits and state is not None:
-                    values[name] = self._value(state, pod, own)
+                value = self._node_value(name, pod, own)
+                if value is not None:
+                    values[name] = value
         scores = to_priorities(values, names)
         return [HostPriority(name, scores[name]) for name in names]
+
+    def _outcome(self, name: str, pod: PodRequest, own: Allocation | None) -> tuple[int, str]:
+        """The filter's verdict on node ``name``: (``_PASS``, ``""``), (``_FAIL``, reason) or
+        (``_NEVER``, reason)."""
+        info = self.state.node(name)
+        result = self._fit(name, pod, own) if info is not None and info.gpushare else None
+        if info is None or result is None:
+            return _NEVER, UNKNOWN_NODE if info is None else not_gpushare(info)
+        if result.status is FitStatus.FITS:
+            return _PASS, ""
+        if result.status is FitStatus.DOES_NOT_FIT_NOW:
+            return _FAIL, f"gpushare: {describe_fit(result, info)}"
+        return _NEVER, f"gpushare: {describe_fit(result, info)}"
+
+    def _node_value(self, name: str, pod: PodRequest, own: Allocation | None) -> float | None:
+        """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit."""
+        result = self._fit(name, pod, own)
+        state = self.state.node_state(name)
+        if result is not None and result.fits and state is not None:
+            return self._value(state, pod, own)
+        return None
+
+    def _memo_entry(
+        self, memo: dict[tuple[object, ...], _Memo], pod: PodRequest, names: list[str]
+    ) -> tuple[_Memo, set[str] | None]:
+        """The memo of the last request of ``pod``'s shape, and the names to re-evaluate in it
+        (``None``: all of them, a fresh memo)."""
+        key = _shape(pod)
+        epoch = self.state.epoch
+        entry = memo.get(key)
+        if entry is not None and entry.names == names:
+            if entry.epoch == epoch:
+                return entry, set()
+            changed = self.state.changed_since(entry.epoch)
+            if changed is not None:
+                entry.epoch = epoch
+                entry.result = None
+                entry.priorities = None
+                return entry, changed & entry.members
+        if len(memo) > _MEMO_LIMIT:
+            memo.clear()
+        entry = _Memo(names, epoch)
+        memo[key] = entry
+        return entry, None
+
+    def _filter_memoised(self, names: list[str], pod: PodRequest) -> ExtenderFilterResult:
+        """The filter of a GPU pod holding nothing, over ``NodeNames``: the same verdicts as the
+        loop in ``filter``, re-evaluated only on the nodes changed since the same request."""
+        entry, changed = self._memo_entry(self._filter_memo, pod, names)
+        if changed is None:
+            entry.outcomes = {name: self._outcome(name, pod, None) for name in names}
+        else:
+            for name in changed:
+                entry.outcomes[name] = self._outcome(name, pod, None)
+        if entry.result is None:
+            outcomes = entry.outcomes
+            entry.result = (
+                [name for name, (kind, _) in outcomes.items() if kind == _PASS],
+                {name: why for name, (kind, why) in outcomes.items() if kind == _FAIL},
+                {name: why for name, (kind, why) in outcomes.items() if kind == _NEVER},
+            )
+        passed, failed, unresolvable = entry.result
+        return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable), "")
+
+    def _prioritize_memoised(self, names: list[str], pod: PodRequest) -> list[HostPriority]:
+        """``prioritize`` of a GPU pod holding nothing under a deterministic policy: the same
+        scores as the loop, re-evaluated only on the nodes changed since the same request."""
+        entry, changed = self._memo_entry(self._prioritize_memo, pod, names)
+        if changed is None:
+            values: dict[str, float] = {}
+            for name in names:
+                value = self._node_value(name, pod, None)
+                if value is not None:
+                    values[name] = value
+            entry.values = values
+        else:
+            for name in changed:
+                value = self._node_value(name, pod, None)
+                if value is None:
+                    entry.values.pop(name, None)
+                else:
+                    entry.values[name] = value
+        if entry.priorities is None:
+            scores = to_priorities(entry.values, names)
+            entry.priorities = [HostPriority(name, scores[name]) for name in names]
+        return list(entry.priorities)
 
     # -- bind ------------------------------------------------------------------------------
 

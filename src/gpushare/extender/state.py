@@ -32,6 +32,7 @@ from gpushare.core.model import Allocation, NodeState
 from gpushare.kube.codec import Json, NodeInfo, node_info, pod_allocation, pod_key
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+_LOG_LIMIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,9 @@ class ExtenderState:
         self._states: dict[str, tuple[int, NodeState]] = {}
         self._waiting: dict[str, set[str]] = {}  # node -> bound pods seen before the node
         self._synced = False
+        self._epoch = 0  # bumps of any node so far
+        self._log: list[str] = []  # the node of bump number _log_base + i + 1
+        self._log_base = 0
 
     # -- readiness -------------------------------------------------------------------------
 
@@ -257,8 +261,26 @@ class ExtenderState:
             self._bump(allocation.node)
         return expired
 
+    @property
+    def epoch(self) -> int:
+        """A counter that changes whenever any node's ``version`` changes."""
+        return self._epoch
+
+    def changed_since(self, epoch: int) -> set[str] | None:
+        """The nodes whose ``version`` changed after ``epoch``, or ``None`` when that is no
+        longer known (a caller then treats every node as changed)."""
+        start = epoch - self._log_base
+        if start < 0 or epoch > self._epoch:
+            return None
+        return set(self._log[start:])
+
     def _bump(self, name: str) -> None:
         self._versions[name] = self._versions.get(name, 0) + 1
+        self._epoch += 1
+        if len(self._log) >= _LOG_LIMIT:
+            self._log_base += len(self._log)
+            self._log.clear()
+        self._log.append(name)
 
 
 def pod_node_name(pod: Json) -> str:
