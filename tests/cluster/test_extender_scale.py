@@ -1,0 +1,489 @@
+"""300 GPU-sharing pods on 30 kwok nodes through kube-scheduler and the live extender, with the
+extender stopped and restarted (fresh state) in the middle: issue 4, item 7.
+
+Nodes: 10 with eight 16 GiB GPUs and 20 with four 24 GiB GPUs (unit GiB, 3,200 GiB in all).
+Pods (seeded, so every run asks the same): one container of 1–24 GiB, two or three containers
+of 1–8 GiB each, one container over two GPUs (``gpushare.io/gpu-count: "2"``), and two that ask
+32 GiB, more than any GPU has. Together they ask more than fits, so some stay Pending.
+
+The extender runs in a thread of the test process (``ExtenderThread``); a kube-scheduler
+profile calls it for filter, prioritize and bind. The first 200 pods are created at once; once
+100 are bound the extender is stopped (binds in flight included) and a new one — fresh state,
+rebuilt purely from the API server — is started on the same port; the last 100 pods follow.
+
+Proved, from the pods' annotations read back through the API:
+
+* every bound pod carries ``gpushare.io/allocation`` for its own node and Alibaba's
+  ``ALIYUN_COM_GPU_MEM_*`` keys; each GPU container is placed exactly once, on the number of
+  distinct GPUs it asked for, with its whole request — so no pod has two allocations;
+* on every GPU the sum of the shares is at most its capacity (zero overcommit);
+* every pod not bound is Pending only because nothing fits: an exhaustive search over the free
+  memory the annotations leave finds no node and GPUs for it, and kube-scheduler's
+  ``FailedScheduling`` event names a capacity refusal;
+* the restarted extender's ``/inspect`` holds every pod bound before the restart, on the GPUs
+  its annotations name (nothing lost), and at the end its ledger equals the annotations exactly,
+  nothing assumed, no violations (nothing double-allocated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+from lightkube import Client
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule
+from lightkube.resources.core_v1 import Event, Namespace, Pod
+
+from gpushare.extender.live import LiveExtender, LiveOptions
+from gpushare.kube.client import connect
+from gpushare.kube.watch import Backoff
+from gpushare.testing.controlplane import ControlPlane, ControlPlaneError
+from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node
+
+pytestmark = pytest.mark.cluster
+
+T = TypeVar("T")
+NAMESPACE = "scale"
+SCHEDULER_NAME = "gpushare-scale"
+GROUP = {"gpushare.io/test-group": "scale"}
+ALLOCATION = "gpushare.io/allocation"
+PREFIX = "/gpushare-scheduler"
+WAIT_S = 45.0
+RESTART_AFTER = 100  # bound pods before the extender is restarted
+
+# node name -> per-GPU capacity (GiB)
+NODES: dict[str, list[int]] = {
+    **{f"scale-a{i:02d}": [16] * 8 for i in range(10)},
+    **{f"scale-b{i:02d}": [24] * 4 for i in range(20)},
+}
+
+EXTENDER_RULES = [
+    PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "list", "watch"]),
+    PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch", "patch"]),
+    PolicyRule(apiGroups=[""], resources=["pods/binding"], verbs=["create"]),
+    PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"]),
+]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One GPU container: ``gpus`` distinct GPUs with ``share`` GiB on each."""
+
+    container: str
+    gpus: int
+    share: int
+
+    @property
+    def total(self) -> int:
+        return self.gpus * self.share
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    asks: tuple[Ask, ...]
+
+
+def workload() -> list[Spec]:
+    """300 pods of mixed sizes (seeded)."""
+    rng = random.Random(20261121)
+    sizes = [1, 2, 3, 4, 4, 6, 8, 8, 10, 12, 12, 16, 16, 20, 20, 24, 24]
+    specs: list[Spec] = []
+    for i in range(300):
+        name = f"p{i:03d}"
+        if i in (150, 290):  # larger than any GPU
+            asks: tuple[Ask, ...] = (Ask("main", 1, 32),)
+        elif i % 10 == 3:
+            n = rng.choice([2, 3])
+            asks = tuple(Ask(f"c{j}", 1, rng.choice([1, 2, 3, 4, 6, 8])) for j in range(n))
+        elif i % 25 == 7:
+            asks = (Ask("main", 2, rng.choice([4, 8, 12, 16])),)
+        else:
+            asks = (Ask("main", 1, rng.choice(sizes)),)
+        specs.append(Spec(name, asks))
+    return specs
+
+
+SPECS = workload()
+BY_NAME = {s.name: s for s in SPECS}
+
+
+def make_pod(spec: Spec) -> Pod:
+    annotations = {}
+    if any(a.gpus > 1 for a in spec.asks):
+        annotations["gpushare.io/gpu-count"] = json.dumps({a.container: a.gpus for a in spec.asks})
+    return Pod(
+        metadata=ObjectMeta(name=spec.name, namespace=NAMESPACE, annotations=annotations),
+        spec=PodSpec(
+            schedulerName=SCHEDULER_NAME,
+            nodeSelector=dict(GROUP),
+            containers=[
+                Container(
+                    name=a.container,
+                    image="registry.invalid/gpushare/scale:0",
+                    resources=ResourceRequirements(
+                        limits={"cpu": "10m", "memory": "16Mi", GPU_MEM: str(a.total)}
+                    ),
+                )
+                for a in spec.asks
+            ],
+        ),
+    )
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
+    """Poll ``probe`` until it returns something other than ``None``; fail after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout_s:g}s: {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+class PinnedExtenderThread(ExtenderThread):
+    """An :class:`ExtenderThread` serving on a given loopback port (the one kube-scheduler's
+    configuration already names), so that a restarted extender is reached at the same URL."""
+
+    def __init__(self, kubeconfig: Any, options: LiveOptions, *, port: int) -> None:
+        super().__init__(kubeconfig, options)
+        self.pinned_port = port
+
+    def start(self) -> ExtenderThread:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.pinned_port))
+        self.port = self.pinned_port
+        self._socket = sock
+        self._client = connect(self.kubeconfig, trust_env=False)
+        self.extender = LiveExtender(self._client, self.options)
+        self._thread = threading.Thread(target=self._main, name="gpushare-extender", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while self.get("/healthz")[0] != 200:
+            if not self._thread.is_alive():
+                self.stop()
+                raise ControlPlaneError("the extender thread ended during start-up")
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise ControlPlaneError("the restarted extender did not answer /healthz")
+            time.sleep(0.02)
+        return self
+
+
+# ---- reading the outcome from the API --------------------------------------------------------
+
+Placement = dict[tuple[str, int], int]  # (node, GPU index) -> GiB
+
+
+@dataclass
+class Outcome:
+    bound: dict[str, Placement]  # pod -> its placement, from its annotations
+    pending: list[str]
+    problems: list[str]  # annotations missing or inconsistent
+
+    def used(self) -> Placement:
+        used: Placement = {}
+        for placement in self.bound.values():
+            for key, amount in placement.items():
+                used[key] = used.get(key, 0) + amount
+        return used
+
+
+def read_outcome(kube: Client) -> Outcome:
+    outcome = Outcome({}, [], [])
+    for pod in kube.list(Pod, namespace=NAMESPACE):
+        assert pod.metadata is not None
+        assert pod.metadata.name is not None
+        assert pod.spec is not None
+        name = pod.metadata.name
+        node = pod.spec.nodeName
+        if not node:
+            phase = pod.status.phase if pod.status is not None else None
+            if phase not in (None, "Pending"):
+                outcome.problems.append(f"{name}: unbound in phase {phase}")
+            outcome.pending.append(name)
+            continue
+        placement, problem = placement_of(BY_NAME[name], node, pod.metadata.annotations or {})
+        if problem:
+            outcome.problems.append(f"{name} on {node}: {problem}")
+        outcome.bound[name] = placement
+    return outcome
+
+
+def placement_of(spec: Spec, node: str, annotations: Mapping[str, str]) -> tuple[Placement, str]:
+    """Where ``spec``'s annotations put it on ``node``, and what is wrong with them ("" if
+    nothing)."""
+    raw = annotations.get(ALLOCATION)
+    if raw is None:
+        return {}, f"bound without {ALLOCATION}"
+    document = json.loads(raw)
+    if document.get("node") != node or document.get("unit") != "GiB":
+        return {}, f"allocation for another node or unit: {raw}"
+    total = sum(a.total for a in spec.asks)
+    if annotations.get("ALIYUN_COM_GPU_MEM_POD") != str(total):
+        return {}, f"ALIYUN_COM_GPU_MEM_POD is not {total}: {annotations}"
+    if annotations.get("ALIYUN_COM_GPU_MEM_ASSIGNED") != "false":
+        return {}, "ALIYUN_COM_GPU_MEM_ASSIGNED is not 'false'"
+    if not annotations.get("ALIYUN_COM_GPU_MEM_ASSUME_TIME", "").isdigit():
+        return {}, "no ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+    containers = document.get("containers", [])
+    names = [c["name"] for c in containers]
+    if sorted(names) != sorted(a.container for a in spec.asks):
+        return {}, f"containers placed {names}, asked {[a.container for a in spec.asks]}"
+    placement: Placement = {}
+    asks = {a.container: a for a in spec.asks}
+    for entry in containers:
+        ask = asks[entry["name"]]
+        gpus = entry["gpus"]
+        if len(set(gpus)) != len(gpus) or len(gpus) != ask.gpus or entry["share"] != ask.share:
+            return {}, f"container {entry} does not match the request {ask}"
+        for gpu in gpus:
+            if not 0 <= gpu < len(NODES[node]):
+                return {}, f"no GPU {gpu} on {node}"
+            placement[node, gpu] = placement.get((node, gpu), 0) + ask.share
+    indices = {gpu for _, gpu in placement}
+    if len(indices) == 1:
+        (only,) = indices
+        if annotations.get("ALIYUN_COM_GPU_MEM_IDX") != str(only):
+            return {}, f"ALIYUN_COM_GPU_MEM_IDX is not {only}"
+        if annotations.get("ALIYUN_COM_GPU_MEM_DEV") != str(NODES[node][only]):
+            return {}, "ALIYUN_COM_GPU_MEM_DEV is not the GPU's memory"
+    return placement, ""
+
+
+def fits_somewhere(spec: Spec, used: Placement) -> str | None:
+    """A node where ``spec`` fits in what ``used`` leaves free (exhaustive), else ``None``."""
+    asks = tuple(sorted(((a.gpus, a.share) for a in spec.asks), key=lambda a: -a[0] * a[1]))
+    for node, capacities in NODES.items():
+        free = tuple(sorted(c - used.get((node, i), 0) for i, c in enumerate(capacities)))
+        if _fits(free, asks):
+            return node
+    return None
+
+
+@functools.cache
+def _fits(free: tuple[int, ...], asks: tuple[tuple[int, int], ...]) -> bool:
+    if not asks:
+        return True
+    (count, share), rest = asks[0], asks[1:]
+    return any(_fits(option, rest) for option in _take(free, count, share))
+
+
+def _take(free: tuple[int, ...], count: int, share: int) -> Iterator[tuple[int, ...]]:
+    """Every distinct ``free`` left after taking ``share`` from ``count`` distinct GPUs."""
+    seen: set[tuple[int, ...]] = set()
+
+    def pick(start: int, left: int, current: list[int]) -> Iterator[tuple[int, ...]]:
+        if left == 0:
+            key = tuple(sorted(current))
+            if key not in seen:
+                seen.add(key)
+                yield key
+            return
+        for i in range(start, len(current)):
+            if current[i] >= share:
+                current[i] -= share
+                yield from pick(i + 1, left - 1, current)
+                current[i] += share
+
+    yield from pick(0, count, list(free))
+
+
+def inspect_placements(
+    extender: ExtenderThread,
+) -> tuple[dict[str, Placement], set[str], list[Any]]:
+    """``/inspect``: pod -> placement for this test's pods, the assumed ones, the violations."""
+    status, report = extender.get(f"{PREFIX}/inspect")
+    assert status == 200, report
+    placements: dict[str, Placement] = {}
+    assumed: set[str] = set()
+    for node in report["nodes"]:
+        for dev in node["devs"]:
+            for pod in dev["pods"]:
+                if pod["namespace"] != NAMESPACE:
+                    continue
+                placement = placements.setdefault(pod["name"], {})
+                placement[node["name"], dev["id"]] = pod["usedGPU"]
+                if pod["assumed"]:
+                    assumed.add(pod["name"])
+    return placements, assumed, report["violations"]
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    kube: Client
+    extender: ExtenderThread
+    bound_at_restart: dict[str, Placement]
+    inspect_after_restart: dict[str, Placement]
+    timings: dict[str, float]
+
+
+def scheduler_extender(url_prefix: str) -> dict[str, Any]:
+    return {
+        "urlPrefix": url_prefix,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
+        "weight": 10,
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "httpTimeout": "30s",
+        "ignorable": False,
+        "managedResources": [{"name": GPU_MEM, "ignoredByScheduler": False}],
+    }
+
+
+def _delete_namespace(kube: Client) -> None:
+    for pod in kube.list(Pod, namespace=NAMESPACE):
+        assert pod.metadata is not None
+        assert pod.metadata.name is not None
+        kube.delete(Pod, pod.metadata.name, namespace=NAMESPACE, grace_period=0)
+    kube.delete(Namespace, NAMESPACE)
+
+
+@pytest.fixture(scope="module")
+def run(control_plane: ControlPlane) -> Iterator[Run]:
+    """Nodes, extender, scheduler; 200 pods, restart after 100 bound, 100 more; wait until
+    every pod is bound or fits nowhere."""
+    timings: dict[str, float] = {}
+    start = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        kube = stack.enter_context(control_plane.client())
+        create_nodes(
+            kube, [gpu_node(n, gpus, unit="GiB", labels=GROUP) for n, gpus in NODES.items()]
+        )
+        stack.callback(delete_nodes, kube, list(NODES))
+        kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+        stack.callback(_delete_namespace, kube)
+        kubeconfig = control_plane.service_account_kubeconfig(
+            "gpushare-extender-scale", "kube-system", EXTENDER_RULES
+        )
+        options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
+        holder: list[ExtenderThread] = [ExtenderThread(kubeconfig, options).start()]
+
+        def stop_current() -> None:
+            holder[0].stop()
+
+        stack.callback(stop_current)
+        wait_for("extender /readyz", lambda: holder[0].get("/readyz")[0] == 200 or None)
+        port = holder[0].port
+        stack.enter_context(
+            control_plane.scheduler(
+                "kube-scheduler-scale",
+                profiles=[{"schedulerName": SCHEDULER_NAME}],
+                extenders=[scheduler_extender(holder[0].url_prefix)],
+                podInitialBackoffSeconds=1,
+                podMaxBackoffSeconds=1,
+            )
+        )
+        timings["setup"] = time.monotonic() - start
+
+        t0 = time.monotonic()
+        for spec in SPECS[:200]:
+            kube.create(make_pod(spec))
+        timings["create 200"] = time.monotonic() - t0
+        wait_for(
+            f"{RESTART_AFTER} pods bound",
+            lambda: len(read_outcome(kube).bound) >= RESTART_AFTER or None,
+        )
+        timings[f"{RESTART_AFTER} bound"] = time.monotonic() - t0
+
+        # Stop the extender (in-flight binds drain), then start a fresh one on the same port.
+        t1 = time.monotonic()
+        old, holder[0] = holder[0], PinnedExtenderThread(kubeconfig, options, port=port)
+        old.stop()
+        bound_at_restart = read_outcome(kube).bound
+        holder[0].start()
+        wait_for("restarted extender /readyz", lambda: holder[0].get("/readyz")[0] == 200 or None)
+        inspect_after_restart, _, _ = inspect_placements(holder[0])
+        timings["restart"] = time.monotonic() - t1
+
+        t2 = time.monotonic()
+        for spec in SPECS[200:]:
+            kube.create(make_pod(spec))
+
+        def settled() -> bool | None:
+            outcome = read_outcome(kube)
+            if outcome.problems:
+                return True  # no point waiting: the assertions report them
+            if len(outcome.bound) + len(outcome.pending) != len(SPECS):
+                return None
+            used = outcome.used()
+            if any(fits_somewhere(BY_NAME[p], used) for p in outcome.pending):
+                return None
+            placements, assumed, _ = inspect_placements(holder[0])
+            return (placements == outcome.bound and not assumed) or None
+
+        wait_for("every pod bound or fitting nowhere, the ledger confirmed", settled)
+        timings["settle"] = time.monotonic() - t2
+        timings["total"] = time.monotonic() - start
+        print("timings (s):", {k: round(v, 2) for k, v in timings.items()})
+        yield Run(kube, holder[0], bound_at_restart, inspect_after_restart, timings)
+
+
+def test_bound_pods_carry_one_whole_allocation_each(run: Run) -> None:
+    outcome = read_outcome(run.kube)
+    assert outcome.problems == []
+    assert len(outcome.bound) + len(outcome.pending) == len(SPECS)
+    print(f"bound {len(outcome.bound)}, pending {len(outcome.pending)}: {outcome.pending}")
+    assert len(outcome.bound) >= 250
+    for name, placement in outcome.bound.items():
+        assert sum(placement.values()) == sum(a.total for a in BY_NAME[name].asks), name
+
+
+def test_no_gpu_is_overcommitted(run: Run) -> None:
+    used = read_outcome(run.kube).used()
+    over = {key: amount for key, amount in used.items() if amount > NODES[key[0]][key[1]]}
+    assert over == {}
+    assert sum(used.values()) <= sum(sum(g) for g in NODES.values())
+
+
+def test_pending_pods_fit_nowhere(run: Run) -> None:
+    outcome = read_outcome(run.kube)
+    used = outcome.used()
+    assert outcome.pending, "the workload asks more than fits: some pods must stay Pending"
+    assert {"p150", "p290"} <= set(outcome.pending)  # larger than any GPU
+    for name in outcome.pending:
+        assert fits_somewhere(BY_NAME[name], used) is None, name
+
+    def refused(name: str) -> bool | None:
+        events = run.kube.list(Event, namespace=NAMESPACE, fields={"involvedObject.name": name})
+        messages = [e.message or "" for e in events if e.reason == "FailedScheduling"]
+        capacity = ("Insufficient aliyun.com/gpu-mem", "gpushare:")
+        return any(c in m for m in messages for c in capacity) or None
+
+    for name in outcome.pending:
+        wait_for(f"{name}: FailedScheduling for capacity", functools.partial(refused, name))
+
+
+def test_restart_lost_nothing_and_ledger_matches_annotations(run: Run) -> None:
+    # The restart came mid-run: at least 100 pods bound, others of the first 200 still to go.
+    print(f"bound at the restart: {len(run.bound_at_restart)}")
+    assert RESTART_AFTER <= len(run.bound_at_restart) < 200
+    for name, placement in run.bound_at_restart.items():
+        assert run.inspect_after_restart.get(name) == placement, name
+    outcome = read_outcome(run.kube)
+    placements, assumed, violations = inspect_placements(run.extender)
+    assert placements == outcome.bound
+    assert assumed == set()
+    assert violations == []
