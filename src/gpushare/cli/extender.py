@@ -10,6 +10,10 @@ listed.
 ``--nodes FILE`` (a NodeList or a list of Node objects, as ``kubectl get nodes -o json``
 prints) and from ``Nodes`` requests (``nodeCacheCapable: false``); nothing can bind
 (``UnwiredBinder``), so kube-scheduler must not use it.
+
+``--tls-cert FILE --tls-key FILE`` serve HTTPS (PEM files); ``--tls-client-ca FILE`` also
+requires every client to present a certificate signed by that CA. The files are checked at
+start-up: one error lists every problem.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import uvicorn
 
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
-from gpushare.extender.live import LiveOptions, serve
+from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
+from gpushare.extender.workload import live_policy
 from gpushare.kube.client import connect
 from gpushare.kube.codec import CodecError
 
@@ -104,6 +109,17 @@ def build_state(nodes_file: Path | None, assume_ttl_s: float) -> ExtenderState:
     help="JSON NodeList to preload (--in-memory only).",
 )
 @click.option(
+    "--tls-cert",
+    type=click.Path(path_type=Path),
+    help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.",
+)
+@click.option("--tls-key", type=click.Path(path_type=Path), help="PEM private key of --tls-cert.")
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(path_type=Path),
+    help="Require client certificates signed by this PEM CA (mutual TLS).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -122,6 +138,9 @@ def extender(
     context: str | None,
     in_memory: bool,
     nodes_file: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_client_ca: Path | None,
     log_level: str,
 ) -> None:
     """Serve the scheduler extender (filter, prioritize, bind, inspect) for kube-scheduler."""
@@ -129,6 +148,10 @@ def extender(
         raise click.UsageError("--in-memory takes no --kubeconfig or --context")
     if nodes_file is not None and not in_memory:
         raise click.UsageError("--nodes needs --in-memory (on a cluster, nodes come from the API)")
+    problems = tls_problems(tls_cert, tls_key, tls_client_ca)
+    if problems:
+        raise click.UsageError("bad TLS configuration:\n  " + "\n  ".join(problems))
+    tls = uvicorn_tls(tls_cert, tls_key, tls_client_ca)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -136,8 +159,10 @@ def extender(
         logging.getLogger("httpx2").setLevel(logging.WARNING)
     if in_memory:
         state = build_state(nodes_file, assume_ttl_s)
-        app = create_app(state, prefix=prefix, policy=policy, gpu_unit=gpu_unit)
-        uvicorn.run(app, host=host, port=port, log_config=None, ws="none")
+        app = create_app(
+            state, prefix=prefix, policy=live_policy(policy, gpu_unit), gpu_unit=gpu_unit
+        )
+        uvicorn.run(app, host=host, port=port, log_config=None, ws="none", **tls)
         return
     options = LiveOptions(
         host=host,
@@ -147,6 +172,9 @@ def extender(
         gpu_unit=gpu_unit,
         assume_ttl_s=assume_ttl_s,
         bind_timeout_s=bind_timeout_s,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
     )
     try:
         client = connect(kubeconfig, context=context)

@@ -11,6 +11,7 @@ Routes (spec §1.1; Alibaba's URL layout, ``pkg/routes/routes.go``), ``P`` the p
 ``GET /healthz``           200 while the process serves
 ``GET /readyz``            200 once the state has synced, else 503
 ``GET /version``           ``{"version": ...}``
+``GET /metrics``           Prometheus text exposition (``gpushare.extender.metrics``)
 =========================  =======================================================================
 
 A body that is not JSON or not of the verb's shape gets **400** with ``{"Error": "<what>"}``.
@@ -18,6 +19,9 @@ A pod or node the codec cannot read is reported in the result (``Error``, or per
 HTTP 200 so that kube-scheduler shows the text. An unexpected exception in filter or bind is an
 ``Error`` text too (logged with its traceback); in prioritize it is a 500. Handlers are
 ``async`` and run on the event loop, where every state change happens (``ExtenderState``).
+Each POST is counted and timed by verb and outcome (``ok``; ``error``: an ``Error`` text or a
+500; ``bad_request``: a 400) in ``ExtenderMetrics``, on the given ``CollectorRegistry`` or a
+fresh one (never the global default registry).
 A background task expires assumed allocations every ``expire_interval_s`` seconds.
 """
 
@@ -29,6 +33,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +41,7 @@ from starlette.routing import Route
 
 from gpushare import __version__
 from gpushare.core.policies import Policy
+from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.report import cluster_report, node_report
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
@@ -81,46 +87,58 @@ def create_app(
     expire_interval_s: float | None = 1.0,
     clock_ns: Callable[[], int] = time.time_ns,
     version: str = __version__,
+    registry: CollectorRegistry | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
 
     ``policy`` is a policy or its registry name (``gpu_unit``: one whole GPU in the node unit,
     for ``fgd``/``fgd-cpu``); ``binder`` creates Bindings (default: ``UnwiredBinder``, which
     refuses); ``events`` records bind outcomes; ``expire_interval_s`` ``None`` turns the expiry
-    task off (tests call ``state.expire()``). The ``Scheduler`` is ``app.state.scheduler``.
+    task off (tests call ``state.expire()``); ``registry`` holds the metrics (default: a fresh
+    ``CollectorRegistry``). The ``Scheduler`` is ``app.state.scheduler``, the
+    ``ExtenderMetrics`` ``app.state.metrics``.
     """
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
     scheduler = Scheduler(
         state, chosen, binder or UnwiredBinder(), events=events, clock_ns=clock_ns
     )
+    metrics = ExtenderMetrics(state, registry)
     base = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     def guarded(
         verb: str,
-        handle: Callable[[bytes], Awaitable[Response]],
+        handle: Callable[[bytes], Awaitable[object]],
         internal: Callable[[str], object] | None,
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            body = await request.body()
+            started = time.perf_counter()
+            outcome = "error"
             try:
-                return await handle(body)
-            except RequestError as error:
-                return _error(400, str(error))
-            except Exception as error:
-                log.exception("%s failed", verb)
-                text = f"gpushare internal error in {verb}: {error!r}"
-                return _error(500, text) if internal is None else _json(internal(text))
+                body = await request.body()
+                try:
+                    result = await handle(body)
+                except RequestError as error:
+                    outcome = "bad_request"
+                    return _error(400, str(error))
+                except Exception as error:
+                    log.exception("%s failed", verb)
+                    text = f"gpushare internal error in {verb}: {error!r}"
+                    return _error(500, text) if internal is None else _json(internal(text))
+                outcome = "error" if getattr(result, "error", "") else "ok"
+                return _json(result)
+            finally:
+                metrics.observe(verb, outcome, time.perf_counter() - started)
 
         return endpoint
 
-    async def filter_(body: bytes) -> Response:
-        return _json(scheduler.filter(decode(body, ExtenderArgs, "filter")))
+    async def filter_(body: bytes) -> object:
+        return scheduler.filter(decode(body, ExtenderArgs, "filter"))
 
-    async def prioritize(body: bytes) -> Response:
-        return _json(scheduler.prioritize(decode(body, ExtenderArgs, "prioritize")))
+    async def prioritize(body: bytes) -> object:
+        return scheduler.prioritize(decode(body, ExtenderArgs, "prioritize"))
 
-    async def bind(body: bytes) -> Response:
-        return _json(await scheduler.bind(decode(body, ExtenderBindingArgs, "bind")))
+    async def bind(body: bytes) -> object:
+        return await scheduler.bind(decode(body, ExtenderBindingArgs, "bind"))
 
     async def inspect_all(request: Request) -> Response:
         return _json(cluster_report(state))
@@ -141,6 +159,10 @@ def create_app(
 
     async def version_(request: Request) -> Response:
         return _json({"version": version})
+
+    async def metrics_(request: Request) -> Response:
+        content, media_type = metrics.exposition()
+        return Response(content, media_type=media_type)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -172,7 +194,9 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/version", version_, methods=["GET"]),
+        Route("/metrics", metrics_, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.scheduler = scheduler
+    app.state.metrics = metrics
     return app

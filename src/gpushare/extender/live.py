@@ -26,7 +26,10 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -34,6 +37,7 @@ from gpushare.extender.apiserver import ApiBinder, ApiEventSink
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.state import ExtenderState
+from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import Binder as KubeBinder
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import AsyncClient
@@ -53,7 +57,8 @@ class LiveOptions:
     Event; ``instance``: ``reportingInstance`` of the Events (default: ``$POD_NAME``, else the
     host name); ``access_log``: uvicorn's access log; ``backoff``/``watch_timeout_s``: the
     cache's retry pacing and watch length; ``graceful_shutdown_s``: how long open requests may
-    finish on stop.
+    finish on stop; ``tls_cert``/``tls_key``: serve HTTPS with this certificate and key (PEM);
+    ``tls_client_ca``: also require a client certificate signed by this CA (mutual TLS).
     """
 
     host: str = "0.0.0.0"
@@ -69,6 +74,53 @@ class LiveOptions:
     backoff: Backoff | None = None
     watch_timeout_s: int = 300
     graceful_shutdown_s: int = 5
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+
+
+def tls_problems(cert: Path | None, key: Path | None, client_ca: Path | None) -> list[str]:
+    """Every problem with a TLS configuration (empty: fine; nothing given: plain HTTP)."""
+    problems: list[str] = []
+    if cert is None and key is not None:
+        problems.append("--tls-key needs --tls-cert")
+    if cert is not None and key is None:
+        problems.append("--tls-cert needs --tls-key")
+    if client_ca is not None and (cert is None or key is None):
+        problems.append("--tls-client-ca needs --tls-cert and --tls-key")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-client-ca", client_ca)):
+        if path is None:
+            continue
+        if not path.exists():
+            problems.append(f"{flag} {path}: no such file")
+        elif not path.is_file():
+            problems.append(f"{flag} {path}: not a file")
+        else:
+            try:
+                with path.open("rb") as handle:
+                    handle.read(1)
+            except OSError as error:
+                problems.append(f"{flag} {path}: cannot be read ({error.strerror or error})")
+    if not problems and cert is not None and key is not None:
+        try:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(cert, key)
+            if client_ca is not None:
+                context.load_verify_locations(cafile=client_ca)
+        except (ssl.SSLError, OSError) as error:
+            problems.append(f"TLS files rejected: {error}")
+    return problems
+
+
+def uvicorn_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, Any]:
+    """The ``uvicorn.Config`` keyword arguments for this TLS configuration (none: HTTP)."""
+    if cert is None or key is None:
+        return {}
+    tls: dict[str, Any] = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    if client_ca is not None:
+        tls["ssl_ca_certs"] = str(client_ca)
+        tls["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return tls
 
 
 class LiveExtender:
@@ -92,10 +144,14 @@ class LiveExtender:
             timeout_s=options.event_timeout_s,
         )
         self.binder = ApiBinder(KubeBinder(client), timeout_s=options.bind_timeout_s)
+        self.workload: WorkloadTracker | None = None
+        if options.policy in WORKLOAD_POLICIES:
+            self.workload = WorkloadTracker(options.gpu_unit)
+            self.cache.on_pod(self.workload.on_pod)
         self.app = create_app(
             self.state,
             prefix=options.prefix,
-            policy=options.policy,
+            policy=live_policy(options.policy, options.gpu_unit, self.workload),
             binder=self.binder,
             events=self.events,
             gpu_unit=options.gpu_unit,
@@ -110,6 +166,7 @@ class LiveExtender:
                 log_config=None,
                 access_log=options.access_log,
                 timeout_graceful_shutdown=options.graceful_shutdown_s,
+                **uvicorn_tls(options.tls_cert, options.tls_key, options.tls_client_ca),
             )
         )
 

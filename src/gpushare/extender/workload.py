@@ -1,0 +1,185 @@
+"""FGD's target workload M from the pods the extender knows, instead of a fixed placeholder.
+
+:class:`WorkloadTracker` keeps the request (``PodRequest``) of every GPU pod the extender
+knows, by ``namespace/name``:
+
+* on a cluster, every pod of the :class:`~gpushare.kube.cache.ClusterCache` (bound and
+  pending pods asking ``aliyun.com/gpu-mem``) through :meth:`WorkloadTracker.on_pod`; finished
+  (``Succeeded``/``Failed``) and deleted pods leave it;
+* in any mode, every pod the policy scores or places (:meth:`WorkloadTracker.observe`: the
+  pending pods kube-scheduler asks about; the only source with ``--in-memory``).
+
+M is ``TargetWorkload.from_pods`` over those requests (shapes in the node unit already, as the
+ledger and ``scoring`` use them: ``aliyun.com/gpu-mem`` per GPU, ``gpu_count`` GPUs). It is
+rebuilt lazily, on the next score, once ``refresh_changes`` pods changed or ``refresh_s``
+seconds passed with at least one change; until the first GPU pod is known, M is
+``scoring.default_workload``.
+
+:class:`AdaptiveFgd` is the policy the extender runs for ``fgd``/``fgd-cpu``: the core policy
+rebuilt on each new M. Its ``deterministic`` is ``False`` (a score depends on M, which moves),
+so the scheduler does not cache its values across a change of M.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpushare.core.fragmentation import TargetWorkload
+from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
+from gpushare.core.policies import Policy
+from gpushare.extender.scoring import default_workload, extender_policy
+from gpushare.kube.codec import CodecError, pod_request
+from gpushare.kube.watch import Action, Change
+
+log = logging.getLogger(__name__)
+
+WORKLOAD_POLICIES = frozenset({"fgd", "fgd-cpu"})
+"""The policies whose scores depend on the target workload."""
+
+_FINISHED = ("Succeeded", "Failed")
+
+
+class WorkloadTracker:
+    """The GPU pods the extender knows and the target workload M built from them (module
+    doc). ``clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        gpu_unit: int,
+        *,
+        refresh_s: float = 60.0,
+        refresh_changes: int = 100,
+        coverage: float = 0.95,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.gpu_unit = gpu_unit
+        self.refresh_s = refresh_s
+        self.refresh_changes = max(1, refresh_changes)
+        self.coverage = coverage
+        self._clock = clock
+        self._pods: dict[str, PodRequest] = {}
+        self._changes = 0
+        self._refreshed_at = clock()
+        self._workload = default_workload(gpu_unit)
+        self.from_pods = False
+        """True once M comes from pods (else the placeholder)."""
+
+    @property
+    def pods(self) -> int:
+        """How many GPU pods are known."""
+        return len(self._pods)
+
+    def observe(self, pod: PodRequest) -> None:
+        """A pod's request (a pod being scored or placed); CPU-only pods are ignored."""
+        if not pod.gpu_containers:
+            return
+        if self._pods.get(pod.key) != pod:
+            self._pods[pod.key] = pod
+            self._changes += 1
+
+    def forget(self, key: str) -> None:
+        """Pod ``key`` is gone (deleted or finished)."""
+        if self._pods.pop(key, None) is not None:
+            self._changes += 1
+
+    def on_pod(self, change: Change) -> None:
+        """A ``ClusterCache`` pod listener: bound and pending pods count, finished and
+        deleted pods leave; a pod whose spec cannot be read is skipped."""
+        obj = change.obj
+        status = obj.get("status")
+        phase = status.get("phase") if isinstance(status, dict) else None
+        if change.action is Action.DELETE or phase in _FINISHED:
+            self.forget(change.key)
+            return
+        try:
+            request = pod_request(obj)
+        except (CodecError, ValueError) as error:
+            log.debug("pod %s left out of the target workload: %s", change.key, error)
+            return
+        self.observe(request)
+
+    def due(self) -> bool:
+        """True when M should be rebuilt (module doc)."""
+        if self._changes == 0:
+            return False
+        if self._changes >= self.refresh_changes or not self.from_pods:
+            return True
+        return self._clock() - self._refreshed_at >= self.refresh_s
+
+    def refresh(self) -> TargetWorkload:
+        """Rebuild M now from the known pods (the placeholder when there are none)."""
+        self._changes = 0
+        self._refreshed_at = self._clock()
+        if self._pods:
+            self._workload = TargetWorkload.from_pods(self._pods.values(), self.coverage)
+            self.from_pods = True
+        else:
+            self._workload = default_workload(self.gpu_unit)
+            self.from_pods = False
+        log.debug("target workload from %d pods: %s", len(self._pods), self._workload)
+        return self._workload
+
+    def workload(self) -> TargetWorkload:
+        """The current M, rebuilt first when :meth:`due`."""
+        if self.due():
+            self.refresh()
+        return self._workload
+
+
+class AdaptiveFgd:
+    """Policy ``name`` (``fgd`` or ``fgd-cpu``) on the tracker's current M (module doc). The
+    pods it scores and places are observed by the tracker."""
+
+    def __init__(self, name: str, tracker: WorkloadTracker) -> None:
+        if name not in WORKLOAD_POLICIES:
+            raise KeyError(f"{name!r} does not use a target workload; expected one of fgd, fgd-cpu")
+        self._name = name
+        self.tracker = tracker
+        self._built_for: TargetWorkload | None = None
+        self._inner = self._current()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def deterministic(self) -> bool:
+        return False
+
+    @property
+    def workload(self) -> TargetWorkload:
+        """The M the policy scores with now."""
+        return self.tracker.workload()
+
+    def _current(self) -> Policy:
+        workload = self.tracker.workload()
+        if workload is not self._built_for:
+            self._inner = extender_policy(
+                self._name, gpu_unit=self.tracker.gpu_unit, workload=workload
+            )
+            self._built_for = workload
+        return self._inner
+
+    def score(self, state: NodeState, pod: PodRequest) -> float:
+        self.tracker.observe(pod)
+        return self._current().score(state, pod)
+
+    def tie_break(self, state: NodeState, pod: PodRequest) -> float:
+        inner: Any = self._current()
+        tie_break = getattr(inner, "tie_break", None)
+        return float(tie_break(state, pod)) if callable(tie_break) else 0.0
+
+    def choose_gpus(self, state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
+        self.tracker.observe(pod)
+        return self._current().choose_gpus(state, pod)
+
+
+def live_policy(name: str, gpu_unit: int, tracker: WorkloadTracker | None = None) -> Policy | str:
+    """What the extender passes to ``create_app``: an :class:`AdaptiveFgd` for ``fgd`` and
+    ``fgd-cpu`` (on ``tracker``, or a new one), else the name itself."""
+    if name not in WORKLOAD_POLICIES:
+        return name
+    return AdaptiveFgd(name, tracker or WorkloadTracker(gpu_unit))

@@ -1,0 +1,102 @@
+"""FGD's target workload in the extender (``gpushare.extender.workload``): the placeholder until
+GPU pods are known, then ``TargetWorkload.from_pods`` over the bound and pending pods of the
+cluster cache and the pods the policy scores, rebuilt after enough changes or time; finished and
+deleted pods leave it; the app's ``fgd`` scores with it."""
+
+from __future__ import annotations
+
+from gpushare.core.fragmentation import TargetWorkload, TaskShape
+from gpushare.core.model import ContainerRequest, NodeState, PodRequest
+from gpushare.extender import ExtenderState, create_app
+from gpushare.extender.scoring import default_workload
+from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker, live_policy
+from gpushare.kube.codec import node_info, pod_request
+from gpushare.kube.watch import Action, Change
+from gpushare.testing.extender import node_json, pod_json
+
+
+def _pod(key: str, share: int, count: int = 1) -> PodRequest:
+    return PodRequest(key, (ContainerRequest("main", share, count),))
+
+
+def _change(obj: dict[str, object], action: Action = Action.UPSERT) -> Change:
+    metadata = obj["metadata"]
+    assert isinstance(metadata, dict)
+    return Change("Pod", action, f"{metadata['namespace']}/{metadata['name']}", obj)
+
+
+def _weights(workload: TargetWorkload) -> dict[TaskShape, float]:
+    return dict(zip(workload.shapes, workload.weights, strict=True))
+
+
+def test_placeholder_until_pods_are_known() -> None:
+    tracker = WorkloadTracker(16)
+    assert tracker.workload() == default_workload(16)
+    assert not tracker.from_pods
+    tracker.observe(PodRequest("default/cpu", (ContainerRequest("main", 0, 0),)))
+    assert tracker.workload() == default_workload(16)
+
+
+def test_cache_pods_shape_the_workload() -> None:
+    now = [0.0]
+    tracker = WorkloadTracker(16, refresh_changes=1_000, refresh_s=60, clock=lambda: now[0])
+    for i in range(3):
+        tracker.on_pod(_change(pod_json(f"half-{i}", 8)))  # pending
+    tracker.on_pod(_change(pod_json("whole", 16, node="n1")))  # bound
+    first = tracker.workload()  # the first pods replace the placeholder at once
+    assert tracker.from_pods
+    assert _weights(first) == {TaskShape(0, 8, 1): 0.75, TaskShape(0, 16, 1): 0.25}
+
+    tracker.on_pod(_change(pod_json("quarter", 4)))
+    assert tracker.workload() is first  # one change: not yet
+    now[0] = 61.0
+    second = tracker.workload()  # a minute later
+    assert _weights(second) == {
+        TaskShape(0, 8, 1): 0.6,
+        TaskShape(0, 16, 1): 0.2,
+        TaskShape(0, 4, 1): 0.2,
+    }
+
+    tracker.on_pod(_change(pod_json("whole", 16, node="n1"), Action.DELETE))
+    finished = pod_json("quarter", 4)
+    finished["status"] = {"phase": "Succeeded"}
+    tracker.on_pod(_change(finished))
+    tracker.on_pod(_change(pod_json("garbage", None, limits={"aliyun.com/gpu-mem": "x"})))
+    assert tracker.pods == 3
+    now[0] = 200.0
+    assert _weights(tracker.workload()) == {TaskShape(0, 8, 1): 1.0}
+
+
+def test_refresh_after_n_changes() -> None:
+    tracker = WorkloadTracker(16, refresh_changes=2, refresh_s=1e9)
+    tracker.observe(_pod("a/one", 16, 2))
+    assert _weights(tracker.workload()) == {TaskShape(0, 16, 2): 1.0}
+    tracker.observe(_pod("a/two", 4))
+    assert _weights(tracker.workload()) == {TaskShape(0, 16, 2): 1.0}
+    tracker.observe(_pod("a/three", 4))
+    assert _weights(tracker.workload()) == {TaskShape(0, 4, 1): 2 / 3, TaskShape(0, 16, 2): 1 / 3}
+
+
+def test_policy_workload_reflects_scored_pods() -> None:
+    policy = live_policy("fgd", 16)
+    assert isinstance(policy, AdaptiveFgd)
+    assert not policy.deterministic
+    assert policy.workload == default_workload(16)
+    node = node_info(node_json("n1", [16, 16], unit="GiB")).node
+    state = NodeState.empty(node)
+    for i in range(4):
+        policy.score(state, _pod(f"default/p{i}", 4))
+    assert _weights(policy.workload) == {TaskShape(0, 4, 1): 1.0}
+    assert live_policy("binpack", 16) == "binpack"
+
+
+def test_app_fgd_scores_with_the_cluster_workload() -> None:
+    tracker = WorkloadTracker(16)
+    policy = live_policy("fgd-cpu", 16, tracker)
+    state = ExtenderState()
+    state.upsert_node(node_json("n1", [16, 16], unit="GiB"))
+    state.mark_synced()
+    app = create_app(state, policy=policy, gpu_unit=16, expire_interval_s=None)
+    assert app.state.scheduler.policy is policy
+    tracker.observe(pod_request(pod_json("p", 12)))
+    assert _weights(tracker.workload()) == {TaskShape(0, 12, 1): 1.0}
