@@ -1,0 +1,186 @@
+"""The extender's bind path (``gpushare.extender.scheduler`` module doc): per-pod and
+decide-and-assume locks, the reservation in the ledger, and the ``Binder`` call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from gpushare.core.fit import check_fit
+from gpushare.core.model import Allocation, PodRequest
+from gpushare.core.policies import Policy
+from gpushare.extender.outcomes import (
+    NOT_SYNCED,
+    UNKNOWN_NODE,
+    _without,
+    describe_fit,
+    not_gpushare,
+)
+from gpushare.extender.state import (
+    Binder,
+    BindEvent,
+    Binding,
+    EventSink,
+    ExtenderState,
+    pod_node_name,
+    pod_uid,
+)
+from gpushare.extender.wire import ExtenderBindingArgs, ExtenderBindingResult
+from gpushare.kube.codec import CodecError, NodeInfo, allocation_annotations, pod_request
+
+log = logging.getLogger("gpushare.extender.scheduler")
+
+
+class _BindMixin:
+    """The bind verb of ``Scheduler``; the attributes are set by ``Scheduler.__init__``."""
+
+    state: ExtenderState
+    policy: Policy
+    binder: Binder
+    events: EventSink | None
+    _clock_ns: Callable[[], int]
+    _locks: dict[str, tuple[asyncio.Lock, int]]
+    _decide: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None
+
+    @asynccontextmanager
+    async def _pod_lock(self, key: str) -> AsyncIterator[None]:
+        """Serialise binds of one pod; the lock lives while someone holds or awaits it."""
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def _decide_lock(self) -> asyncio.Lock:
+        """The lock around every decide-and-assume step, one per running event loop."""
+        loop = asyncio.get_running_loop()
+        if self._decide is None or self._decide[0] is not loop:
+            self._decide = (loop, asyncio.Lock())
+        return self._decide[1]
+
+    def _reserve(self, key: str, pod: PodRequest, node: str) -> tuple[Allocation, NodeInfo] | str:
+        """Decide and assume the GPUs of ``pod`` on ``node``: the allocation and the node, or
+        why not (the ledger then unchanged). Synchronous: nothing else runs in between."""
+        info = self.state.node(node)
+        state = self.state.node_state(node)
+        if info is None or state is None:
+            return f"{UNKNOWN_NODE}: {node}"
+        if not info.gpushare:
+            return f"{not_gpushare(info)}: {node}"
+        own = self.state.ledger.allocation(key)
+        if own is not None and own.node == node and _matches(own, pod):
+            return own, info  # a retry: the GPUs chosen before
+        if own is not None and not self.state.ledger.is_assumed(key):
+            return f"gpushare: pod {key} already holds GPUs on node {own.node}"
+        fit = check_fit(_without(state, own), pod)
+        if not fit.fits:
+            why = describe_fit(fit, info)
+            return f"gpushare: pod {key} does not fit node {node} now: {why}"
+        allocation = Allocation(
+            pod=key, node=node, containers=self.policy.choose_gpus(_without(state, own), pod)
+        )
+        if own is not None:
+            self.state.release(key)  # a stale assumption from an attempt on another node
+        result = self.state.assume(allocation)
+        if not result.ok:
+            if own is not None:
+                self.state.assume(own)
+            return f"gpushare: {result.describe()}"
+        return allocation, info
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """The bind verb (module doc); the ``Error`` text names what went wrong."""
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        async with self._pod_lock(key):
+            message, allocation = await self._bind(key, args)
+        if self.events is not None:
+            ok = not message
+            text = message or _describe_allocation(key, args.node, allocation, self.state)
+            event = BindEvent(args.pod_namespace, args.pod_name, args.pod_uid, args.node, ok, text)
+            try:
+                await self.events.emit(event)
+            except Exception:
+                log.exception("recording the bind event of pod %s failed", key)
+        return ExtenderBindingResult(message)
+
+    async def _bind(self, key: str, args: ExtenderBindingArgs) -> tuple[str, Allocation | None]:
+        pod = self.state.pod(key)
+        if pod is None:
+            return f"gpushare: pod {key} unknown to the extender (never seen)", None
+        if args.pod_uid and pod_uid(pod) and pod_uid(pod) != args.pod_uid:
+            return f"gpushare: pod {key} has UID {pod_uid(pod)}, not {args.pod_uid}", None
+        bound = pod_node_name(pod)
+        if bound:
+            if bound == args.node:
+                return "", self.state.ledger.allocation(key)
+            return f"gpushare: pod {key} is already bound to node {bound}, not {args.node}", None
+        try:
+            request = pod_request(pod)
+        except CodecError as error:
+            return f"gpushare: {error}", None
+        allocation: Allocation | None = None
+        annotations: dict[str, str] = {}
+        if request.gpu_containers:
+            if not self.state.synced:
+                return NOT_SYNCED, None
+            async with self._decide_lock():
+                reserved = self._reserve(key, request, args.node)
+            if isinstance(reserved, str):
+                return reserved, None
+            allocation, info = reserved
+            annotations = allocation_annotations(
+                allocation, info.node, now_ns=self._clock_ns(), unit=info.unit
+            )
+        namespace, name = key.split("/", 1)
+        binding = Binding(namespace, name, args.pod_uid or pod_uid(pod), args.node, annotations)
+        try:
+            failure = await self.binder.bind(binding)
+        except Exception as error:
+            log.exception("binding pod %s to node %s: outcome unknown", key, args.node)
+            return (
+                f"gpushare: binding pod {key} to node {args.node}: outcome unknown: {error!r}",
+                None,
+            )
+        if failure is not None:
+            if allocation is not None and self.state.ledger.allocation(key) == allocation:
+                self.state.release(key)
+            return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None
+        self.state.record_bound(key, args.node, annotations)
+        return "", allocation
+
+
+def _describe_allocation(
+    key: str, node: str, allocation: Allocation | None, state: ExtenderState
+) -> str:
+    """``pod ns/n bound to node n3: container main on GPU 1 (8138 MiB each)``."""
+    info = state.node(node)
+    unit = f" {info.unit}" if info is not None and info.unit else ""
+    parts = [
+        f"container {c.container} on GPU {','.join(map(str, c.gpu_indices))} "
+        f"({c.gpu_share}{unit} each)"
+        for c in (allocation.containers if allocation is not None else ())
+    ]
+    return f"gpushare: pod {key} bound to node {node}" + (": " + "; ".join(parts) if parts else "")
+
+
+def _shape(pod: PodRequest) -> tuple[object, ...]:
+    """What a fit or a policy value depends on: the pod's shape and its container names (the
+    reasons name the container)."""
+    return (pod.shape, tuple(c.name for c in pod.containers))
+
+
+def _matches(allocation: Allocation, pod: PodRequest) -> bool:
+    """Whether ``allocation`` gives each GPU container of ``pod`` what it asks (a pod recreated
+    under the same name may ask differently)."""
+    got = {c.container: (c.gpu_share, len(c.gpu_indices)) for c in allocation.containers}
+    return got == {c.name: (c.gpu_share, c.gpu_count) for c in pod.gpu_containers}

@@ -1,0 +1,43 @@
+"""Per-node outcome helpers shared by the extender's filter, prioritize and bind: the refusal
+texts, the verdict kinds, a node's state without the pod's own allocation, and a pod's shape key.
+"""
+
+from __future__ import annotations
+
+from gpushare.core.fit import FitResult
+from gpushare.core.model import Allocation, NodeState, PodRequest
+from gpushare.kube.codec import NodeInfo
+
+NOT_SYNCED = "gpushare: the extender has not finished listing nodes and pods yet"
+UNKNOWN_NODE = "gpushare: node unknown to the extender (not in its node cache)"
+NOT_GPUSHARE = "gpushare: not a GPU-share node"
+_PASS, _FAIL, _NEVER = 0, 1, 2
+
+
+def not_gpushare(info: NodeInfo) -> str:
+    """``gpushare: not a GPU-share node (<why>)`` for a node that takes no GPU-memory pods."""
+    return f"{NOT_GPUSHARE} ({info.refusal})"
+
+
+def describe_fit(result: FitResult, info: NodeInfo) -> str:
+    """``<reason>; <numbers>[; unit <unit>]`` for a rejected fit (``FitResult.describe``)."""
+    unit = f"; unit {info.unit}" if info.unit else ""
+    return f"{result.describe()}{unit}"
+
+
+def _without(state: NodeState, own: Allocation | None) -> NodeState:
+    """``state`` minus ``own`` when ``own`` is on that node (a pod never blocks itself)."""
+    if own is None or own.node != state.node.name:
+        return state
+    used = list(state.gpu_used)
+    position = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
+    for index, amount in own.per_gpu().items():
+        if index in position:
+            used[position[index]] -= amount
+    return NodeState(node=state.node, gpu_used=tuple(used))
+
+
+def _shape(pod: PodRequest) -> tuple[object, ...]:
+    """What a fit or a policy value depends on: the pod's shape and its container names (the
+    reasons name the container)."""
+    return (pod.shape, tuple(c.name for c in pod.containers))
