@@ -1,0 +1,258 @@
+"""GPU inventory for the device plugin: the GPU record, a declared fake, and the device list.
+
+The device plugin advertises `aliyun.com/gpu-mem` to kubelet as one fake device per memory unit
+per GPU (`--memory-unit GiB|MiB`). Device IDs encode the GPU (`<UUID>-_-<n>`), are stable across
+plugin restarts and stay within kubelet's 63-character limit. A device list that would not fit in
+one ListAndWatch message (kubelet's 4 MiB gRPC receive limit) is refused before serving.
+
+Real discovery (NVML) is a later slice; machines without GPUs use an explicit `--fake-gpus`
+declaration such as `"2x16GiB:T4"`, parsed by `parse_fake_gpus`, which always logs that it is fake.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from gpushare.deviceplugin._proto import api_pb2
+
+__all__ = [
+    "HEALTHY",
+    "KUBELET_MAX_MESSAGE_BYTES",
+    "RESOURCE_GPU_MEM",
+    "UNHEALTHY",
+    "DeviceListTooLargeError",
+    "FakeGpuSpecError",
+    "FakeInventory",
+    "Gpu",
+    "Inventory",
+    "MemoryUnit",
+    "build_devices",
+    "check_message_size",
+    "device_id",
+    "gpu_of_device",
+    "list_and_watch_response",
+    "parse_fake_gpus",
+]
+
+log = logging.getLogger(__name__)
+
+RESOURCE_GPU_MEM = "aliyun.com/gpu-mem"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""kubelet's default gRPC receive limit for one ListAndWatch message (4 MiB)."""
+
+_ID_SEPARATOR = "-_-"
+_MAX_DEVICE_ID_CHARS = 63
+
+
+class MemoryUnit(enum.StrEnum):
+    """The node's unit for `aliyun.com/gpu-mem`: one advertised device per unit per GPU."""
+
+    GIB = "GiB"
+    MIB = "MiB"
+
+    @property
+    def mib(self) -> int:
+        """Size of one unit in MiB."""
+        return 1024 if self is MemoryUnit.GIB else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical (or declared fake) GPU on the node."""
+
+    index: int
+    uuid: str
+    minor: int
+    model: str
+    memory_mib: int
+    healthy: bool = True
+
+    def units(self, unit: MemoryUnit) -> int:
+        """Whole memory units of this GPU (rounded down)."""
+        return self.memory_mib // unit.mib
+
+
+class Inventory(Protocol):
+    """Source of the node's GPUs (NVML on real nodes, `FakeInventory` elsewhere)."""
+
+    @property
+    def fake(self) -> bool:
+        """True when the GPUs are a declaration rather than discovered hardware."""
+        ...
+
+    def gpus(self) -> list[Gpu]:
+        """The GPUs, ordered by index."""
+        ...
+
+
+class FakeGpuSpecError(ValueError):
+    """A `--fake-gpus` declaration that cannot be parsed."""
+
+
+_GROUP = re.compile(
+    r"^(?:(?P<count>\d+)\s*[xX×]\s*)?(?P<size>\d+)\s*(?P<unit>GiB|MiB)(?::(?P<model>.*))?$"
+)
+_SPEC_HELP = (
+    "expected comma-separated groups COUNTxSIZE(GiB|MiB)[:MODEL], e.g. '2x16GiB:T4' or "
+    "'1x80GiB:H100,2x24GiB:L4'"
+)
+
+
+def parse_fake_gpus(spec: str) -> list[Gpu]:
+    """Parse a `--fake-gpus` declaration into GPUs with deterministic fake UUIDs.
+
+    Groups are comma-separated `COUNTxSIZE<GiB|MiB>[:MODEL]`; COUNT defaults to 1 and MODEL to
+    "FakeGPU". Indices (and minor numbers) run on across groups in order.
+    """
+    if not spec.strip():
+        raise FakeGpuSpecError(f"empty --fake-gpus declaration; {_SPEC_HELP}")
+    gpus: list[Gpu] = []
+    for raw in spec.split(","):
+        group = raw.strip()
+        match = _GROUP.match(group)
+        if match is None:
+            raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}; {_SPEC_HELP}")
+        count = int(match["count"]) if match["count"] is not None else 1
+        size = int(match["size"])
+        model = "FakeGPU" if match["model"] is None else match["model"].strip()
+        if count < 1:
+            raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}: GPU count must be >= 1")
+        if size < 1:
+            raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}: memory must be >= 1")
+        if not model or len(model) > 64:
+            raise FakeGpuSpecError(
+                f"bad --fake-gpus group {group!r}: model must be 1 to 64 characters"
+            )
+        memory_mib = size * (1024 if match["unit"] == "GiB" else 1)
+        for _ in range(count):
+            index = len(gpus)
+            gpus.append(
+                Gpu(
+                    index=index,
+                    uuid=f"GPU-fa4e0000-0000-4000-8000-{index:012x}",
+                    minor=index,
+                    model=model,
+                    memory_mib=memory_mib,
+                )
+            )
+    return gpus
+
+
+class FakeInventory:
+    """A declared, fake GPU inventory (`--fake-gpus`); logs loudly that it is fake."""
+
+    def __init__(self, spec: str) -> None:
+        self._spec = spec
+        self._gpus = parse_fake_gpus(spec)
+        log.warning(
+            "FAKE GPU inventory from --fake-gpus %r: %d fake GPU(s), no NVML; "
+            "containers get no real GPU",
+            spec,
+            len(self._gpus),
+        )
+
+    @property
+    def fake(self) -> bool:
+        """Always True."""
+        return True
+
+    def gpus(self) -> list[Gpu]:
+        """The declared GPUs."""
+        return list(self._gpus)
+
+    def set_health(self, index: int, healthy: bool) -> Gpu:
+        """Mark GPU `index` healthy or not (for tests and health simulation)."""
+        gpu = replace(self._gpus[index], healthy=healthy)
+        self._gpus[index] = gpu
+        return gpu
+
+
+def device_id(gpu: Gpu, n: int) -> str:
+    """The advertised device ID for unit `n` of `gpu`: `<UUID>-_-<n>`."""
+    ident = f"{gpu.uuid}{_ID_SEPARATOR}{n}"
+    if len(ident) > _MAX_DEVICE_ID_CHARS:
+        raise ValueError(
+            f"device ID {ident!r} is {len(ident)} characters; kubelet allows at most "
+            f"{_MAX_DEVICE_ID_CHARS}"
+        )
+    return ident
+
+
+def gpu_of_device(ident: str) -> str:
+    """The GPU UUID encoded in a device ID made by `device_id`."""
+    uuid, sep, n = ident.rpartition(_ID_SEPARATOR)
+    if not sep or not n.isdigit():
+        raise ValueError(f"{ident!r} is not a gpushare device ID (<UUID>{_ID_SEPARATOR}<n>)")
+    return uuid
+
+
+def build_devices(gpus: Sequence[Gpu], unit: MemoryUnit) -> list[api_pb2.Device]:
+    """One device per memory unit per GPU, health taken from its GPU."""
+    return [
+        api_pb2.Device(ID=device_id(gpu, n), health=HEALTHY if gpu.healthy else UNHEALTHY)
+        for gpu in gpus
+        for n in range(gpu.units(unit))
+    ]
+
+
+def list_and_watch_response(gpus: Sequence[Gpu], unit: MemoryUnit) -> api_pb2.ListAndWatchResponse:
+    """The full ListAndWatch message for the current GPUs."""
+    return api_pb2.ListAndWatchResponse(devices=build_devices(gpus, unit))
+
+
+class DeviceListTooLargeError(ValueError):
+    """The device list would not fit into one kubelet gRPC message."""
+
+    def __init__(self, gpus: int, devices: int, size: int, unit: MemoryUnit, limit: int) -> None:
+        self.gpus = gpus
+        self.limit = limit
+        self.devices = devices
+        self.size = size
+        self.unit = unit
+        fix = (
+            "use --memory-unit GiB"
+            if unit is MemoryUnit.MIB
+            else "split the node's GPUs over several plugins/resources"
+        )
+        super().__init__(
+            f"refusing to start: the {RESOURCE_GPU_MEM} device list ({gpus} GPU(s), {devices} "
+            f"devices of 1 {unit.value}) serialises to {size} bytes, over kubelet's "
+            f"{limit}-byte gRPC message limit (4 MiB = {KUBELET_MAX_MESSAGE_BYTES}); {fix}"
+        )
+
+
+def _varint_bytes(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _device_entry_bytes(ident: str, health: str) -> int:
+    """Wire size of one `repeated Device devices = 1` entry (computed, not serialised)."""
+    body = sum(1 + _varint_bytes(len(f)) + len(f) for f in (ident.encode(), health.encode()))
+    return 1 + _varint_bytes(body) + body
+
+
+def check_message_size(
+    gpus: Sequence[Gpu], unit: MemoryUnit, limit: int = KUBELET_MAX_MESSAGE_BYTES
+) -> int:
+    """Serialised size of the worst-case ListAndWatch message; raise if it exceeds `limit`.
+
+    The worst case has every device "Unhealthy" (the longer health string). The size is computed
+    from the protobuf wire format without building the message (fast for ~10^6 devices).
+    """
+    size = sum(
+        _device_entry_bytes(device_id(gpu, n), UNHEALTHY)
+        for gpu in gpus
+        for n in range(gpu.units(unit))
+    )
+    if size > limit:
+        raise DeviceListTooLargeError(
+            len(gpus), sum(g.units(unit) for g in gpus), size, unit, limit
+        )
+    return size

@@ -1,0 +1,174 @@
+"""The v1beta1 DevicePlugin gRPC service (grpc.aio) on a unix socket.
+
+Serves GetDevicePluginOptions, ListAndWatch (the full device list at once, then again on every
+health change), GetPreferredAllocation, Allocate and PreStartContainer. Allocate fails with
+FAILED_PRECONDITION until the extender handshake (design.md) is implemented: it never hands out a
+made-up device. Registration with kubelet is a later slice; `PluginServer` only serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
+from gpushare.deviceplugin.inventory import (
+    Gpu,
+    MemoryUnit,
+    check_message_size,
+    list_and_watch_response,
+)
+
+__all__ = ["ALLOCATE_NOT_READY", "DevicePluginService", "PluginServer", "serve"]
+
+log = logging.getLogger(__name__)
+
+ALLOCATE_NOT_READY = "handshake not implemented yet"
+
+_Context = aio.ServicerContext[Any, Any]
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """DevicePlugin servicer over a GPU list; `set_health` re-sends the list to every stream."""
+
+    def __init__(self, gpus: Sequence[Gpu], unit: MemoryUnit = MemoryUnit.GIB) -> None:
+        check_message_size(gpus, unit)
+        self._gpus = list(gpus)
+        self._unit = unit
+        self._version = 0
+        self._stopping = False
+        self._changed = asyncio.Condition()
+
+    @property
+    def gpus(self) -> list[Gpu]:
+        """The current GPUs (with health)."""
+        return list(self._gpus)
+
+    async def set_health(self, index: int, healthy: bool) -> None:
+        """Mark the GPU with `index` healthy or unhealthy; streams get a new list if it changed."""
+        async with self._changed:
+            for i, gpu in enumerate(self._gpus):
+                if gpu.index == index and gpu.healthy != healthy:
+                    self._gpus[i] = replace(gpu, healthy=healthy)
+                    self._version += 1
+                    log.info(
+                        "GPU %d (%s) is now %s",
+                        index,
+                        gpu.uuid,
+                        "healthy" if healthy else "unhealthy",
+                    )
+                    self._changed.notify_all()
+
+    def _moved_since(self, version: int) -> bool:
+        return self._stopping or self._version != version
+
+    async def stop(self) -> None:
+        """End every ListAndWatch stream."""
+        async with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+
+    async def GetDevicePluginOptions(  # noqa: N802 (gRPC method name)
+        self, request: api_pb2.Empty, context: _Context
+    ) -> api_pb2.DevicePluginOptions:
+        """Options: no PreStartContainer needed, GetPreferredAllocation available."""
+        return options()
+
+    async def ListAndWatch(  # noqa: N802 (gRPC method name)
+        self, request: api_pb2.Empty, context: _Context
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        """Send the full device list now, then again after every change, until stopped."""
+        seen = -1
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(functools.partial(self._moved_since, seen))
+                if self._stopping:
+                    return
+                seen = self._version
+                response = list_and_watch_response(self._gpus, self._unit)
+            yield response
+
+    async def GetPreferredAllocation(  # noqa: N802 (gRPC method name)
+        self, request: api_pb2.PreferredAllocationRequest, context: _Context
+    ) -> api_pb2.PreferredAllocationResponse:
+        """Prefer must-include IDs, then the available IDs in the order kubelet gave them."""
+        responses = []
+        for req in request.container_requests:
+            chosen = list(dict.fromkeys(req.must_include_deviceIDs))
+            for ident in req.available_deviceIDs:
+                if len(chosen) >= req.allocation_size:
+                    break
+                if ident not in chosen:
+                    chosen.append(ident)
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(  # noqa: N802 (gRPC method name)
+        self, request: api_pb2.AllocateRequest, context: _Context
+    ) -> api_pb2.AllocateResponse:
+        """Not yet: fails with FAILED_PRECONDITION rather than inventing a device."""
+        asked = sum(len(c.devices_ids) for c in request.container_requests)
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{ALLOCATE_NOT_READY}: cannot resolve which pod asked for {asked} "
+            f"{self._unit.value} of GPU memory",
+        )
+        raise AssertionError("context.abort returned")  # pragma: no cover
+
+    async def PreStartContainer(  # noqa: N802 (gRPC method name)
+        self, request: api_pb2.PreStartContainerRequest, context: _Context
+    ) -> api_pb2.PreStartContainerResponse:
+        """Nothing to prepare (pre_start_required is false)."""
+        return api_pb2.PreStartContainerResponse()
+
+
+def options() -> api_pb2.DevicePluginOptions:
+    """The plugin's options, identical in RegisterRequest and GetDevicePluginOptions."""
+    return api_pb2.DevicePluginOptions(
+        pre_start_required=False, get_preferred_allocation_available=True
+    )
+
+
+class PluginServer:
+    """A running grpc.aio server for one `DevicePluginService` on `<socket_dir>/<socket_name>`."""
+
+    def __init__(self, service: DevicePluginService, socket_path: Path, server: aio.Server) -> None:
+        self.service = service
+        self.socket_path = socket_path
+        self._server = server
+
+    @property
+    def address(self) -> str:
+        """The `unix://` address clients dial."""
+        return f"unix://{self.socket_path}"
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """End the streams, stop serving and remove the socket file."""
+        await self.service.stop()
+        await self._server.stop(grace)
+        self.socket_path.unlink(missing_ok=True)
+
+
+async def serve(
+    service: DevicePluginService, socket_dir: Path, socket_name: str = "aliyungpushare.sock"
+) -> PluginServer:
+    """Serve `service` on a fresh unix socket in `socket_dir` (a stale socket is removed)."""
+    socket_path = Path(os.path.abspath(socket_dir)) / socket_name
+    socket_path.unlink(missing_ok=True)
+    server = aio.server()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(service, server)
+    address = f"unix://{socket_path}"
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    log.info("device plugin serving on %s", address)
+    return PluginServer(service, socket_path, server)

@@ -1,0 +1,216 @@
+"""Device plugin v1beta1: a real grpc.aio server on a temporary unix socket, a real client stub."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
+
+import grpc
+import pytest
+from grpc import aio
+
+from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
+from gpushare.deviceplugin.inventory import (
+    HEALTHY,
+    KUBELET_MAX_MESSAGE_BYTES,
+    UNHEALTHY,
+    DeviceListTooLargeError,
+    FakeGpuSpecError,
+    FakeInventory,
+    Gpu,
+    MemoryUnit,
+    check_message_size,
+    gpu_of_device,
+    list_and_watch_response,
+    parse_fake_gpus,
+)
+from gpushare.deviceplugin.server import ALLOCATE_NOT_READY, DevicePluginService, serve
+
+if TYPE_CHECKING:
+    from gpushare.deviceplugin._proto.api_pb2_grpc import DevicePluginAsyncStub
+
+Scenario: TypeAlias = "Callable[[DevicePluginAsyncStub, DevicePluginService], Awaitable[None]]"
+
+
+def _run(tmp_path: Path, gpus: list[Gpu], unit: MemoryUnit, scenario: Scenario) -> None:
+    """Serve on `tmp_path`, dial it as kubelet would, run `scenario`, stop and check cleanup."""
+
+    async def main() -> None:
+        service = DevicePluginService(gpus, unit)
+        server = await serve(service, tmp_path, "gpushare-test.sock")
+        assert server.socket_path.exists()
+        try:
+            async with aio.insecure_channel(server.address) as channel:
+                await asyncio.wait_for(
+                    scenario(api_pb2_grpc.DevicePluginStub(channel), service), 20
+                )
+        finally:
+            await server.stop()
+        assert not server.socket_path.exists()
+
+    asyncio.run(main())
+
+
+def test_options(tmp_path: Path) -> None:
+    async def scenario(stub: DevicePluginAsyncStub, _: DevicePluginService) -> None:
+        opts = await stub.GetDevicePluginOptions(api_pb2.Empty())
+        assert opts.get_preferred_allocation_available
+        assert not opts.pre_start_required
+        assert await stub.PreStartContainer(
+            api_pb2.PreStartContainerRequest(devices_ids=["x"])
+        ) == (api_pb2.PreStartContainerResponse())
+
+    _run(tmp_path, parse_fake_gpus("1x2GiB:T4"), MemoryUnit.GIB, scenario)
+
+
+@pytest.mark.parametrize(
+    ("spec", "unit", "expected"),
+    [("2x16GiB:T4", MemoryUnit.GIB, 32), ("1x3GiB:T4,2x1GiB:L4", MemoryUnit.MIB, 5 * 1024)],
+)
+def test_first_list_and_watch(tmp_path: Path, spec: str, unit: MemoryUnit, expected: int) -> None:
+    gpus = parse_fake_gpus(spec)
+
+    async def scenario(stub: DevicePluginAsyncStub, _: DevicePluginService) -> None:
+        stream = stub.ListAndWatch(api_pb2.Empty())
+        first = await stream.read()
+        assert isinstance(first, api_pb2.ListAndWatchResponse)
+        assert len(first.devices) == expected == sum(g.units(unit) for g in gpus)
+        assert {d.health for d in first.devices} == {HEALTHY}
+        ids = [d.ID for d in first.devices]
+        assert len(set(ids)) == len(ids)
+        assert all(len(i) <= 63 for i in ids)
+        assert {gpu_of_device(i) for i in ids} == {g.uuid for g in gpus}
+
+    _run(tmp_path, gpus, unit, scenario)
+
+
+def test_health_flip_is_resent(tmp_path: Path) -> None:
+    gpus = parse_fake_gpus("2x4GiB:T4")
+
+    async def scenario(stub: DevicePluginAsyncStub, service: DevicePluginService) -> None:
+        stream = stub.ListAndWatch(api_pb2.Empty())
+        first = await stream.read()
+        assert isinstance(first, api_pb2.ListAndWatchResponse)
+        assert [d.health for d in first.devices] == [HEALTHY] * 8
+
+        await service.set_health(1, healthy=False)
+        second = await stream.read()
+        assert isinstance(second, api_pb2.ListAndWatchResponse)
+        health = {d.ID: d.health for d in second.devices}
+        assert len(health) == 8
+        for ident, state in health.items():
+            bad = gpu_of_device(ident) == gpus[1].uuid
+            assert state == (UNHEALTHY if bad else HEALTHY)
+
+        await service.set_health(1, healthy=True)
+        third = await stream.read()
+        assert isinstance(third, api_pb2.ListAndWatchResponse)
+        assert {d.health for d in third.devices} == {HEALTHY}
+
+    _run(tmp_path, gpus, MemoryUnit.GIB, scenario)
+
+
+def test_allocate_refuses_until_handshake(tmp_path: Path) -> None:
+    async def scenario(stub: DevicePluginAsyncStub, _: DevicePluginService) -> None:
+        request = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["a", "b"])]
+        )
+        with pytest.raises(aio.AioRpcError) as err:
+            await stub.Allocate(request)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert ALLOCATE_NOT_READY in (err.value.details() or "")
+
+    _run(tmp_path, parse_fake_gpus("1x2GiB"), MemoryUnit.GIB, scenario)
+
+
+def test_preferred_allocation(tmp_path: Path) -> None:
+    async def scenario(stub: DevicePluginAsyncStub, _: DevicePluginService) -> None:
+        request = api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=["a", "b", "c", "d"],
+                    must_include_deviceIDs=["c"],
+                    allocation_size=3,
+                )
+            ]
+        )
+        response = await stub.GetPreferredAllocation(request)
+        assert [list(r.deviceIDs) for r in response.container_responses] == [["c", "a", "b"]]
+
+    _run(tmp_path, parse_fake_gpus("1x2GiB"), MemoryUnit.GIB, scenario)
+
+
+@pytest.mark.parametrize("spec", ["1x1GiB", "2x16GiB:T4", "3x13GiB:X"])
+def test_computed_size_matches_serialised(spec: str) -> None:
+    gpus = [replace(g, healthy=False) for g in parse_fake_gpus(spec)]
+    for unit in MemoryUnit:
+        expected = list_and_watch_response(gpus, unit).ByteSize()
+        assert check_message_size(gpus, unit, limit=10**9) == expected
+
+
+def test_message_size_refusal_names_numbers() -> None:
+    gpus = parse_fake_gpus("8x80GiB:H100")
+    assert check_message_size(gpus, MemoryUnit.GIB) < KUBELET_MAX_MESSAGE_BYTES
+    with pytest.raises(DeviceListTooLargeError) as err:
+        check_message_size(gpus, MemoryUnit.MIB)
+    e = err.value
+    assert (e.gpus, e.devices, e.limit) == (8, 8 * 80 * 1024, KUBELET_MAX_MESSAGE_BYTES)
+    assert e.size > KUBELET_MAX_MESSAGE_BYTES
+    message = str(e)
+    for part in ("8 GPU(s)", "655360 devices", str(e.size), str(KUBELET_MAX_MESSAGE_BYTES)):
+        assert part in message
+    assert "--memory-unit GiB" in message
+    with pytest.raises(DeviceListTooLargeError):
+        DevicePluginService(gpus, MemoryUnit.MIB)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("2x16GiB:T4", [(0, "T4", 16384), (1, "T4", 16384)]),
+        ("16GiB:T4", [(0, "T4", 16384)]),
+        ("1x512MiB", [(0, "FakeGPU", 512)]),
+        (
+            "1x80GiB:H100 80GB HBM3, 2X24GiB:L4",
+            [(0, "H100 80GB HBM3", 81920), (1, "L4", 24576), (2, "L4", 24576)],
+        ),
+    ],
+)
+def test_fake_spec_parses(spec: str, expected: list[tuple[int, str, int]]) -> None:
+    gpus = parse_fake_gpus(spec)
+    assert [(g.index, g.model, g.memory_mib) for g in gpus] == expected
+    assert [g.minor for g in gpus] == [g.index for g in gpus]
+    assert len({g.uuid for g in gpus}) == len(gpus)
+    assert all(g.healthy for g in gpus)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("", "empty --fake-gpus"),
+        ("two T4s", "bad --fake-gpus group 'two T4s'"),
+        ("2x16GB:T4", "COUNTxSIZE(GiB|MiB)"),
+        ("0x16GiB:T4", "GPU count must be >= 1"),
+        ("2x0GiB:T4", "memory must be >= 1"),
+        ("2x16GiB:", "model must be 1 to 64 characters"),
+        ("2x16GiB:T4,", "bad --fake-gpus group ''"),
+    ],
+)
+def test_fake_spec_errors(spec: str, fragment: str) -> None:
+    with pytest.raises(FakeGpuSpecError) as err:
+        parse_fake_gpus(spec)
+    assert fragment in str(err.value)
+
+
+def test_fake_inventory_logs_that_it_is_fake(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gpushare.deviceplugin.inventory"):
+        inventory = FakeInventory("2x16GiB:T4")
+    assert inventory.fake
+    assert len(inventory.gpus()) == 2
+    assert "FAKE GPU inventory" in caplog.text
+    assert inventory.set_health(1, healthy=False).healthy is False
+    assert [g.healthy for g in inventory.gpus()] == [True, False]
