@@ -31,8 +31,6 @@ import contextlib
 import functools
 import json
 import random
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -45,10 +43,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
-from gpushare.extender.live import LiveExtender, LiveOptions
-from gpushare.kube.client import connect
+from gpushare.extender.live import LiveOptions
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import ControlPlane, ControlPlaneError
+from gpushare.testing.controlplane import ControlPlane
 from gpushare.testing.live_extender import ExtenderThread
 from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node
 
@@ -155,36 +152,6 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S
             raise AssertionError(f"not within {timeout_s:g}s: {what}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
-
-
-class PinnedExtenderThread(ExtenderThread):
-    """An :class:`ExtenderThread` serving on a given loopback port (the one kube-scheduler's
-    configuration already names), so that a restarted extender is reached at the same URL."""
-
-    def __init__(self, kubeconfig: Any, options: LiveOptions, *, port: int) -> None:
-        super().__init__(kubeconfig, options)
-        self.pinned_port = port
-
-    def start(self) -> ExtenderThread:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.pinned_port))
-        self.port = self.pinned_port
-        self._socket = sock
-        self._client = connect(self.kubeconfig, trust_env=False)
-        self.extender = LiveExtender(self._client, self.options)
-        self._thread = threading.Thread(target=self._main, name="gpushare-extender", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + self.startup_timeout_s
-        while self.get("/healthz")[0] != 200:
-            if not self._thread.is_alive():
-                self.stop()
-                raise ControlPlaneError("the extender thread ended during start-up")
-            if time.monotonic() >= deadline:
-                self.stop()
-                raise ControlPlaneError("the restarted extender did not answer /healthz")
-            time.sleep(0.02)
-        return self
 
 
 # ---- reading the outcome from the API --------------------------------------------------------
@@ -410,7 +377,7 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
 
         # Stop the extender (in-flight binds drain), then start a fresh one on the same port.
         t1 = time.monotonic()
-        old, holder[0] = holder[0], PinnedExtenderThread(kubeconfig, options, port=port)
+        old, holder[0] = holder[0], ExtenderThread(kubeconfig, options, port=port)
         old.stop()
         bound_at_restart = read_outcome(kube).bound
         holder[0].start()

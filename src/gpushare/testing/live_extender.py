@@ -28,7 +28,9 @@ from gpushare.testing.controlplane import ControlPlaneError
 class ExtenderThread:
     """``LiveExtender`` over ``kubeconfig`` in a thread (module doc); a context manager.
 
-    ``options`` ``host``/``port`` are ignored (the thread binds its own loopback socket).
+    ``options`` ``host``/``port`` are ignored: the thread binds its own loopback socket, on
+    ``port`` when given (a restarted extender reached at the URL kube-scheduler already has),
+    else on a free one.
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class ExtenderThread:
         *,
         startup_timeout_s: float = 30.0,
         stop_timeout_s: float = 15.0,
+        port: int = 0,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.options = options or LiveOptions()
@@ -48,7 +51,8 @@ class ExtenderThread:
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._client: AsyncClient | None = None
-        self.port = 0
+        self.requested_port = port
+        self.port = port
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -62,7 +66,7 @@ class ExtenderThread:
         """Bind the socket, start the thread, wait until ``/healthz`` answers."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", self.requested_port))
         self.port = sock.getsockname()[1]
         self._socket = sock
         self._client = connect(self.kubeconfig, trust_env=False)
