@@ -39,6 +39,7 @@ from gpushare.testing.extender import (
     node_json,
     plain_node_json,
     pod_json,
+    seed_bound_pods,
 )
 from gpushare.testing.nodes import FakeGpu
 
@@ -64,31 +65,14 @@ def filter_body(gpu_mem: int = 8138, **annotations: str) -> dict[str, Any]:
     return body
 
 
-def seed(state: ExtenderState, node: str, used: list[int]) -> None:
-    """Bound pods ``seed-<node>-<i>`` holding ``used[i]`` on GPU i, fed as the watch would."""
-    info = state.node(node)
-    assert info is not None
-    for index, amount in enumerate(used):
-        if amount:
-            name = f"seed-{node}-{index}"
-            allocation = Allocation(
-                f"default/{name}", node, (ContainerAllocation("main", (index,), amount),)
-            )
-            notes = allocation_annotations(allocation, info.node, now_ns=1, unit=info.unit)
-            result = state.observe_pod(pod_json(name, amount, node=node, annotations=notes))
-            assert result is not None
-            assert not isinstance(result, Allocation)
-            assert result.ok
-
-
 def design_state(*, synced: bool = True) -> ExtenderState:
     """design.md §1: N1 free 0 + 4,069; N2 4,069 + 4,069; N3 8,138 + 0."""
     state = ExtenderState()
     for name in (N1, N2, N3):
         state.upsert_node(node_json(name, [GPU, GPU]))
-    seed(state, N1, [GPU, GPU - 4069])
-    seed(state, N2, [GPU - 4069, GPU - 4069])
-    seed(state, N3, [GPU - 8138, GPU])
+    seed_bound_pods(state, N1, [GPU, GPU - 4069])
+    seed_bound_pods(state, N2, [GPU - 4069, GPU - 4069])
+    seed_bound_pods(state, N3, [GPU - 8138, GPU])
     if synced:
         state.mark_synced()
     return state
@@ -171,9 +155,9 @@ def test_filter_nodes_returns_the_node_objects_as_received() -> None:
     nodes = [node_json(name, [GPU, GPU]) for name in (N1, N2, N3)]
     for node in nodes:
         state.upsert_node(node)
-    seed(state, N1, [GPU, GPU - 4069])
-    seed(state, N2, [GPU - 4069, GPU - 4069])
-    seed(state, N3, [GPU - 8138, GPU])
+    seed_bound_pods(state, N1, [GPU, GPU - 4069])
+    seed_bound_pods(state, N2, [GPU - 4069, GPU - 4069])
+    seed_bound_pods(state, N3, [GPU - 8138, GPU])
     state.mark_synced()
     body = filter_body()
     body["NodeNames"] = None
@@ -243,7 +227,7 @@ def test_filter_pod_without_gpu_passes_everywhere() -> None:
 def test_filter_excludes_unhealthy_gpus() -> None:
     state = ExtenderState()
     state.upsert_node(node_json(N3, [FakeGpu(0, GPU, healthy=False), FakeGpu(1, GPU)]))
-    seed(state, N3, [0, 4069])
+    seed_bound_pods(state, N3, [0, 4069])
     state.mark_synced()
     body = filter_body(GPU - 4069 + 1)
     body["NodeNames"] = [N3]
@@ -318,7 +302,7 @@ def binpack_state() -> ExtenderState:
     """N3 with four GPUs, free 12,207 / 8,138 / 4,069 / 16,276 MiB."""
     state = ExtenderState()
     state.upsert_node(node_json(N3, [GPU] * 4))
-    seed(state, N3, [4069, 8138, 12207, 0])
+    seed_bound_pods(state, N3, [4069, 8138, 12207, 0])
     state.mark_synced()
     return state
 

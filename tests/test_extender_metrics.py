@@ -14,10 +14,14 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
-from gpushare.kube.codec import ALIYUN_IDX, allocation_annotations
-from gpushare.testing.extender import RecordingBinder, node_json, plain_node_json, pod_json
+from gpushare.kube.codec import ALIYUN_IDX
+from gpushare.testing.extender import (
+    RecordingBinder,
+    node_json,
+    plain_node_json,
+    seed_bound_pods,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "extender"
 GPU = 16276
@@ -34,29 +38,13 @@ def fixture(name: str) -> dict[str, Any]:
     return document
 
 
-def seed(state: ExtenderState, node: str, used: list[int]) -> None:
-    info = state.node(node)
-    assert info is not None
-    for index, amount in enumerate(used):
-        if amount:
-            name = f"seed-{node}-{index}"
-            allocation = Allocation(
-                f"default/{name}", node, (ContainerAllocation("main", (index,), amount),)
-            )
-            notes = allocation_annotations(allocation, info.node, now_ns=1, unit=info.unit)
-            result = state.observe_pod(pod_json(name, amount, node=node, annotations=notes))
-            assert result is not None
-            assert not isinstance(result, Allocation)
-            assert result.ok
-
-
 def metrics_state(*, synced: bool = True) -> ExtenderState:
     state = ExtenderState()
     for name in (N1, N2, N3):
         state.upsert_node(node_json(name, [GPU, GPU]))
     state.upsert_node(plain_node_json("cpu-only"))
-    seed(state, N1, [GPU, GPU - 4069])
-    seed(state, N2, [GPU - 4069, GPU - 4069])
+    seed_bound_pods(state, N1, [GPU, GPU - 4069])
+    seed_bound_pods(state, N2, [GPU - 4069, GPU - 4069])
     if synced:
         state.mark_synced()
     return state

@@ -35,10 +35,10 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from lightkube import Client
@@ -50,13 +50,18 @@ from lightkube.types import PatchType
 
 from gpushare.extender.live import LiveOptions
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import ControlPlane, ManagedProcess, free_ports, wait_until
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    ManagedProcess,
+    free_ports,
+    wait_for,
+    wait_until,
+)
 from gpushare.testing.live_extender import ExtenderThread, http_get
 from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node
 
 pytestmark = pytest.mark.cluster
 
-T = TypeVar("T")
 NAMESPACE = "live"
 SCHEDULER_NAME = "gpushare-live"
 GROUP_LABEL = "gpushare.io/test-group"
@@ -99,20 +104,6 @@ EXTENDER_RULES = [  # what the extender's ServiceAccount needs, nodes aside
     PolicyRule(apiGroups=[""], resources=["pods/binding"], verbs=["create"]),
     PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"]),
 ]
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
-    """Poll ``probe`` until it returns something other than ``None``; fail after the timeout."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.02
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout_s:g}s: {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.2)
 
 
 def annotations_for(placed: Placed) -> dict[str, str]:

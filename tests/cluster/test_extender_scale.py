@@ -32,9 +32,9 @@ import functools
 import json
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from lightkube import Client
@@ -45,13 +45,12 @@ from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from gpushare.extender.live import LiveOptions
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.controlplane import ControlPlane, wait_for
 from gpushare.testing.live_extender import ExtenderThread
 from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node
 
 pytestmark = pytest.mark.cluster
 
-T = TypeVar("T")
 NAMESPACE = "scale"
 SCHEDULER_NAME = "gpushare-scale"
 GROUP = {"gpushare.io/test-group": "scale"}
@@ -138,20 +137,6 @@ def make_pod(spec: Spec) -> Pod:
             ],
         ),
     )
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
-    """Poll ``probe`` until it returns something other than ``None``; fail after the timeout."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout_s:g}s: {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
 
 
 # ---- reading the outcome from the API --------------------------------------------------------
@@ -352,7 +337,7 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
             holder[0].stop()
 
         stack.callback(stop_current)
-        wait_for("extender /readyz", lambda: holder[0].get("/readyz")[0] == 200 or None)
+        wait_for("extender /readyz", lambda: holder[0].get("/readyz")[0] == 200 or None, WAIT_S)
         port = holder[0].port
         stack.enter_context(
             control_plane.scheduler(
@@ -372,6 +357,7 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
         wait_for(
             f"{RESTART_AFTER} pods bound",
             lambda: len(read_outcome(kube).bound) >= RESTART_AFTER or None,
+            WAIT_S,
         )
         timings[f"{RESTART_AFTER} bound"] = time.monotonic() - t0
 
@@ -381,7 +367,9 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
         old.stop()
         bound_at_restart = read_outcome(kube).bound
         holder[0].start()
-        wait_for("restarted extender /readyz", lambda: holder[0].get("/readyz")[0] == 200 or None)
+        wait_for(
+            "restarted extender /readyz", lambda: holder[0].get("/readyz")[0] == 200 or None, WAIT_S
+        )
         inspect_after_restart, _, _ = inspect_placements(holder[0])
         timings["restart"] = time.monotonic() - t1
 
@@ -401,7 +389,7 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
             placements, assumed, _ = inspect_placements(holder[0])
             return (placements == outcome.bound and not assumed) or None
 
-        wait_for("every pod bound or fitting nowhere, the ledger confirmed", settled)
+        wait_for("every pod bound or fitting nowhere, the ledger confirmed", settled, WAIT_S)
         timings["settle"] = time.monotonic() - t2
         timings["total"] = time.monotonic() - start
         print("timings (s):", {k: round(v, 2) for k, v in timings.items()})
@@ -440,7 +428,7 @@ def test_pending_pods_fit_nowhere(run: Run) -> None:
         return any(c in m for m in messages for c in capacity) or None
 
     for name in outcome.pending:
-        wait_for(f"{name}: FailedScheduling for capacity", functools.partial(refused, name))
+        wait_for(f"{name}: FailedScheduling for capacity", functools.partial(refused, name), WAIT_S)
 
 
 def test_restart_lost_nothing_and_ledger_matches_annotations(run: Run) -> None:

@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare.extender.state import BindEvent, Binding
+from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.extender.state import BindEvent, Binding, ExtenderState
+from gpushare.kube.codec import allocation_annotations
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
 
 GPU_MEM = "aliyun.com/gpu-mem"
@@ -118,3 +120,21 @@ class RecordingEvents:
     async def emit(self, event: BindEvent) -> None:
         """Keep ``event``."""
         self.events.append(event)
+
+
+def seed_bound_pods(state: ExtenderState, node: str, used: Sequence[int]) -> None:
+    """Bound pods ``seed-<node>-<i>`` holding ``used[i]`` on GPU i, fed to ``state`` as the
+    watch would; ``AssertionError`` if the state does not commit one."""
+    info = state.node(node)
+    assert info is not None, f"unknown node {node}"
+    for index, amount in enumerate(used):
+        if amount:
+            name = f"seed-{node}-{index}"
+            allocation = Allocation(
+                f"default/{name}", node, (ContainerAllocation("main", (index,), amount),)
+            )
+            notes = allocation_annotations(allocation, info.node, now_ns=1, unit=info.unit)
+            result = state.observe_pod(pod_json(name, amount, node=node, annotations=notes))
+            assert result is not None
+            assert not isinstance(result, Allocation)
+            assert result.ok

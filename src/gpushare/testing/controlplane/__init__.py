@@ -34,7 +34,12 @@ from gpushare.testing.controlplane.plane import (
     SERVICE_ACCOUNT_ISSUER,
     ControlPlane,
 )
-from gpushare.testing.controlplane.processes import ManagedProcess, free_ports, wait_until
+from gpushare.testing.controlplane.processes import (
+    ManagedProcess,
+    free_ports,
+    wait_for,
+    wait_until,
+)
 from gpushare.testing.controlplane.scheduler_config import (
     SCHEDULER_CONFIG_API_VERSION,
     scheduler_configuration,
@@ -56,6 +61,7 @@ __all__ = [
     "ManagedProcess",
     "free_ports",
     "scheduler_configuration",
+    "wait_for",
     "wait_until",
     "write_kubeconfig",
 ]

@@ -13,9 +13,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from gpushare.testing.controlplane.errors import ControlPlaneError
+
+T = TypeVar("T")
 
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
@@ -134,14 +136,15 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def wait_until(
+def wait_for(
     what: str,
-    condition: Callable[[], bool],
-    timeout: float,
+    probe: Callable[[], T | None],
+    timeout: float = 30.0,
     *,
     processes: Sequence[ManagedProcess] = (),
-) -> None:
-    """Poll ``condition`` with a short backoff until true; fail with ``what`` after ``timeout`` s.
+) -> T:
+    """Poll ``probe`` with a short backoff until it returns something other than ``None``, and
+    return that; fail with ``what`` after ``timeout`` s.
 
     Every poll first checks that ``processes`` are still running, so a crash fails fast with
     the crashed program's log instead of a timeout.
@@ -151,13 +154,25 @@ def wait_until(
     while True:
         for proc in processes:
             proc.check_running()
-        if condition():
-            return
+        value = probe()
+        if value is not None:
+            return value
         if time.monotonic() >= deadline:
             logs = "".join(f"\n--- {p.name} ---\n{p.log_tail(30)}" for p in processes)
             raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{logs}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
+
+
+def wait_until(
+    what: str,
+    condition: Callable[[], bool],
+    timeout: float,
+    *,
+    processes: Sequence[ManagedProcess] = (),
+) -> None:
+    """``wait_for`` a condition that is simply true or false."""
+    wait_for(what, lambda: True if condition() else None, timeout, processes=processes)
 
 
 def _http_ok(url: str, context: ssl.SSLContext | None = None, body: str | None = None) -> bool:
