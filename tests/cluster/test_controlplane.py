@@ -15,11 +15,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpushare.kube.codec import GPU_COUNT, GPU_MEM, INVENTORY
 from gpushare.testing.controlplane import Binaries, ControlPlane
 from gpushare.testing.nodes import (
-    GPU_COUNT,
-    GPU_MEM,
-    INVENTORY_ANNOTATION,
     FakeGpu,
     create_nodes,
     delete_nodes,
@@ -45,7 +43,7 @@ def test_fake_gpu_node_keeps_its_resources_and_inventory(kube: Client) -> None:
         assert node.status.allocatable[GPU_MEM] == "48"
         assert node.status.allocatable[GPU_COUNT] == "2"
         assert node.status.allocatable["cpu"] == "8"
-        inventory = json.loads((node.metadata.annotations or {})[INVENTORY_ANNOTATION])
+        inventory = json.loads((node.metadata.annotations or {})[INVENTORY])
         assert inventory == {
             "unit": "GiB",
             "gpus": [

@@ -38,7 +38,6 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import Client
@@ -49,16 +48,18 @@ from lightkube.resources.core_v1 import Event, Namespace, Pod
 from lightkube.types import PatchType
 
 from gpushare.extender.live import LiveOptions
+from gpushare.kube.codec import GPU_MEM
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
     free_ports,
+    gpushare_extender,
     wait_for,
     wait_until,
 )
 from gpushare.testing.live_extender import ExtenderThread, http_get
-from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node
+from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 
 pytestmark = pytest.mark.cluster
 
@@ -151,21 +152,6 @@ def make_pod(
     )
 
 
-def extender_config(url_prefix: str) -> dict[str, Any]:
-    return {
-        "urlPrefix": url_prefix,
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "bindVerb": "bind",
-        "weight": 10,
-        "enableHTTPS": False,
-        "nodeCacheCapable": True,
-        "httpTimeout": "30s",
-        "ignorable": False,
-        "managedResources": [{"name": GPU_MEM, "ignoredByScheduler": False}],
-    }
-
-
 @dataclass
 class Live:
     """What the tests get: the admin client and the running extender."""
@@ -248,7 +234,7 @@ def live(control_plane: ControlPlane) -> Iterator[Live]:
             control_plane.scheduler(
                 "kube-scheduler-live",
                 profiles=[{"schedulerName": SCHEDULER_NAME}],
-                extenders=[extender_config(extender.url_prefix)],
+                extenders=[gpushare_extender(extender.url_prefix)],
             )
         )
         yield Live(kube, extender, before)

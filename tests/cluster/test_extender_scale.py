@@ -44,10 +44,11 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from gpushare.extender.live import LiveOptions
+from gpushare.kube.codec import GPU_MEM
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import ControlPlane, wait_for
+from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
 from gpushare.testing.live_extender import ExtenderThread
-from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node
+from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 
 pytestmark = pytest.mark.cluster
 
@@ -290,21 +291,6 @@ class Run:
     timings: dict[str, float]
 
 
-def scheduler_extender(url_prefix: str) -> dict[str, Any]:
-    return {
-        "urlPrefix": url_prefix,
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "bindVerb": "bind",
-        "weight": 10,
-        "enableHTTPS": False,
-        "nodeCacheCapable": True,
-        "httpTimeout": "30s",
-        "ignorable": False,
-        "managedResources": [{"name": GPU_MEM, "ignoredByScheduler": False}],
-    }
-
-
 def _delete_namespace(kube: Client) -> None:
     for pod in kube.list(Pod, namespace=NAMESPACE):
         assert pod.metadata is not None
@@ -343,7 +329,7 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
             control_plane.scheduler(
                 "kube-scheduler-scale",
                 profiles=[{"schedulerName": SCHEDULER_NAME}],
-                extenders=[scheduler_extender(holder[0].url_prefix)],
+                extenders=[gpushare_extender(holder[0].url_prefix)],
                 podInitialBackoffSeconds=1,
                 podMaxBackoffSeconds=1,
             )

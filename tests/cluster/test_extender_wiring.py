@@ -35,9 +35,10 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from gpushare.testing.controlplane import ControlPlane
+from gpushare.kube.codec import GPU_MEM
+from gpushare.testing.controlplane import ControlPlane, gpushare_extender
 from gpushare.testing.extender_stub import RecordedCall, ScriptedExtender
-from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node, plain_node
+from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node, plain_node
 
 pytestmark = pytest.mark.cluster
 
@@ -56,21 +57,6 @@ PLAN: dict[str, tuple[tuple[str, ...], str | None]] = {
     "gpu-d": (("wiring-gpu-0", "wiring-gpu-1"), "wiring-gpu-1"),
 }
 EXPECTED_NODE = {pod: preferred or allowed[0] for pod, (allowed, preferred) in PLAN.items()}
-
-
-def extender_config(url_prefix: str) -> dict[str, Any]:
-    return {
-        "urlPrefix": url_prefix,
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "bindVerb": "bind",
-        "weight": 10,
-        "enableHTTPS": False,
-        "nodeCacheCapable": True,
-        "httpTimeout": "5s",
-        "ignorable": False,
-        "managedResources": [{"name": GPU_MEM, "ignoredByScheduler": False}],
-    }
 
 
 def make_pod(name: str, gpu_mem: int | None) -> Pod:
@@ -243,7 +229,7 @@ def test_extender_wiring(control_plane: ControlPlane, kube: Client) -> None:
         control_plane.scheduler(
             "kube-scheduler-wiring",
             profiles=[{"schedulerName": SCHEDULER_NAME}],
-            extenders=[extender_config(extender.url_prefix)],
+            extenders=[gpushare_extender(extender.url_prefix, http_timeout="5s")],
         ),
     ):
         # One at a time, so that each pod's placement depends only on the plan.

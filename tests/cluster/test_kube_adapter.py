@@ -40,13 +40,14 @@ from lightkube.types import PatchType
 from gpushare.kube.binder import Binder, BindResult
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import connect
+from gpushare.kube.codec import GPU_MEM
 from gpushare.kube.errors import BindError, BindStage, Failure
 from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder, EventType
 from gpushare.kube.refs import PodRef
 from gpushare.kube.watch import Action, Backoff, Change
 from gpushare.testing.controlplane import ControlPlane
 from gpushare.testing.faults import FaultyTransport
-from gpushare.testing.nodes import GPU_MEM, create_nodes, delete_nodes, gpu_node, plain_node
+from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node, plain_node
 
 pytestmark = pytest.mark.cluster
 

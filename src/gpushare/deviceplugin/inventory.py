@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gpushare.deviceplugin._proto import api_pb2
+from gpushare.kube.codec import GPU_MEM
 
 __all__ = [
     "HEALTHY",
@@ -41,7 +42,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RESOURCE_GPU_MEM = "aliyun.com/gpu-mem"
+RESOURCE_GPU_MEM = GPU_MEM
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024

@@ -39,6 +39,7 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL
 from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector, WatchStats
 
 __all__ = [
@@ -51,9 +52,7 @@ __all__ = [
     "requests_gpu_mem",
 ]
 
-GPU_MEM = "aliyun.com/gpu-mem"
 """The extended resource a GPU-memory pod asks for."""
-GPUSHARE_LABEL = "gpushare"
 """Node label; value ``"true"`` marks a memory-shared node (Alibaba-compatible)."""
 NODE = "Node"
 POD = "Pod"

@@ -15,10 +15,8 @@ from typing import Any
 
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender.state import BindEvent, Binding, ExtenderState
-from gpushare.kube.codec import allocation_annotations
+from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, allocation_annotations
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
-
-GPU_MEM = "aliyun.com/gpu-mem"
 
 
 def node_json(name: str, gpus: Sequence[int | FakeGpu], *, unit: str = "MiB") -> dict[str, Any]:
@@ -39,10 +37,10 @@ def alibaba_node_json(name: str, total: int, count: int) -> dict[str, Any]:
         "cpu": "32",
         "memory": "256Gi",
         GPU_MEM: str(total),
-        "aliyun.com/gpu-count": str(count),
+        GPU_COUNT: str(count),
     }
     return {
-        "metadata": {"name": name, "labels": {"gpushare": "true"}},
+        "metadata": {"name": name, "labels": {GPUSHARE_LABEL: "true"}},
         "status": {"capacity": capacity, "allocatable": dict(capacity)},
     }
 

@@ -43,17 +43,13 @@ from lightkube.models.core_v1 import NodeStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
+from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, INVENTORY, UNITS
 from gpushare.testing.controlplane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
     ControlPlaneError,
 )
 
-GPU_MEM = "aliyun.com/gpu-mem"
-GPU_COUNT = "aliyun.com/gpu-count"
-GPUSHARE_LABEL = "gpushare"
-INVENTORY_ANNOTATION = "gpushare.io/gpu-inventory"
-UNITS = ("GiB", "MiB")
 DEFAULT_MODEL = "Tesla-V100-SXM2-16GB"
 _UUID_NAMESPACE = uuid.UUID("6f1d5c1e-93b5-4a4b-9c1e-2f6b0c1d9a77")
 
@@ -155,7 +151,7 @@ def gpu_node(
         },
         labels={GPUSHARE_LABEL: "true", **(labels or {})},
         annotations={
-            INVENTORY_ANNOTATION: inventory_annotation(name, devices, unit),
+            INVENTORY: inventory_annotation(name, devices, unit),
             **(annotations or {}),
         },
     )

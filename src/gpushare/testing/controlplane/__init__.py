@@ -42,6 +42,7 @@ from gpushare.testing.controlplane.processes import (
 )
 from gpushare.testing.controlplane.scheduler_config import (
     SCHEDULER_CONFIG_API_VERSION,
+    gpushare_extender,
     scheduler_configuration,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "Credentials",
     "ManagedProcess",
     "free_ports",
+    "gpushare_extender",
     "scheduler_configuration",
     "wait_for",
     "wait_until",

@@ -6,7 +6,27 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpushare.kube.codec import GPU_MEM
+
 SCHEDULER_CONFIG_API_VERSION = "kubescheduler.config.k8s.io/v1"
+
+
+def gpushare_extender(url_prefix: str, *, http_timeout: str = "30s") -> dict[str, Any]:
+    """The ``extenders`` entry that sends ``aliyun.com/gpu-mem`` pods to gpushare's extender at
+    ``url_prefix``: filter, prioritize and bind verbs, ``nodeCacheCapable``, not ignorable, and
+    kube-scheduler still checking the node total (``ignoredByScheduler: false``; spec 1.9)."""
+    return {
+        "urlPrefix": url_prefix,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
+        "weight": 10,
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "httpTimeout": http_timeout,
+        "ignorable": False,
+        "managedResources": [{"name": GPU_MEM, "ignoredByScheduler": False}],
+    }
 
 
 def scheduler_configuration(
