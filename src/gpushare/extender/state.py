@@ -32,7 +32,7 @@ from gpushare.core.model import Allocation, NodeState
 from gpushare.kube.codec import Json, NodeInfo, node_info, pod_allocation, pod_key
 
 FINISHED_PHASES = ("Succeeded", "Failed")
-_LOG_LIMIT = 4096
+CHANGE_LOG_LIMIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +97,16 @@ class ExtenderState:
 
     ``clock`` (seconds, monotonic) times assumed allocations, which expire ``assume_ttl_s``
     after ``assume`` unless a watch event confirms them. ``synced`` starts ``False`` until the
-    feeder calls ``mark_synced``.
+    feeder calls ``mark_synced``. ``change_log_limit`` bounds the log behind ``changed_since``
+    (past it, callers re-evaluate every node).
     """
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.monotonic, assume_ttl_s: float = 60.0
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        assume_ttl_s: float = 60.0,
+        change_log_limit: int = CHANGE_LOG_LIMIT,
     ) -> None:
         self.ledger = Ledger(clock, assume_ttl_s)
         self._nodes: dict[str, NodeInfo] = {}
@@ -113,6 +118,7 @@ class ExtenderState:
         self._epoch = 0  # bumps of any node so far
         self._log: list[str] = []  # the node of bump number _log_base + i + 1
         self._log_base = 0
+        self._log_limit = change_log_limit
 
     # -- readiness -------------------------------------------------------------------------
 
@@ -277,7 +283,7 @@ class ExtenderState:
     def _bump(self, name: str) -> None:
         self._versions[name] = self._versions.get(name, 0) + 1
         self._epoch += 1
-        if len(self._log) >= _LOG_LIMIT:
+        if len(self._log) >= self._log_limit:
             self._log_base += len(self._log)
             self._log.clear()
         self._log.append(name)
