@@ -5,14 +5,19 @@ deleted pods leave it; the app's ``fgd`` scores with it."""
 
 from __future__ import annotations
 
+import json
+
 from gpushare.core.fragmentation import TargetWorkload, TaskShape
 from gpushare.core.model import ContainerRequest, NodeState, PodRequest
 from gpushare.extender import ExtenderState, create_app
+from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import default_workload
+from gpushare.extender.state import UnwiredBinder
+from gpushare.extender.wire import ExtenderArgs, decode, encode
 from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker, live_policy
 from gpushare.kube.codec import node_info, pod_request
 from gpushare.kube.watch import Action, Change
-from gpushare.testing.extender import node_json, pod_json
+from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
 
 
 def _pod(key: str, share: int, count: int = 1) -> PodRequest:
@@ -80,13 +85,14 @@ def test_refresh_after_n_changes() -> None:
 def test_policy_workload_reflects_scored_pods() -> None:
     policy = live_policy("fgd", 16)
     assert isinstance(policy, AdaptiveFgd)
-    assert not policy.deterministic
     assert policy.workload == default_workload(16)
+    before = policy.generation
     node = node_info(node_json("n1", [16, 16], unit="GiB")).node
     state = NodeState.empty(node)
     for i in range(4):
         policy.score(state, _pod(f"default/p{i}", 4))
     assert _weights(policy.workload) == {TaskShape(0, 4, 1): 1.0}
+    assert policy.generation != before  # cached scores of the old M are dropped
     assert live_policy("binpack", 16) == "binpack"
 
 
@@ -100,3 +106,27 @@ def test_app_fgd_scores_with_the_cluster_workload() -> None:
     assert app.state.scheduler.policy is policy
     tracker.observe(pod_request(pod_json("p", 12)))
     assert _weights(tracker.workload()) == {TaskShape(0, 12, 1): 1.0}
+
+
+def test_cached_scores_follow_a_new_workload() -> None:
+    """After M changes, the long-lived scheduler's prioritize equals a fresh scheduler's
+    (in this state the two workloads rank n1 differently: 10 under the default M, 4 once
+    6 GiB pods dominate)."""
+    tracker = WorkloadTracker(16, refresh_changes=1)  # every observed pod moves M at once
+    state = ExtenderState()
+    used = {"n0": [10, 10], "n1": [0, 6], "n2": [12, 10]}  # GiB in use on two 16 GiB GPUs
+    for name in used:
+        state.upsert_node(node_json(name, [16, 16], unit="GiB"))
+    for name, amounts in used.items():
+        seed_bound_pods(state, name, amounts)
+    state.mark_synced()
+    long_lived = Scheduler(state, AdaptiveFgd("fgd", tracker), UnwiredBinder())
+    body = json.dumps({"Pod": pod_json("p", 4), "Nodes": None, "NodeNames": list(used)})
+    args = decode(body.encode(), ExtenderArgs, "prioritize")
+    before = encode(long_lived.prioritize(args))  # fills the caches under the default M
+    for i in range(8):
+        tracker.observe(pod_request(pod_json(f"six-{i}", 6)))
+    fresh = Scheduler(state, AdaptiveFgd("fgd", tracker), UnwiredBinder())
+    expected = encode(fresh.prioritize(args))
+    assert expected != before  # the scenario really distinguishes the two workloads
+    assert encode(long_lived.prioritize(args)) == expected

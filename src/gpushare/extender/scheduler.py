@@ -95,6 +95,7 @@ class Scheduler(_BindMixin):
         self._last_names: list[str] = []  # the last NodeNames, when they had no duplicates
         self._filter_memo: dict[tuple[object, ...], _Memo] = {}
         self._prioritize_memo: dict[tuple[object, ...], _Memo] = {}
+        self._generation = self._policy_generation()
 
     # -- filter and prioritize -------------------------------------------------------------
 
@@ -138,6 +139,18 @@ class Scheduler(_BindMixin):
         result = check_fit(state, pod)
         self._fits[key] = (version, result)
         return result
+
+    def _policy_generation(self) -> int:
+        generation = getattr(self.policy, "generation", 0)
+        return generation if isinstance(generation, int) else 0
+
+    def _drop_values_on_new_generation(self) -> None:
+        """Cached values belong to one policy ``generation`` (``core.policies.base``)."""
+        generation = self._policy_generation()
+        if generation != self._generation:
+            self._values.clear()
+            self._prioritize_memo.clear()
+            self._generation = generation
 
     def _value(self, state: NodeState, pod: PodRequest, own: Allocation | None) -> float:
         """The policy's value of ``state`` (a node ``pod`` fits), cached like fits when the
@@ -200,6 +213,7 @@ class Scheduler(_BindMixin):
             raise RequestError(f"gpushare: {error}") from None
         values: dict[str, float] = {}
         if pod.gpu_containers and self.state.synced:
+            self._drop_values_on_new_generation()
             own = self.state.ledger.allocation(pod.key)
             if own is None and self.policy.deterministic:
                 return self._prioritize_memoised(names, pod)

@@ -16,8 +16,8 @@ seconds passed with at least one change; until the first GPU pod is known, M is
 ``scoring.default_workload``.
 
 :class:`AdaptiveFgd` is the policy the extender runs for ``fgd``/``fgd-cpu``: the core policy
-rebuilt on each new M. Its ``deterministic`` is ``False`` (a score depends on M, which moves),
-so the scheduler does not cache its values across a change of M.
+rebuilt on each new M. Its ``generation`` changes with M, so the scheduler keeps caching its
+values and drops them only when M moves.
 """
 
 from __future__ import annotations
@@ -139,6 +139,7 @@ class AdaptiveFgd:
         self._name = name
         self.tracker = tracker
         self._built_for: TargetWorkload | None = None
+        self._generation = 0
         self._inner = self._current()
 
     @property
@@ -147,7 +148,14 @@ class AdaptiveFgd:
 
     @property
     def deterministic(self) -> bool:
-        return False
+        """Scores depend only on the node state and the pod, for one ``generation``."""
+        return True
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever M (and so every score) changes: the scheduler drops cached values."""
+        self._current()
+        return self._generation
 
     @property
     def workload(self) -> TargetWorkload:
@@ -161,6 +169,7 @@ class AdaptiveFgd:
                 self._name, gpu_unit=self.tracker.gpu_unit, workload=workload
             )
             self._built_for = workload
+            self._generation += 1
         return self._inner
 
     def score(self, state: NodeState, pod: PodRequest) -> float:

@@ -79,7 +79,9 @@ class Policy(Protocol):
 
 
 # Optional, looked up with getattr by ``gpushare.core.placement.Placer``:
-#   tie_break(state, pod) -> float   higher wins among nodes with the best score.
+#   tie_break(state, pod) -> float   higher wins among nodes with the best score;
+#   generation: int                  changes when every score may change (a new target
+#                                    workload): callers drop cached scores.
 
 
 PolicyFactory = Callable[[PolicyContext], Policy]
