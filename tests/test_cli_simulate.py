@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 from gpushare.cli.main import main
 from gpushare.cli.simulate import parse_seeds
-from gpushare.sim.trace import EMBEDDED_TRACE_DIR, NODE_FILE
+from gpushare.sim.trace import NODE_FILE, embedded_trace_dir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 POD_FILE = "openb_pod_list_default.csv"
@@ -107,7 +107,7 @@ def trace_dir(tmp_path: Path, pod_rows: list[str], header: str = POD_HEADER) -> 
     """A trace directory with the embedded node list and a hand-written default pod list."""
     directory = tmp_path / "trace"
     directory.mkdir()
-    shutil.copyfile(EMBEDDED_TRACE_DIR / NODE_FILE, directory / NODE_FILE)
+    shutil.copyfile(embedded_trace_dir() / NODE_FILE, directory / NODE_FILE)
     (directory / POD_FILE).write_text("\n".join([header, *pod_rows]) + "\n", encoding="utf-8")
     return directory
 

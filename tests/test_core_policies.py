@@ -73,7 +73,6 @@ def node_state(
         cpu_used_milli=cpu_used_milli,
         memory_used_mib=memory_used_mib,
         workload_tags=dict(tags or {}),
-        tags_key=tuple(sorted((tags or {}).items())),
     )
 
 
@@ -169,7 +168,6 @@ def node_states(draw: st.DrawFn) -> NodeState:
         cpu_used_milli=draw(st.integers(0, cpu)) if cpu is not None else 0,
         memory_used_mib=draw(st.integers(0, memory)) if memory is not None else 0,
         workload_tags=tags,
-        tags_key=tuple(sorted(tags.items())),
     )
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from gpushare.core.model import ContainerRequest, Node, PodRequest
 from gpushare.sim.trace import (
-    EMBEDDED_TRACE_DIR,
     EMBEDDED_WORKLOAD,
     NODE_FILE,
     Trace,
@@ -56,8 +55,7 @@ def _kind(pod: PodRequest) -> str:
 def test_embedded_trace_loads_with_the_expected_mix() -> None:
     trace = load_embedded_trace()
     assert trace.workload == EMBEDDED_WORKLOAD == "default"
-    assert embedded_trace_dir() == EMBEDDED_TRACE_DIR
-    assert trace.node_path == EMBEDDED_TRACE_DIR / NODE_FILE
+    assert trace.node_path == embedded_trace_dir() / NODE_FILE
     assert len(trace.nodes) == 120
     assert len(trace.pods) == 820
     assert all(isinstance(node, Node) for node in trace.nodes)
@@ -81,7 +79,7 @@ def test_embedded_csvs_are_what_the_generator_writes(tmp_path: Path) -> None:
         timeout=60,
     )
     for name in (NODE_FILE, "openb_pod_list_default.csv"):
-        assert (tmp_path / name).read_bytes() == (EMBEDDED_TRACE_DIR / name).read_bytes(), name
+        assert (tmp_path / name).read_bytes() == (embedded_trace_dir() / name).read_bytes(), name
 
 
 @dataclass(frozen=True)

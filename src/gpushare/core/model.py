@@ -184,7 +184,8 @@ class NodeState:
     workload_tags: Mapping[str, int] = field(
         default_factory=lambda: _EMPTY_TAGS, compare=False, hash=False
     )
-    tags_key: tuple[tuple[str, int], ...] = ()
+    tags_key: tuple[tuple[str, int], ...] = field(init=False, repr=False)
+    """``workload_tags`` as a sorted tuple (derived): the hashable part of the state."""
     gpu_free: tuple[int, ...] = field(init=False, repr=False, compare=False)
     """Free units per GPU position (derived); an unhealthy GPU has 0 free (it takes nothing new)."""
 
@@ -194,6 +195,7 @@ class NodeState:
                 f"node {self.node.name}: {len(self.gpu_used)} usage entries for "
                 f"{len(self.node.gpus)} GPUs"
             )
+        object.__setattr__(self, "tags_key", tuple(sorted(self.workload_tags.items())))
         object.__setattr__(
             self,
             "gpu_free",
@@ -237,5 +239,4 @@ class NodeState:
             cpu_used_milli=self.cpu_used_milli + allocation.cpu_milli,
             memory_used_mib=self.memory_used_mib + allocation.memory_mib,
             workload_tags=MappingProxyType(tags),
-            tags_key=tuple(sorted(tags.items())),
         )

@@ -139,10 +139,6 @@ class Placer:
             cache.tie_version[stale] = self._version[stale]
         return cache.tie[nodes]
 
-    def feasible(self, pod: PodRequest) -> npt.NDArray[np.int64]:
-        """Indices of the nodes ``pod`` fits now."""
-        return np.flatnonzero(self._refresh(pod).fits)
-
     def decide(self, pod: PodRequest) -> Decision | None:
         """The best node and GPUs for ``pod``, or ``None`` when it fits nowhere. Changes nothing:
         the caller applies the allocation and passes the new state to ``replace``."""

@@ -39,7 +39,6 @@ from gpushare.sim.trace.constants import (
 )
 from gpushare.sim.trace.errors import TraceError, TraceProblem
 from gpushare.sim.trace.loaders import (
-    EMBEDDED_TRACE_DIR,
     Trace,
     available_workloads,
     embedded_trace_dir,
@@ -51,7 +50,6 @@ from gpushare.sim.trace.loaders import (
 )
 
 __all__ = [
-    "EMBEDDED_TRACE_DIR",
     "EMBEDDED_WORKLOAD",
     "GPU_CAPACITY_MILLI",
     "MAX_GPUS_PER_NODE",

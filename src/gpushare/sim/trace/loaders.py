@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 from gpushare.core.model import ContainerRequest, Gpu, Node, PodRequest
 from gpushare.sim.trace.constants import (
@@ -176,10 +175,6 @@ def embedded_trace_dir() -> Path:
     if not isinstance(resource, Path):
         raise RuntimeError(f"gpushare.sim data is not a directory on disk: {resource}")
     return resource
-
-
-EMBEDDED_TRACE_DIR: Final = embedded_trace_dir()
-"""``embedded_trace_dir()``, resolved once at import."""
 
 
 def load_embedded_trace() -> Trace:
