@@ -1,9 +1,13 @@
 """The v1beta1 DevicePlugin gRPC service (grpc.aio) on a unix socket.
 
 Serves GetDevicePluginOptions, ListAndWatch (the full device list at once, then again on every
-health change), GetPreferredAllocation, Allocate and PreStartContainer. Allocate fails with
-FAILED_PRECONDITION until the extender handshake (design.md) is implemented: it never hands out a
-made-up device. Registration with kubelet is a later slice; `PluginServer` only serves.
+health change), GetPreferredAllocation, Allocate and PreStartContainer. Allocate is delegated to an
+`Allocator` (the extender handshake, `gpushare.deviceplugin.allocate`); without one it fails with
+FAILED_PRECONDITION: it never hands out a made-up device. `PluginServer` only serves; registration
+with kubelet and its restarts are `gpushare.deviceplugin.lifecycle`'s job.
+
+`DevicePluginService.stop` ends the ListAndWatch streams open at that moment; the same service can
+then be served again (a re-registration after a kubelet restart) and new streams work.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
@@ -28,7 +32,14 @@ from gpushare.deviceplugin.inventory import (
     list_and_watch_response,
 )
 
-__all__ = ["ALLOCATE_NOT_READY", "DevicePluginService", "PluginServer", "serve"]
+__all__ = [
+    "ALLOCATE_NOT_READY",
+    "AllocateError",
+    "Allocator",
+    "DevicePluginService",
+    "PluginServer",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +48,43 @@ ALLOCATE_NOT_READY = "handshake not implemented yet"
 _Context = aio.ServicerContext[Any, Any]
 
 
+class AllocateError(Exception):
+    """Allocate cannot be answered: `code` is the gRPC status, the message goes to kubelet."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Allocator(Protocol):
+    """Answers kubelet's Allocate (one `ContainerAllocateRequest` per call, spec 2.5)."""
+
+    async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
+        """The response for `request`; raises `AllocateError` when nothing matches."""
+        ...
+
+
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """DevicePlugin servicer over a GPU list; `set_health` re-sends the list to every stream."""
 
-    def __init__(self, gpus: Sequence[Gpu], unit: MemoryUnit = MemoryUnit.GIB) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[Gpu],
+        unit: MemoryUnit = MemoryUnit.GIB,
+        allocator: Allocator | None = None,
+    ) -> None:
         check_message_size(gpus, unit)
         self._gpus = list(gpus)
         self._unit = unit
+        self._allocator = allocator
         self._version = 0
-        self._stopping = False
+        self._epoch = 0
         self._changed = asyncio.Condition()
+
+    @property
+    def unit(self) -> MemoryUnit:
+        """The memory unit of one advertised device."""
+        return self._unit
 
     @property
     def gpus(self) -> list[Gpu]:
@@ -68,13 +106,13 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     )
                     self._changed.notify_all()
 
-    def _moved_since(self, version: int) -> bool:
-        return self._stopping or self._version != version
+    def _moved_since(self, version: int, epoch: int) -> bool:
+        return self._epoch != epoch or self._version != version
 
     async def stop(self) -> None:
-        """End every ListAndWatch stream."""
+        """End every ListAndWatch stream open now (streams opened later work normally)."""
         async with self._changed:
-            self._stopping = True
+            self._epoch += 1
             self._changed.notify_all()
 
     async def GetDevicePluginOptions(  # noqa: N802 (gRPC method name)
@@ -88,10 +126,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         """Send the full device list now, then again after every change, until stopped."""
         seen = -1
+        epoch = self._epoch
         while True:
             async with self._changed:
-                await self._changed.wait_for(functools.partial(self._moved_since, seen))
-                if self._stopping:
+                await self._changed.wait_for(functools.partial(self._moved_since, seen, epoch))
+                if self._epoch != epoch:
                     return
                 seen = self._version
                 response = list_and_watch_response(self._gpus, self._unit)
@@ -115,7 +154,14 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(  # noqa: N802 (gRPC method name)
         self, request: api_pb2.AllocateRequest, context: _Context
     ) -> api_pb2.AllocateResponse:
-        """Not yet: fails with FAILED_PRECONDITION rather than inventing a device."""
+        """Delegate to the allocator; its `AllocateError` becomes the gRPC status."""
+        if self._allocator is not None:
+            try:
+                return await self._allocator.allocate(request)
+            except AllocateError as error:
+                log.warning("Allocate failed: %s", error)
+                await context.abort(error.code, str(error))
+                raise AssertionError("context.abort returned") from error  # pragma: no cover
         asked = sum(len(c.devices_ids) for c in request.container_requests)
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,
