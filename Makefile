@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench clean controlplane
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin clean controlplane
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ pytest: $(STAMP) controlplane
 
 bench: $(STAMP)
 	$(BIN)/python bench/simulate.py
+
+bench-extender: $(STAMP)
+	$(BIN)/python bench/extender.py
+
+bench-deviceplugin: $(STAMP) controlplane
+	$(BIN)/python bench/deviceplugin.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache

@@ -442,9 +442,20 @@ def test_assumption_expires() -> None:
     assert state.ledger.state(N3).gpu_free == (GPU, GPU)
 
 
-def test_concurrent_binds_never_overcommit() -> None:
-    """20 pods of 8,138 MiB bound at once to a node with two 16,276 MiB GPUs: four fit."""
-    state = ExtenderState()
+@pytest.mark.parametrize(
+    ("handshake_timeout_s", "bound", "free"),
+    [
+        pytest.param(0, 4, (0, 0), id="rule-off-four-fit"),
+        pytest.param(300, 2, (0, GPU), id="rule-on-equal-pending-pods-share-one-gpu"),
+    ],
+)
+def test_concurrent_binds_never_overcommit(
+    handshake_timeout_s: float, bound: int, free: tuple[int, int]
+) -> None:
+    """20 pods of 8,138 MiB bound at once to a node with two 16,276 MiB GPUs: four fit. With the
+    handshake rule on (no device plugin starts them here), equal pending pods must share the
+    first one's GPU, so two are bound and the others wait."""
+    state = ExtenderState(handshake_timeout_s=handshake_timeout_s)
     state.upsert_node(node_json(N3, [GPU, GPU]))
     state.mark_synced()
     pods = [pod_json(f"p{i}", 8138) for i in range(20)]
@@ -463,11 +474,13 @@ def test_concurrent_binds_never_overcommit() -> None:
         return [r.json()["Error"] for r in responses]
 
     errors = asyncio.run(run())
-    assert sum(1 for e in errors[:20] if e == "") == 4
+    assert sum(1 for e in errors[:20] if e == "") == bound
     assert all("does not fit node" in e for e in errors[:20] if e)
     assert errors[0] == errors[20] == ""  # the same pod twice: both succeed, bound once
-    assert len(binder.calls) == 4
-    assert state.ledger.state(N3).gpu_free == (0, 0)
+    assert len(binder.calls) == bound
+    assert state.ledger.state(N3).gpu_free == free
+    if handshake_timeout_s:
+        assert any("awaits its device-plugin start" in e for e in errors[:20]), errors[:3]
     assert state.ledger.check_invariants() == []
 
 

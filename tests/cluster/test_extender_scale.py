@@ -316,7 +316,12 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
         kubeconfig = control_plane.service_account_kubeconfig(
             "gpushare-extender-scale", "kube-system", EXTENDER_RULES
         )
-        options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
+        # No kubelet or device plugin starts pods on kwok nodes, so no pod ever leaves the
+        # handshake's pending state: the rule (equal pending pods share GPUs) is off here and
+        # tested where a device plugin answers (test_deviceplugin_cluster.py).
+        options = LiveOptions(
+            backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False, handshake_timeout_s=0
+        )
         holder: list[ExtenderThread] = [ExtenderThread(kubeconfig, options).start()]
 
         def stop_current() -> None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from pathlib import Path
 
 import click
 import uvicorn
 
+from gpushare.cli.options import kube_options, log_level_option, setup_logging
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
@@ -35,10 +35,12 @@ from gpushare.kube.client import connect
 from gpushare.kube.codec import CodecError
 
 
-def build_state(nodes_file: Path | None, assume_ttl_s: float) -> ExtenderState:
+def build_state(
+    nodes_file: Path | None, assume_ttl_s: float, handshake_timeout_s: float = 300.0
+) -> ExtenderState:
     """The ``--in-memory`` state: synced, with the nodes of ``nodes_file`` (``ClickException``
     naming the file and the problem when it cannot be read)."""
-    state = ExtenderState(assume_ttl_s=assume_ttl_s)
+    state = ExtenderState(assume_ttl_s=assume_ttl_s, handshake_timeout_s=handshake_timeout_s)
     if nodes_file is not None:
         try:
             document = json.loads(nodes_file.read_text(encoding="utf-8"))
@@ -84,6 +86,16 @@ def build_state(nodes_file: Path | None, assume_ttl_s: float) -> ExtenderState:
     help="Seconds an assumed allocation lives unless the pod is seen bound.",
 )
 @click.option(
+    "--handshake-timeout",
+    "handshake_timeout_s",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds a bound pod not yet started by the device plugin keeps equal pods on its "
+    "GPUs (docs/deviceplugin.md, 'The handshake'); 0 turns this off (only for clusters without "
+    "kubelets, e.g. kwok).",
+)
+@click.option(
     "--bind-timeout",
     "bind_timeout_s",
     type=click.FloatRange(min=0, min_open=True),
@@ -91,12 +103,7 @@ def build_state(nodes_file: Path | None, assume_ttl_s: float) -> ExtenderState:
     show_default=True,
     help="Seconds one bind may take; keep it below kube-scheduler's httpTimeout.",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Kubeconfig file (default: in-cluster service account, $KUBECONFIG, ~/.kube/config).",
-)
-@click.option("--context", help="Context of the kubeconfig (default: its current context).")
+@kube_options
 @click.option(
     "--in-memory",
     is_flag=True,
@@ -119,12 +126,7 @@ def build_state(nodes_file: Path | None, assume_ttl_s: float) -> ExtenderState:
     type=click.Path(path_type=Path),
     help="Require client certificates signed by this PEM CA (mutual TLS).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option
 def extender(
     *,
     host: str,
@@ -133,6 +135,7 @@ def extender(
     policy: str,
     gpu_unit: int,
     assume_ttl_s: float,
+    handshake_timeout_s: float,
     bind_timeout_s: float,
     kubeconfig: Path | None,
     context: str | None,
@@ -152,13 +155,9 @@ def extender(
     if problems:
         raise click.UsageError("bad TLS configuration:\n  " + "\n  ".join(problems))
     tls = uvicorn_tls(tls_cert, tls_key, tls_client_ca)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    if log_level != "debug":  # one line per API request otherwise
-        logging.getLogger("httpx2").setLevel(logging.WARNING)
+    setup_logging(log_level)
     if in_memory:
-        state = build_state(nodes_file, assume_ttl_s)
+        state = build_state(nodes_file, assume_ttl_s, handshake_timeout_s)
         app = create_app(
             state, prefix=prefix, policy=live_policy(policy, gpu_unit), gpu_unit=gpu_unit
         )
@@ -171,6 +170,7 @@ def extender(
         policy=policy,
         gpu_unit=gpu_unit,
         assume_ttl_s=assume_ttl_s,
+        handshake_timeout_s=handshake_timeout_s,
         bind_timeout_s=bind_timeout_s,
         tls_cert=tls_cert,
         tls_key=tls_key,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gpushare import __version__
+from gpushare.cli.deviceplugin import device_plugin
 from gpushare.cli.extender import extender
 from gpushare.cli.simulate import simulate
 
@@ -17,3 +18,4 @@ def main() -> None:
 
 main.add_command(simulate)
 main.add_command(extender)
+main.add_command(device_plugin)

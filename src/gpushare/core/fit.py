@@ -42,6 +42,7 @@ class Reason(enum.StrEnum):
     INSUFFICIENT_MEMORY = "insufficient memory"
     INSUFFICIENT_GPU = "no GPU has enough free"
     UNHEALTHY = "not enough healthy GPUs"
+    HANDSHAKE = "an equal pod bound here awaits its device-plugin start"
 
 
 @dataclass(frozen=True, slots=True)

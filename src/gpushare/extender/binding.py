@@ -8,7 +8,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from gpushare.core.fit import check_fit
+from gpushare.core.fit import Reason, check_fit
+from gpushare.core.handshake import PinStatus, pin
 from gpushare.core.model import Allocation, PodRequest
 from gpushare.core.policies import Policy
 from gpushare.extender.outcomes import (
@@ -17,6 +18,7 @@ from gpushare.extender.outcomes import (
     _without,
     describe_fit,
     not_gpushare,
+    pinned_fit,
 )
 from gpushare.extender.state import (
     Binder,
@@ -68,9 +70,13 @@ class _BindMixin:
             self._decide = (loop, asyncio.Lock())
         return self._decide[1]
 
-    def _reserve(self, key: str, pod: PodRequest, node: str) -> tuple[Allocation, NodeInfo] | str:
+    def _reserve(
+        self, key: str, pod: PodRequest, node: str, now_ns: int
+    ) -> tuple[Allocation, NodeInfo] | str:
         """Decide and assume the GPUs of ``pod`` on ``node``: the allocation and the node, or
-        why not (the ledger then unchanged). Synchronous: nothing else runs in between."""
+        why not (the ledger then unchanged). Under the handshake rule, a pinned pod takes its
+        pin's GPUs; the pod is then pending, assumed at ``now_ns``. Synchronous: nothing else
+        runs in between."""
         info = self.state.node(node)
         state = self.state.node_state(node)
         if info is None or state is None:
@@ -82,13 +88,17 @@ class _BindMixin:
             return own, info  # a retry: the GPUs chosen before
         if own is not None and not self.state.ledger.is_assumed(key):
             return f"gpushare: pod {key} already holds GPUs on node {own.node}"
-        fit = check_fit(_without(state, own), pod)
+        base = _without(state, own)
+        pending = tuple(p for p in self.state.pending(node) if p.key != key)
+        fit = pinned_fit(base, pod, check_fit(base, pod), pending)
         if not fit.fits:
             why = describe_fit(fit, info)
+            if fit.reason is Reason.HANDSHAKE:
+                why = f"{why}: {pin(pod, pending).describe()}"
             return f"gpushare: pod {key} does not fit node {node} now: {why}"
-        allocation = Allocation(
-            pod=key, node=node, containers=self.policy.choose_gpus(_without(state, own), pod)
-        )
+        forced = pin(pod, pending).status is PinStatus.FORCED
+        containers = fit.assignment if forced else self.policy.choose_gpus(base, pod)
+        allocation = Allocation(pod=key, node=node, containers=containers)
         if own is not None:
             self.state.release(key)  # a stale assumption from an attempt on another node
         result = self.state.assume(allocation)
@@ -96,6 +106,7 @@ class _BindMixin:
             if own is not None:
                 self.state.assume(own)
             return f"gpushare: {result.describe()}"
+        self.state.note_pending(allocation, [c.name for c in pod.gpu_containers], now_ns)
         return allocation, info
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
@@ -133,13 +144,14 @@ class _BindMixin:
         if request.gpu_containers:
             if not self.state.synced:
                 return NOT_SYNCED, None
+            now_ns = self._clock_ns()
             async with self._decide_lock():
-                reserved = self._reserve(key, request, args.node)
+                reserved = self._reserve(key, request, args.node, now_ns)
             if isinstance(reserved, str):
                 return reserved, None
             allocation, info = reserved
             annotations = allocation_annotations(
-                allocation, info.node, now_ns=self._clock_ns(), unit=info.unit
+                allocation, info.node, now_ns=now_ns, unit=info.unit
             )
         namespace, name = key.split("/", 1)
         binding = Binding(namespace, name, args.pod_uid or pod_uid(pod), args.node, annotations)

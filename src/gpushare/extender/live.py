@@ -52,7 +52,8 @@ class LiveOptions:
     """How the live extender serves and decides.
 
     ``host``/``port``/``prefix``: where it listens; ``policy`` and ``gpu_unit``: placement
-    (``create_app``); ``assume_ttl_s``: life of an assumed allocation; ``bind_timeout_s``:
+    (``create_app``); ``assume_ttl_s``: life of an assumed allocation; ``handshake_timeout_s``:
+    how long a bound pod not yet started pins equal pods (``ExtenderState``); ``bind_timeout_s``:
     bound on one bind (below kube-scheduler's ``httpTimeout``); ``event_timeout_s``: bound on one
     Event; ``instance``: ``reportingInstance`` of the Events (default: ``$POD_NAME``, else the
     host name); ``access_log``: uvicorn's access log; ``backoff``/``watch_timeout_s``: the
@@ -67,6 +68,7 @@ class LiveOptions:
     policy: str = "binpack"
     gpu_unit: int = 16
     assume_ttl_s: float = 60.0
+    handshake_timeout_s: float = 300.0
     bind_timeout_s: float = 20.0
     event_timeout_s: float = 5.0
     instance: str | None = None
@@ -129,7 +131,9 @@ class LiveExtender:
 
     def __init__(self, client: AsyncClient, options: LiveOptions | None = None) -> None:
         self.options = options = options or LiveOptions()
-        self.state = ExtenderState(assume_ttl_s=options.assume_ttl_s)
+        self.state = ExtenderState(
+            assume_ttl_s=options.assume_ttl_s, handshake_timeout_s=options.handshake_timeout_s
+        )
         self.cache = ClusterCache(
             client, backoff=options.backoff, watch_timeout_s=options.watch_timeout_s
         )

@@ -1,10 +1,14 @@
 """Per-node outcome helpers shared by the extender's filter, prioritize and bind: the refusal
-texts, the verdict kinds, a node's state without the pod's own allocation, and a pod's shape key.
+texts, the verdict kinds, a node's state without the pod's own allocation, a pod's shape key,
+and a fit under the handshake rule.
 """
 
 from __future__ import annotations
 
-from gpushare.core.fit import FitResult
+from dataclasses import replace
+
+from gpushare.core.fit import FitResult, FitStatus, Reason
+from gpushare.core.handshake import PendingPod, PinStatus, forced_fit, pin, waiting
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.kube.codec import NodeInfo
 
@@ -41,3 +45,20 @@ def _shape(pod: PodRequest) -> tuple[object, ...]:
     """What a fit or a policy value depends on: the pod's shape and its container names (the
     reasons name the container)."""
     return (pod.shape, tuple(c.name for c in pod.containers))
+
+
+def pinned_fit(
+    state: NodeState, pod: PodRequest, result: FitResult, pending: tuple[PendingPod, ...]
+) -> FitResult:
+    """``result`` (``check_fit`` of ``pod`` on ``state``) under the handshake rule
+    (``gpushare.core.handshake.pin``): a pod that must wait does not fit now; a pod pinned to
+    an equal pending pod's GPUs fits only there (``FitResult.assignment`` says where)."""
+    if not pending or result.status is FitStatus.CAN_NEVER_FIT:
+        return result
+    rule = pin(pod, pending)
+    if rule.status is PinStatus.WAIT:
+        return waiting(state, pod)
+    if rule.status is PinStatus.FORCED:
+        forced = forced_fit(state, pod, rule.assignment)
+        return forced if forced.fits else replace(forced, reason=Reason.HANDSHAKE)
+    return result

@@ -8,6 +8,10 @@
   everywhere.
 * **prioritize** — the policy's node half on the nodes the pod fits, mapped to 0–10
   (``gpushare.extender.scoring``).
+* **the handshake rule** (``gpushare.core.handshake``): on a node where a bound pod waits for the
+  device plugin, a pod whose first GPU container asks as much fits only on exactly that pod's
+  GPUs (or not at all now), so that the device plugin can tell equal pods apart in any
+  admission order. Filter, prioritize and bind all apply it.
 * **bind** — the policy's GPU half on the chosen node, the allocation *assumed* in the ledger,
   then ``Binder.bind`` with the annotations that record it (``gpushare.kube.codec``). A retried
   bind of a pod already bound there succeeds without a second allocation; a bind that would not
@@ -46,6 +50,7 @@ from gpushare.extender.outcomes import (
     _without,
     describe_fit,
     not_gpushare,
+    pinned_fit,
 )
 from gpushare.extender.scoring import policy_value, to_priorities
 from gpushare.extender.state import Binder, EventSink, ExtenderState
@@ -123,22 +128,25 @@ class Scheduler(_BindMixin):
         return list(dict.fromkeys(names)), broken, False
 
     def _fit(self, name: str, pod: PodRequest, own: Allocation | None) -> FitResult | None:
-        """The fit of ``pod`` on node ``name`` now, or ``None`` for an unknown node."""
+        """The fit of ``pod`` on node ``name`` now, or ``None`` for an unknown node; the
+        handshake rule applied (``pinned_fit``)."""
         state = self.state.node_state(name)
         if state is None:
             return None
         if own is not None and own.node == name:
-            return check_fit(_without(state, own), pod)
+            base = _without(state, own)
+            return pinned_fit(base, pod, check_fit(base, pod), self.state.pending(name))
         key = (name, _shape(pod))
         version = self.state.version(name)
         cached = self._fits.get(key)
         if cached is not None and cached[0] == version:
-            return cached[1]
-        if len(self._fits) > _CACHE_LIMIT:
-            self._fits.clear()
-        result = check_fit(state, pod)
-        self._fits[key] = (version, result)
-        return result
+            result = cached[1]
+        else:
+            if len(self._fits) > _CACHE_LIMIT:
+                self._fits.clear()
+            result = check_fit(state, pod)
+            self._fits[key] = (version, result)
+        return pinned_fit(state, pod, result, self.state.pending(name))
 
     def _policy_generation(self) -> int:
         generation = getattr(self.policy, "generation", 0)

@@ -27,9 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpushare.core.handshake import PendingPod, steps_of
 from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult
 from gpushare.core.model import Allocation, NodeState
+from gpushare.extender.pending import PendingBook
 from gpushare.kube.codec import Json, NodeInfo, node_info, pod_allocation, pod_key
+from gpushare.kube.codec.handshake import pending_pod
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 CHANGE_LOG_LIMIT = 4096
@@ -98,7 +101,9 @@ class ExtenderState:
     ``clock`` (seconds, monotonic) times assumed allocations, which expire ``assume_ttl_s``
     after ``assume`` unless a watch event confirms them. ``synced`` starts ``False`` until the
     feeder calls ``mark_synced``. ``change_log_limit`` bounds the log behind ``changed_since``
-    (past it, callers re-evaluate every node).
+    (past it, callers re-evaluate every node). ``handshake_timeout_s``: how long a bound pod
+    not yet started by the device plugin pins equal pods to its GPUs (``PendingBook``; 0 turns
+    the rule off); ``wall_clock_ns`` reads assume times against it.
     """
 
     def __init__(
@@ -107,8 +112,12 @@ class ExtenderState:
         clock: Callable[[], float] = time.monotonic,
         assume_ttl_s: float = 60.0,
         change_log_limit: int = CHANGE_LOG_LIMIT,
+        handshake_timeout_s: float = 300.0,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.ledger = Ledger(clock, assume_ttl_s)
+        self._pending = PendingBook(handshake_timeout_s)
+        self._wall_clock_ns = wall_clock_ns
         self._nodes: dict[str, NodeInfo] = {}
         self._pods: dict[str, dict[str, Any]] = {}
         self._versions: dict[str, int] = {}
@@ -212,9 +221,12 @@ class ExtenderState:
             self._pods.pop(key, None)
             return self.release(key)
         allocation = pod_allocation(pod)
+        pending = pending_pod(pod) if allocation is not None and pod_node_name(pod) else None
         self._pods[key] = dict(pod)
         if allocation is None or not pod_node_name(pod):
             return None
+        for node in self._pending.put(allocation.node, pending, key):
+            self._bump(node)
         result = self.ledger.apply(allocation, allow_unhealthy=True)
         if result.outcome is LedgerOutcome.UNKNOWN_NODE:
             self._waiting.setdefault(allocation.node, set()).add(key)
@@ -254,18 +266,38 @@ class ExtenderState:
         return result
 
     def release(self, key: str) -> Allocation | None:
-        """``Ledger.release``, keeping versions right."""
+        """``Ledger.release``, keeping versions right; the pod is no longer pending."""
+        for node in self._pending.drop(key):
+            self._bump(node)
         allocation = self.ledger.release(key)
         if allocation is not None:
             self._bump(allocation.node)
         return allocation
 
     def expire(self) -> list[Allocation]:
-        """``Ledger.expire``: drop assumed allocations past their deadline."""
+        """``Ledger.expire``: drop assumed allocations past their deadline, and pending pods
+        past the handshake timeout."""
         expired = self.ledger.expire()
         for allocation in expired:
+            for node in self._pending.drop(allocation.pod):
+                self._bump(node)
             self._bump(allocation.node)
+        for node in self._pending.expire(self._wall_clock_ns()):
+            self._bump(node)
         return expired
+
+    # -- the device-plugin handshake ---------------------------------------------------------
+
+    def note_pending(self, allocation: Allocation, order: list[str], assume_time_ns: int) -> None:
+        """``allocation`` was just assumed at bind: its pod is pending on its node (GPU
+        containers in spec ``order``, assumed at ``assume_time_ns``)."""
+        pod = PendingPod(allocation.pod, steps_of(allocation, order), assume_time_ns)
+        for node in self._pending.put(allocation.node, pod, allocation.pod):
+            self._bump(node)
+
+    def pending(self, node: str) -> tuple[PendingPod, ...]:
+        """The pods on ``node`` that pin equal pods now (``gpushare.core.handshake.pin``)."""
+        return self._pending.pending(node, self._wall_clock_ns())
 
     @property
     def epoch(self) -> int:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import httpx2
 from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ConfigError
 
-__all__ = ["FIELD_MANAGER", "AsyncClient", "connect"]
+__all__ = ["FIELD_MANAGER", "AsyncClient", "ConfigError", "connect"]
 
 FIELD_MANAGER = "gpushare"
 """The field manager recorded for gpushare's writes (``managedFields``)."""
@@ -30,7 +31,7 @@ def connect(
     ``~/.kube/config``. ``timeout_s`` bounds each request (seconds; watches are exempt from the
     read timeout). ``trust_env`` honours ``HTTPS_PROXY``/``NO_PROXY``-style variables.
 
-    Raises lightkube's ``ConfigError`` when no configuration is found.
+    Raises lightkube's ``ConfigError`` (re-exported here) when no configuration is found.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")

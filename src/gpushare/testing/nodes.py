@@ -31,7 +31,6 @@ them Ready.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,7 +42,8 @@ from lightkube.models.core_v1 import NodeStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
-from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, INVENTORY, UNITS
+from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, INVENTORY, InventoryGpu
+from gpushare.kube.codec import inventory_annotation as encode_inventory
 from gpushare.testing.controlplane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
@@ -64,15 +64,14 @@ class FakeGpu:
     uuid: str = ""
     healthy: bool = True
 
-    def to_json(self, node_name: str) -> dict[str, object]:
+    def inventory_gpu(self, node_name: str) -> InventoryGpu:
+        """This GPU as the codec's inventory entry (a stable fake UUID when none is set)."""
         gpu_uuid = self.uuid or fake_gpu_uuid(node_name, self.index)
-        return {
-            "index": self.index,
-            "uuid": gpu_uuid,
-            "model": self.model,
-            "memory": self.memory,
-            "healthy": self.healthy,
-        }
+        return InventoryGpu(self.index, gpu_uuid, self.model, self.memory, self.healthy)
+
+    def to_json(self, node_name: str) -> dict[str, object]:
+        """This GPU's entry of the inventory annotation (``InventoryGpu.to_json``)."""
+        return self.inventory_gpu(node_name).to_json()
 
 
 def fake_gpu_uuid(node_name: str, index: int) -> str:
@@ -81,11 +80,10 @@ def fake_gpu_uuid(node_name: str, index: int) -> str:
 
 
 def inventory_annotation(node_name: str, gpus: Sequence[FakeGpu], unit: str = "GiB") -> str:
-    """The ``gpushare.io/gpu-inventory`` value for ``gpus`` (see the module docstring)."""
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
-    document = {"unit": unit, "gpus": [g.to_json(node_name) for g in gpus]}
-    return json.dumps(document, separators=(",", ":"))
+    """The ``gpushare.io/gpu-inventory`` value for ``gpus`` (see the module docstring); the
+    codec's encoder (``gpushare.kube.codec.inventory_annotation``), so ``ValueError`` for a bad
+    unit, repeated indices or memory <= 0."""
+    return encode_inventory(unit, [g.inventory_gpu(node_name) for g in gpus])
 
 
 def _as_gpus(gpus: Sequence[int | FakeGpu], model: str) -> list[FakeGpu]:

@@ -66,6 +66,7 @@ from gpushare.kube.codec.common import (
     pod_key,
     whole_quantity,
 )
+from gpushare.kube.codec.inventory import InventoryGpu, inventory_annotation
 from gpushare.kube.codec.nodes import NodeInfo, node_info
 from gpushare.kube.codec.pods import (
     AlibabaAnnotations,
@@ -92,10 +93,12 @@ __all__ = [
     "UNITS",
     "AlibabaAnnotations",
     "CodecError",
+    "InventoryGpu",
     "Json",
     "NodeInfo",
     "alibaba_annotations",
     "allocation_annotations",
+    "inventory_annotation",
     "node_info",
     "parse_quantity",
     "pod_allocation",

@@ -1,0 +1,171 @@
+"""``gpushare device-plugin``: the kubelet device plugin of one node (``gpushare.deviceplugin``).
+
+User errors (no NVML, a bad ``--fake-gpus``, a device list over kubelet's limit, no such node,
+missing RBAC, no kubelet directory) end with one line naming the value and the fix, exit 2 for
+usage and 1 otherwise, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+import click
+
+from gpushare.cli.options import kube_options, log_level_option, setup_logging
+from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
+from gpushare.deviceplugin.inventory import (
+    DeviceListTooLargeError,
+    FakeGpuSpecError,
+    FakeInventory,
+    Inventory,
+    MemoryUnit,
+    check_message_size,
+)
+from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME
+from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
+from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
+from gpushare.kube.client import ConfigError, connect
+from gpushare.kube.errors import KubeError
+
+
+def _inventory(fake_gpus: str | None) -> tuple[Inventory, Nvml | None]:
+    """The declared fake, or NVML's GPUs (``ClickException`` with the fix when neither)."""
+    try:
+        if fake_gpus is not None:
+            return FakeInventory(fake_gpus), None
+        inventory = NvmlInventory(PynvmlBackend())
+    except FakeGpuSpecError as error:
+        raise click.BadParameter(str(error), param_hint="--fake-gpus") from None
+    except NvmlUnavailableError as error:
+        raise click.ClickException(str(error)) from None
+    return inventory, inventory.nvml
+
+
+async def _serve(daemon: DevicePluginDaemon) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await daemon.run(stop)
+
+
+@click.command("device-plugin")
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    required=True,
+    help="This node's name (env NODE_NAME; set it from spec.nodeName with the downward API).",
+)
+@click.option(
+    "--fake-gpus",
+    metavar="SPEC",
+    help="Declare fake GPUs instead of NVML discovery, e.g. '2x16GiB:T4' or "
+    "'1x80GiB:H100,2x24GiB:L4' (for nodes without GPUs: tests, demos).",
+)
+@click.option(
+    "--memory-unit",
+    type=click.Choice([u.value for u in MemoryUnit]),
+    default=MemoryUnit.GIB.value,
+    show_default=True,
+    help="Unit of aliyun.com/gpu-mem: one advertised device per unit per GPU.",
+)
+@click.option(
+    "--device-plugin-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEVICE_PLUGIN_DIR,
+    show_default=True,
+    help="kubelet's device-plugin directory (kubelet.sock lives there).",
+)
+@click.option("--socket-name", default=DEFAULT_SOCKET_NAME, show_default=True)
+@click.option(
+    "--health/--no-health",
+    default=True,
+    show_default=True,
+    help="Watch NVML critical XID events and mark failing GPUs unhealthy.",
+)
+@click.option(
+    "--health-recovery",
+    "recovery_s",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds without a critical XID before an unhealthy GPU is healthy again.",
+)
+@click.option(
+    "--ignore-xid",
+    "ignored_xids",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="An XID that never marks a GPU unhealthy (repeatable; application XIDs always are).",
+)
+@click.option(
+    "--mps",
+    is_flag=True,
+    help="Also give containers CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and "
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for their share (needs an MPS daemon on the node).",
+)
+@kube_options
+@log_level_option
+def device_plugin(
+    *,
+    node_name: str,
+    fake_gpus: str | None,
+    memory_unit: str,
+    device_plugin_dir: Path,
+    socket_name: str,
+    health: bool,
+    recovery_s: float,
+    ignored_xids: tuple[int, ...],
+    mps: bool,
+    kubeconfig: Path | None,
+    context: str | None,
+    log_level: str,
+) -> None:
+    """Run the kubelet device plugin for aliyun.com/gpu-mem on this node."""
+    setup_logging(log_level)
+    if not device_plugin_dir.is_dir():
+        raise click.BadParameter(
+            f"{device_plugin_dir} is not a directory (mount the host's "
+            "/var/lib/kubelet/device-plugins into the plugin's pod)",
+            param_hint="--device-plugin-dir",
+        )
+    inventory, nvml = _inventory(fake_gpus)
+    try:
+        check_message_size(inventory.gpus(), MemoryUnit(memory_unit))
+    except DeviceListTooLargeError as error:
+        raise click.ClickException(str(error)) from None
+    options = DaemonOptions(
+        node_name=node_name,
+        unit=MemoryUnit(memory_unit),
+        socket_dir=device_plugin_dir,
+        socket_name=socket_name,
+        health=health,
+        recovery_s=recovery_s,
+        ignored_xids=ignored_xids,
+        mps=mps,
+    )
+    try:
+        client = connect(kubeconfig, context=context)
+    except ConfigError as error:
+        raise click.ClickException(f"no Kubernetes configuration: {error}") from None
+    try:
+        daemon = DevicePluginDaemon(client, inventory, options, nvml=nvml)
+        asyncio.run(_serve(daemon))
+    except DeviceListTooLargeError as error:
+        raise click.ClickException(str(error)) from None
+    except KubeError as error:
+        raise click.ClickException(f"node {node_name}: {error}") from None
+    except TimeoutError:
+        raise click.ClickException(
+            f"could not list the pods of node {node_name} within {options.sync_timeout_s:g} s "
+            "(is the API server reachable?)"
+        ) from None
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run(client.close())
+        close = getattr(inventory, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,46 @@
+"""Options and set-up shared by the long-running commands (``extender``, ``device-plugin``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import click
+
+__all__ = ["kube_options", "log_level_option", "setup_logging"]
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def kube_options(command: F) -> F:
+    """``--kubeconfig PATH`` and ``--context NAME`` (both optional)."""
+    command = click.option(
+        "--context", help="Context of the kubeconfig (default: its current context)."
+    )(command)
+    return click.option(
+        "--kubeconfig",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Kubeconfig file (default: in-cluster service account, $KUBECONFIG, ~/.kube/config).",
+    )(command)
+
+
+def log_level_option(command: F) -> F:
+    """``--log-level debug|info|warning|error`` (default info)."""
+    return click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        show_default=True,
+    )(command)
+
+
+def setup_logging(log_level: str) -> None:
+    """One line per record with time, level and logger; the HTTP client's per-request lines
+    only at debug."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if log_level != "debug":
+        logging.getLogger("httpx2").setLevel(logging.WARNING)

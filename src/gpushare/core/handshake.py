@@ -1,0 +1,279 @@
+"""The device-plugin handshake (design.md, "the handshake"): which pod a kubelet Allocate call
+is for, and the placement rule that makes the answer exact in any admission order.
+
+kubelet admits a pod by calling Allocate once per GPU container, in ``spec.containers`` order,
+each call with the device IDs it chose and nothing else: no pod, no container (spec 2.5,
+pitfall 13). All the device plugin learns is how many units the container asks. An Allocate
+*step* is one such call: a GPU container, the units kubelet passes (share × GPU count) and the
+answer the extender decided (the GPU indices and the share on each).
+
+**The rule** (the extender keeps it; :func:`pin`). On one node, among the *pending* pods (bound
+by the extender, not yet started by the device plugin), two pods whose first step asks the same
+number of units get the same answers, step for step: same shares, same GPUs. A new pod whose
+first step asks as many units as a pending pod's either takes exactly that pod's GPUs (when
+they still fit) or waits until that pod has started. Equal pending pods are then
+interchangeable, so whichever of them kubelet admits first, the answer is the one the extender
+recorded for it.
+
+**Matching** (the device plugin; :func:`match_allocate`), for a call asking ``units``:
+
+1. a pod in progress (some of its steps answered: kubelet admits one pod at a time, all its
+   containers in a row) whose next step asks ``units``;
+2. otherwise the pending pods whose first step asks ``units``. By the rule their answers are
+   identical, so any of them is right; the oldest (assume time, then name) is taken, which
+   makes the choice deterministic;
+3. pending pods that ask ``units`` first but were given different GPUs (the rule was bypassed:
+   pins expired while kubelet was down, or another scheduler bound them) are ``AMBIGUOUS``:
+   the plugin refuses rather than risk giving a container another pod's GPU. No pod asking
+   ``units`` is ``NO_CANDIDATE``.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpushare.core.fit import FitResult, FitStatus, Reason
+from gpushare.core.model import Allocation, ContainerAllocation, NodeState, PodRequest
+
+__all__ = [
+    "Match",
+    "MatchStatus",
+    "PendingPod",
+    "Pin",
+    "PinStatus",
+    "Step",
+    "forced_fit",
+    "match_allocate",
+    "pin",
+    "steps_of",
+    "waiting",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One Allocate call of a pod: GPU container ``container`` gets ``share`` units on each of
+    ``gpu_indices``; kubelet passes ``units`` = share × number of GPUs device IDs."""
+
+    container: str
+    gpu_indices: tuple[int, ...]
+    share: int
+
+    @property
+    def units(self) -> int:
+        """Device IDs (units) kubelet passes for this container."""
+        return self.share * len(self.gpu_indices)
+
+    @property
+    def answer(self) -> tuple[tuple[int, ...], int]:
+        """What the container is given: (GPU indices, share per GPU)."""
+        return self.gpu_indices, self.share
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    """A pod bound to the node whose GPU containers are not all started yet.
+
+    ``steps`` in Allocate order; ``done`` of them already answered; ``assume_time_ns`` the
+    extender's ``ALIYUN_COM_GPU_MEM_ASSUME_TIME`` (nanoseconds since the Unix epoch).
+    """
+
+    key: str
+    steps: tuple[Step, ...]
+    assume_time_ns: int = 0
+    done: int = 0
+
+    @property
+    def next_step(self) -> Step | None:
+        """The step kubelet asks next, or ``None`` when every step is answered."""
+        return self.steps[self.done] if self.done < len(self.steps) else None
+
+    @property
+    def answers(self) -> tuple[tuple[tuple[int, ...], int], ...]:
+        """Every step's answer, in order: equal for interchangeable pods."""
+        return tuple(step.answer for step in self.steps)
+
+    @property
+    def first_units(self) -> int:
+        """Units of the first step (0 for a pod without steps)."""
+        return self.steps[0].units if self.steps else 0
+
+
+def steps_of(allocation: Allocation, order: Sequence[str]) -> tuple[Step, ...]:
+    """The steps of ``allocation`` with GPU containers in ``order`` (their spec order).
+    ``ValueError`` when ``order`` and the allocation's containers differ."""
+    by_name = {c.container: c for c in allocation.containers}
+    if sorted(by_name) != sorted(order) or len(order) != len(set(order)):
+        raise ValueError(
+            f"pod {allocation.pod}: GPU containers {list(order)} do not match the allocation's "
+            f"{sorted(by_name)}"
+        )
+    return tuple(Step(name, by_name[name].gpu_indices, by_name[name].gpu_share) for name in order)
+
+
+class MatchStatus(enum.StrEnum):
+    """Outcome of :func:`match_allocate`."""
+
+    MATCHED = "matched"
+    NO_CANDIDATE = "no-candidate"
+    AMBIGUOUS = "ambiguous"
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Which pod and step an Allocate asking ``units`` is for (``MATCHED``), or why none.
+    ``candidates`` are the pods that were pending, for the error message."""
+
+    status: MatchStatus
+    units: int
+    pod: PendingPod | None = None
+    step: Step | None = None
+    candidates: tuple[PendingPod, ...] = ()
+
+    def describe(self) -> str:
+        """One line for people: what was asked and what was pending."""
+        if self.status is MatchStatus.MATCHED and self.pod is not None and self.step:
+            return (
+                f"{self.units} unit(s) matched pod {self.pod.key} container "
+                f"{self.step.container} (GPU {','.join(map(str, self.step.gpu_indices))})"
+            )
+        pending = "; ".join(_describe_pending(pod) for pod in self.candidates) or "none"
+        if self.status is MatchStatus.AMBIGUOUS:
+            return (
+                f"{self.units} unit(s) asked, and several pending pods ask that many with "
+                f"different GPUs, so the pod cannot be told apart: {pending}"
+            )
+        return f"no pending pod asks {self.units} unit(s) next; pending: {pending}"
+
+
+def _describe_pending(pod: PendingPod) -> str:
+    step = pod.next_step
+    if step is None:
+        return f"{pod.key} (all started)"
+    return (
+        f"{pod.key} container {step.container} asks {step.units} on GPU "
+        f"{','.join(map(str, step.gpu_indices))}"
+    )
+
+
+def _age_order(pod: PendingPod) -> tuple[int, str]:
+    return pod.assume_time_ns, pod.key
+
+
+def match_allocate(units: int, pending: Sequence[PendingPod]) -> Match:
+    """The pod and step an Allocate asking ``units`` device IDs is for (module doc, "Matching").
+
+    ``pending``: the node's pods with unanswered steps. Deterministic: the same inputs in any
+    order give the same match.
+    """
+    candidates = tuple(sorted((p for p in pending if p.next_step is not None), key=_age_order))
+    started = [p for p in candidates if p.done and p.steps[p.done].units == units]
+    if started:
+        pod = started[0]
+        return Match(MatchStatus.MATCHED, units, pod, pod.steps[pod.done], candidates)
+    fresh = [p for p in candidates if not p.done and p.first_units == units]
+    if not fresh:
+        return Match(MatchStatus.NO_CANDIDATE, units, candidates=candidates)
+    if len({p.answers for p in fresh}) > 1:
+        return Match(MatchStatus.AMBIGUOUS, units, candidates=tuple(fresh))
+    return Match(MatchStatus.MATCHED, units, fresh[0], fresh[0].steps[0], candidates)
+
+
+class PinStatus(enum.StrEnum):
+    """Outcome of :func:`pin`."""
+
+    FREE = "free"
+    FORCED = "forced"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """What the rule allows a new pod on a node: any GPUs (``FREE``), exactly ``assignment``
+    (``FORCED``, the GPUs of the pending pod ``blocker``), or nothing until ``blocker`` has
+    started (``WAIT``)."""
+
+    status: PinStatus
+    assignment: tuple[ContainerAllocation, ...] = ()
+    blocker: PendingPod | None = None
+
+    def describe(self) -> str:
+        """Why a ``WAIT`` or ``FORCED`` pin, naming the pending pod."""
+        if self.blocker is None:
+            return "no pending pod asks as much first"
+        return (
+            f"pod {self.blocker.key}, which asks as much first, is bound here and not yet "
+            f"started by the device plugin (handshake)"
+        )
+
+
+def pin(pod: PodRequest, pending: Sequence[PendingPod]) -> Pin:
+    """The rule (module doc) for ``pod`` on a node whose pending pods are ``pending``.
+
+    Only pods not yet started count (``done == 0``); a pod without GPU containers is ``FREE``.
+    """
+    containers = pod.gpu_containers
+    if not containers:
+        return Pin(PinStatus.FREE)
+    first = containers[0].total
+    blockers = sorted(
+        (p for p in pending if not p.done and p.key != pod.key and p.first_units == first),
+        key=_age_order,
+    )
+    if not blockers:
+        return Pin(PinStatus.FREE)
+    blocker = blockers[0]
+    asked = tuple((c.gpu_share, c.gpu_count) for c in containers)
+    given = tuple((s.share, len(s.gpu_indices)) for s in blocker.steps)
+    if asked != given or any(b.answers != blocker.answers for b in blockers):
+        return Pin(PinStatus.WAIT, blocker=blocker)
+    assignment = tuple(
+        ContainerAllocation(c.name, step.gpu_indices, c.gpu_share)
+        for c, step in zip(containers, blocker.steps, strict=True)
+    )
+    return Pin(PinStatus.FORCED, assignment, blocker)
+
+
+def waiting(state: NodeState, pod: PodRequest) -> FitResult:
+    """The ``DOES_NOT_FIT_NOW`` result of a ``WAIT`` pin (``Reason.HANDSHAKE``)."""
+    first = pod.gpu_containers[0] if pod.gpu_containers else None
+    return FitResult(
+        FitStatus.DOES_NOT_FIT_NOW, Reason.HANDSHAKE, first.total if first else 0,
+        state.gpu_free, state.node.capacities, first.name if first else None,
+    )  # fmt: skip
+
+
+def forced_fit(
+    state: NodeState, pod: PodRequest, assignment: Sequence[ContainerAllocation]
+) -> FitResult:
+    """Whether ``pod`` fits ``state`` with exactly ``assignment``: every GPU healthy, of a model
+    each container allows, with enough free for all the shares put on it. ``FITS`` carries the
+    assignment; otherwise ``DOES_NOT_FIT_NOW`` with the numbers of the first GPU short."""
+    position = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
+    allows = {c.name: c for c in pod.gpu_containers}
+    needed: dict[int, int] = {}
+    for container in assignment:
+        request = allows[container.container]
+        for index in container.gpu_indices:
+            p = position.get(index)
+            if p is None or not request.allows(state.node.gpus[p].model):
+                return FitResult(
+                    FitStatus.DOES_NOT_FIT_NOW, Reason.MODEL_EXCLUDED, container.gpu_share,
+                    state.gpu_free, state.node.capacities, container.container,
+                )  # fmt: skip
+            needed[index] = needed.get(index, 0) + container.gpu_share
+    for index, amount in needed.items():
+        free = state.gpu_free[position[index]]
+        if amount > free:
+            return FitResult(
+                FitStatus.DOES_NOT_FIT_NOW, Reason.INSUFFICIENT_GPU, amount,
+                state.gpu_free, state.node.capacities, available=free,
+            )  # fmt: skip
+    return FitResult(
+        FitStatus.FITS, Reason.FITS, free_per_gpu=state.gpu_free,
+        capacity_per_gpu=state.node.capacities, assignment=tuple(assignment),
+    )  # fmt: skip

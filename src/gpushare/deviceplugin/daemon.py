@@ -1,0 +1,157 @@
+"""The running device plugin: inventory, node publishing, Allocate, kubelet lifecycle, health.
+
+:class:`DevicePluginDaemon` wires the parts together for one node (``gpushare device-plugin``):
+
+1. The GPUs come from the inventory (NVML, or a declared ``--fake-gpus``); a device list too big
+   for one kubelet message is refused before anything starts (``DeviceListTooLargeError``).
+2. The node's GPU-memory pods are listed and watched (``gpushare.kube.nodepods``): Allocate
+   reads them (``gpushare.deviceplugin.allocate``).
+3. The node's inventory and ``aliyun.com/gpu-count`` are published (``gpushare.kube.nodes``):
+   at start, after every registration with kubelet (a restarted kubelet may have reset the
+   node's extended resources), and on every health change.
+4. The gRPC server is served, then registered with kubelet, and re-registered when kubelet
+   restarts (``gpushare.deviceplugin.lifecycle``).
+5. With NVML and health checking on, critical XIDs mark a GPU's devices unhealthy in
+   ListAndWatch and in the node inventory; a recovered GPU comes back
+   (``gpushare.deviceplugin.health``).
+
+``run`` returns when ``stop`` is set (SIGTERM/SIGINT in the CLI): the socket is removed, watches
+end. Permanent API failures at start (no such node, forbidden) raise ``ApiCallError`` with the
+fix in its message; passing ones are logged and retried with the next publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpushare.deviceplugin.allocate import HandshakeAllocator
+from gpushare.deviceplugin.health import HealthWatcher
+from gpushare.deviceplugin.inventory import Gpu, Inventory, MemoryUnit
+from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
+from gpushare.deviceplugin.nvml import Nvml
+from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
+from gpushare.deviceplugin.server import DevicePluginService
+from gpushare.kube.client import AsyncClient
+from gpushare.kube.codec import InventoryGpu
+from gpushare.kube.errors import KubeError
+from gpushare.kube.nodepods import NodePods
+from gpushare.kube.nodes import NodePublisher
+
+__all__ = ["DaemonOptions", "DevicePluginDaemon", "inventory_gpus"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    """How the device plugin runs on node ``node_name`` (``gpushare device-plugin --help``).
+
+    ``socket_dir``: kubelet's device-plugin directory; ``health``: watch NVML XID events;
+    ``recovery_s``: quiet time before an unhealthy GPU comes back; ``ignored_xids``: XIDs that
+    never mark a GPU unhealthy (besides the application XIDs); ``mps``: add the MPS variables;
+    ``sync_timeout_s``: bound on the first list of the node's pods.
+    """
+
+    node_name: str
+    unit: MemoryUnit = MemoryUnit.GIB
+    socket_dir: Path = DEVICE_PLUGIN_DIR
+    socket_name: str = DEFAULT_SOCKET_NAME
+    health: bool = True
+    recovery_s: float = 300.0
+    ignored_xids: tuple[int, ...] = field(default=())
+    mps: bool = False
+    sync_timeout_s: float = 60.0
+
+
+def inventory_gpus(gpus: list[Gpu], unit: MemoryUnit) -> list[InventoryGpu]:
+    """The node-inventory records of ``gpus`` (memory in whole ``unit``)."""
+    return [InventoryGpu(g.index, g.uuid, g.model, g.units(unit), g.healthy) for g in gpus]
+
+
+class DevicePluginDaemon:
+    """The device plugin of one node (module doc). ``client`` is the caller's; ``nvml`` the
+    backend for health checking (``None``: no health checking, e.g. fake GPUs)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        inventory: Inventory,
+        options: DaemonOptions,
+        *,
+        nvml: Nvml | None = None,
+    ) -> None:
+        self.options = options
+        self._client = client
+        self._nvml = nvml
+        self.pods = NodePods(client, options.node_name)
+        self.publisher = NodePublisher(client)
+        allocator = HandshakeAllocator(
+            options.node_name, lambda: self.service.gpus, options.unit, self.pods, mps=options.mps
+        )
+        self.service = DevicePluginService(inventory.gpus(), options.unit, allocator)
+        self.runner = PluginRunner(
+            self.service,
+            socket_dir=options.socket_dir,
+            socket_name=options.socket_name,
+            on_registered=self._republish,
+        )
+
+    async def publish(self, *, force: bool = False) -> None:
+        """Publish the current inventory; ``KubeError`` when the API server refuses."""
+        gpus = inventory_gpus(self.service.gpus, self.options.unit)
+        await self.publisher.publish(
+            self.options.node_name, self.options.unit.value, gpus, force=force
+        )
+
+    async def _republish(self) -> None:
+        try:
+            await self.publish(force=True)
+        except KubeError as error:
+            log.error("publishing the GPU inventory of node %s: %s", self.options.node_name, error)
+
+    async def _health_changed(self, index: int, healthy: bool) -> None:
+        await self.service.set_health(index, healthy)
+        await self._republish()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set (module doc)."""
+        options = self.options
+        self.pods.start()
+        health: asyncio.Task[None] | None = None
+        try:
+            await self.pods.wait_synced(options.sync_timeout_s)
+            try:
+                await self.publish(force=True)
+            except KubeError as error:
+                if not error.temporary:
+                    raise
+                log.error("publishing the GPU inventory (will retry): %s", error)
+            await self.runner.start()
+            if self._nvml is not None and options.health:
+                watcher = HealthWatcher(
+                    self._nvml,
+                    self.service.gpus,
+                    self._health_changed,
+                    recovery_s=options.recovery_s,
+                    ignored_xids=options.ignored_xids,
+                )
+                health = asyncio.create_task(watcher.run(), name="gpushare-health")
+            else:
+                log.info("GPU health checking is off")
+            log.info(
+                "device plugin for node %s: %d GPU(s), unit %s, socket %s",
+                options.node_name, len(self.service.gpus), options.unit.value,
+                self.runner.socket_path,
+            )  # fmt: skip
+            await stop.wait()
+        finally:
+            if health is not None:
+                health.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await health
+            await self.runner.stop()
+            await self.pods.stop()

@@ -1,0 +1,57 @@
+"""The handshake state recorded on a pod (``gpushare.core.handshake``). Pure; no I/O.
+
+The extender writes the allocation at bind (``ALIYUN_COM_GPU_MEM_ASSIGNED: "false"``, package
+doc). The device plugin answers kubelet's Allocate once per GPU container and records, after
+each answer:
+
+* ``gpushare.io/assigned-containers``: how many GPU containers (in ``spec.containers`` order)
+  have been given their GPUs, a decimal integer;
+* ``ALIYUN_COM_GPU_MEM_ASSIGNED``: ``"true"`` once all of them have (Alibaba's meaning: the
+  device plugin has assigned the pod), ``"false"`` before.
+
+A pod with a recorded allocation and ``ASSIGNED`` not ``"true"`` is *pending*: a
+``PendingPod`` whose ``done`` is the count above.
+"""
+
+from __future__ import annotations
+
+from gpushare.core.handshake import PendingPod, steps_of
+from gpushare.kube.codec.common import ALIYUN_ASSIGNED, CodecError, Json, annotations_of, pod_key
+from gpushare.kube.codec.pods import alibaba_annotations, pod_allocation, pod_request
+
+__all__ = ["ASSIGNED_CONTAINERS", "handshake_annotations", "pending_pod"]
+
+ASSIGNED_CONTAINERS = "gpushare.io/assigned-containers"
+
+
+def pending_pod(pod: Json) -> PendingPod | None:
+    """The handshake state of ``pod`` (module doc), or ``None`` when it records no allocation
+    or every GPU container has been given its GPUs. ``CodecError`` on garbage."""
+    if alibaba_annotations(pod).assigned:
+        return None
+    allocation = pod_allocation(pod)
+    if allocation is None or not allocation.containers:
+        return None
+    key = pod_key(pod)
+    order = [c.name for c in pod_request(pod).gpu_containers]
+    try:
+        steps = steps_of(allocation, order)
+    except ValueError as error:  # pod_allocation checks names; kept for a clear message
+        raise CodecError(f"pod {key}", "containers", order, str(error), "") from None
+    raw = annotations_of(pod, f"pod {key}").get(ASSIGNED_CONTAINERS, "0")
+    if not (raw.isascii() and raw.isdigit() and int(raw) <= len(steps)):
+        raise CodecError(
+            f"pod {key}", f"annotation {ASSIGNED_CONTAINERS}", raw, "not a count of its GPU "
+            "containers", f"a decimal integer 0..{len(steps)}",
+        )  # fmt: skip
+    return PendingPod(key, steps, alibaba_annotations(pod).assume_time_ns or 0, int(raw))
+
+
+def handshake_annotations(pod: PendingPod, done: int) -> dict[str, str]:
+    """The annotations recording that ``done`` GPU containers of ``pod`` have their GPUs."""
+    if not 0 <= done <= len(pod.steps):
+        raise ValueError(f"pod {pod.key}: done {done} outside 0..{len(pod.steps)}")
+    return {
+        ASSIGNED_CONTAINERS: str(done),
+        ALIYUN_ASSIGNED: "true" if done == len(pod.steps) else "false",
+    }

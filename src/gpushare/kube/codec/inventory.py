@@ -1,0 +1,89 @@
+"""Encoding a node's GPU inventory: the ``gpushare.io/gpu-inventory`` annotation. Pure; no I/O.
+
+The device plugin publishes it (``gpushare.kube.nodes.NodePublisher``), the test fakes build
+it (``gpushare.testing.nodes``), and :func:`gpushare.kube.codec.node_info` reads it back. The
+format (the package docstring, ``gpushare.testing.nodes``) is compact JSON::
+
+    {"unit":"GiB","gpus":[{"index":0,"uuid":"GPU-...","model":"Tesla-V100-SXM2-16GB",
+                           "memory":16,"healthy":true}]}
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpushare.kube.codec.common import UNITS, is_int
+
+__all__ = ["MAX_INVENTORY_GPUS", "InventoryGpu", "inventory_annotation"]
+
+MAX_INVENTORY_GPUS = 1024
+"""The most GPUs one inventory may list (what ``node_info`` accepts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryGpu:
+    """One GPU as the inventory annotation lists it.
+
+    ``index``: the device index (NVML order, >= 0); ``uuid``: the NVML UUID (``GPU-...``;
+    ``""`` when unknown); ``model``: the product name; ``memory``: the whole GPU in the node's
+    unit (``"GiB"``/``"MiB"``), an integer > 0; ``healthy``: false for a GPU that takes no new
+    allocations. Checked by :func:`inventory_annotation`, not at construction.
+    """
+
+    index: int
+    uuid: str
+    model: str
+    memory: int
+    healthy: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        """The GPU's entry of the annotation: ``{"index", "uuid", "model", "memory",
+        "healthy"}`` in that order (unchecked)."""
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "model": self.model,
+            "memory": self.memory,
+            "healthy": self.healthy,
+        }
+
+
+def _check(gpu: InventoryGpu) -> None:
+    if not is_int(gpu.index) or gpu.index < 0:
+        raise ValueError(f"GPU index must be an integer >= 0, got {gpu.index!r}")
+    where = f"GPU {gpu.index}"
+    if not is_int(gpu.memory) or gpu.memory <= 0:
+        raise ValueError(f"{where}: memory must be an integer > 0, got {gpu.memory!r}")
+    if not isinstance(gpu.uuid, str):
+        raise ValueError(f"{where}: uuid must be a string, got {gpu.uuid!r}")
+    if not isinstance(gpu.model, str):
+        raise ValueError(f"{where}: model must be a string, got {gpu.model!r}")
+    if not isinstance(gpu.healthy, bool):
+        raise ValueError(f"{where}: healthy must be a boolean, got {gpu.healthy!r}")
+
+
+def inventory_annotation(unit: str, gpus: Sequence[InventoryGpu]) -> str:
+    """The ``gpushare.io/gpu-inventory`` value for ``gpus`` in ``unit``: compact JSON
+    ``{"unit": unit, "gpus": [...]}``, the GPUs sorted by index.
+
+    ``unit`` must be one of ``UNITS`` (``"GiB"``, ``"MiB"``); indices distinct integers >= 0;
+    ``memory`` an integer > 0; at most ``MAX_INVENTORY_GPUS`` GPUs; no GPUs is allowed (a node
+    that publishes none). Raises ``ValueError`` naming the bad value otherwise. Inverse:
+    ``node_info`` (unit, per-GPU memory, model and health, ``NodeInfo.uuids``).
+    """
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    if len(gpus) > MAX_INVENTORY_GPUS:
+        raise ValueError(f"at most {MAX_INVENTORY_GPUS} GPUs per node, got {len(gpus)}")
+    for gpu in gpus:
+        _check(gpu)
+    indices = sorted(gpu.index for gpu in gpus)
+    repeated = sorted({i for i, j in itertools.pairwise(indices) if i == j})
+    if repeated:
+        raise ValueError(f"GPU indices must be distinct, repeated: {repeated}")
+    ordered = sorted(gpus, key=lambda gpu: gpu.index)
+    document = {"unit": unit, "gpus": [gpu.to_json() for gpu in ordered]}
+    return json.dumps(document, separators=(",", ":"))

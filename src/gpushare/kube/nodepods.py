@@ -1,0 +1,124 @@
+"""The device plugin's view of pods: the GPU-memory pods bound to its own node, and the
+annotation patch that records a handshake step.
+
+:class:`NodePods` keeps a list+watch cache (``gpushare.kube.watch.Reflector``) of the pods with
+``spec.nodeName`` = the node that ask ``aliyun.com/gpu-mem``, so that Allocate reads memory, not
+the API server. A pod kubelet is admitting may not have reached the cache yet (both watch the
+same binding): ``list_now`` lists the node's pods directly for that case.
+
+RBAC: ``pods`` ``get``, ``list``, ``watch`` and ``patch`` (``docs/deviceplugin.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Mapping, Sequence
+
+from lightkube import AsyncClient
+from lightkube.core.client import FieldValue
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
+
+from gpushare.kube.cache import requests_gpu_mem
+from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
+from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector
+
+__all__ = ["RBAC_RULES", "NodePods"]
+
+RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+)
+"""The ClusterRole rules this module needs (PolicyRule JSON)."""
+
+
+def _pod_key(pod: Pod) -> str:
+    meta = pod.metadata
+    return "/" if meta is None else f"{meta.namespace or ''}/{meta.name or ''}"
+
+
+def _ignore(_change: Change) -> None:
+    return None
+
+
+class NodePods:
+    """GPU-memory pods bound to node ``node_name`` (module doc). ``client`` is the caller's."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        node_name: str,
+        *,
+        backoff: Backoff | None = None,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self._client = client
+        self.node_name = node_name
+        self._fields: dict[str, FieldValue] = {"spec.nodeName": node_name}
+        self._task: asyncio.Task[None] | None = None
+        self._reflector = Reflector(
+            kind="Pod",
+            list_fn=lambda: client.list(Pod, namespace="*", fields=self._fields),
+            watch_fn=lambda rv, timeout_s: client.watch(
+                Pod,
+                namespace="*",
+                fields=self._fields,
+                resource_version=rv,
+                server_timeout=timeout_s,
+            ),
+            key=_pod_key,
+            keep=requests_gpu_mem,
+            sink=_ignore,
+            backoff=backoff or Backoff(),
+            watch_timeout_s=watch_timeout_s,
+            rng=random.Random(),
+        )
+
+    def start(self) -> None:
+        """List and watch in a background task (needs a running event loop)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._reflector.run(), name="gpushare-node-pods"
+            )
+
+    async def stop(self) -> None:
+        """Stop watching; the last snapshot stays readable."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def wait_synced(self, timeout_s: float) -> None:
+        """Return once the first list is in; ``TimeoutError`` after ``timeout_s`` seconds."""
+        async with asyncio.timeout(timeout_s):
+            await self._reflector.synced.wait()
+
+    def pods(self) -> list[JsonObject]:
+        """The cached pods (plain dicts, read-only)."""
+        return list(self._reflector.snapshot().values())
+
+    async def list_now(self) -> list[JsonObject]:
+        """The node's GPU-memory pods straight from the API server. ``ApiCallError`` on
+        failure."""
+        try:
+            return [
+                pod.to_dict()
+                async for pod in self._client.list(Pod, namespace="*", fields=self._fields)
+                if requests_gpu_mem(pod)
+            ]
+        except CLIENT_ERRORS as error:
+            raise api_call_error(f"LIST pods on node {self.node_name}", error) from error
+
+    async def patch_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Merge ``annotations`` into pod ``namespace/name``. ``ApiCallError`` on failure."""
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            await self._client.patch(
+                Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+            )
+        except CLIENT_ERRORS as error:
+            raise api_call_error(f"PATCH pod {namespace}/{name}", error) from error

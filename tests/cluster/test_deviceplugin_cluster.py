@@ -1,0 +1,274 @@
+"""The device plugin end to end: ``gpushare device-plugin`` as a process, a kubelet stand-in,
+the real kube-scheduler and ``gpushare extender`` on the real control plane.
+
+* The plugin (``--fake-gpus 2x16GiB:T4``, a ServiceAccount with exactly the documented rules)
+  serves, registers with the kubelet stand-in (``gpushare.testing.kubelet.FakeKubelet``) and
+  publishes the inventory and ``aliyun.com/gpu-count`` on a bare kwok node labelled
+  ``gpushare=true``; the stand-in's device list becomes the node's ``aliyun.com/gpu-mem`` as
+  kubelet's node-status sync would make it.
+* kube-scheduler with the extender binds GPU pods to that node. The test then admits them as
+  kubelet does, in an order other than the binding order, one Allocate per GPU container: each
+  container gets exactly the GPU(s) its pod's annotations name, with the UUIDs the node's
+  inventory publishes, and each pod ends marked assigned. Two equal pods bound together, a pod
+  placed once they have started, and a two-container pod.
+* A kubelet restart: the plugin registers again on a new socket with the same devices.
+* SIGTERM: the plugin stops and removes its socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from lightkube import Client
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.types import PatchType
+
+from gpushare.extender.live import LiveOptions
+from gpushare.kube import nodepods, nodes
+from gpushare.kube.codec import (
+    ALIYUN_ASSIGNED,
+    ALIYUN_IDX,
+    ALLOCATION,
+    GPU_COUNT,
+    GPU_COUNT_ANNOTATION,
+    GPU_MEM,
+    GPUSHARE_LABEL,
+    INVENTORY,
+    node_info,
+)
+from gpushare.kube.watch import Backoff
+from gpushare.testing.controlplane import ControlPlane, ManagedProcess, gpushare_extender, wait_for
+from gpushare.testing.kubelet import FakeKubelet
+from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
+
+pytestmark = pytest.mark.cluster
+
+T = TypeVar("T")
+SCHEDULER_NAME = "gpushare-dp"
+SOCKET = "aliyungpushare.sock"
+WAIT_S = 30.0
+_names = itertools.count()
+PLUGIN_RULES = [
+    PolicyRule(
+        apiGroups=list(r["apiGroups"]), resources=list(r["resources"]), verbs=list(r["verbs"])
+    )
+    for r in (*nodes.RBAC_RULES, *nodepods.RBAC_RULES)
+]
+
+
+@dataclass
+class Cluster:
+    """One test's world: its node and namespace, and the kubelet stand-in."""
+
+    node: str
+    namespace: str
+    kubelet: KubeletThread
+
+
+class KubeletThread:
+    """A ``FakeKubelet`` on its own event loop in a thread, so that the test can block."""
+
+    def __init__(self, socket_dir: Path) -> None:
+        self.kubelet = FakeKubelet(socket_dir)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = WAIT_S) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def __enter__(self) -> KubeletThread:
+        self._thread.start()
+        self.call(self.kubelet.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.call(self.kubelet.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def gpu_pod(
+    namespace: str, name: str, containers: dict[str, int], gpu_count: dict[str, int] | None = None
+) -> Pod:
+    annotations = {GPU_COUNT_ANNOTATION: json.dumps(gpu_count)} if gpu_count else None
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace=namespace, annotations=annotations),
+        spec=PodSpec(
+            schedulerName=SCHEDULER_NAME,
+            containers=[
+                Container(
+                    name=c,
+                    image="registry.invalid/gpushare/e2e:0",
+                    resources=ResourceRequirements(limits={GPU_MEM: str(units)}),
+                )
+                for c, units in containers.items()
+            ],
+        ),
+    )
+
+
+def bound(kube: Client, namespace: str, name: str) -> Pod:
+    def probe() -> Pod | None:
+        pod = kube.get(Pod, name, namespace=namespace)
+        return pod if pod.spec is not None and pod.spec.nodeName else None
+
+    return wait_for(f"pod {name} bound", probe, WAIT_S)
+
+
+def annotations_of(pod: Pod) -> dict[str, str]:
+    return dict((pod.metadata.annotations if pod.metadata else None) or {})
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterator[Cluster]:
+    """The node, the kubelet stand-in, the plugin process, the extender and a kube-scheduler."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-e2e-", dir="/tmp"))
+    suffix = f"{next(_names)}-{int(time.time())}"
+    node, namespace = f"dp-e2e-node-{suffix}", f"dp-e2e-{suffix}"
+    with contextlib.ExitStack() as stack:
+        create_nodes(kube, [plain_node(node, labels={GPUSHARE_LABEL: "true"})])
+        stack.callback(delete_nodes, kube, [node])
+        kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        stack.callback(_delete_pods, kube, namespace)
+        kubelet = stack.enter_context(KubeletThread(socket_dir))
+        kubeconfig = control_plane.service_account_kubeconfig(
+            "gpushare-device-plugin", "kube-system", PLUGIN_RULES
+        )
+        argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()"]
+        argv += ["device-plugin", "--node-name", node, "--fake-gpus", "2x16GiB:T4"]
+        argv += ["--device-plugin-dir", str(socket_dir), "--kubeconfig", str(kubeconfig)]
+        plugin = ManagedProcess("gpushare-device-plugin", argv, tmp_path).start()
+        stack.callback(plugin.stop)
+        view = kubelet.call(
+            kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S)
+        )
+        # kubelet's node-status sync: aliyun.com/gpu-mem from the device list (spec 2.4 step 6)
+        kube.patch(
+            Node.Status, node, [
+                {"op": "add", "path": f"/status/capacity/{nodes.json_pointer_key(GPU_MEM)}",
+                 "value": str(view.capacity)},
+                {"op": "add", "path": f"/status/allocatable/{nodes.json_pointer_key(GPU_MEM)}",
+                 "value": str(view.allocatable)},
+            ], patch_type=PatchType.JSON,
+        )  # fmt: skip
+        options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
+        extender = stack.enter_context(ExtenderThread(control_plane.kubeconfig, options))
+        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
+        stack.enter_context(
+            control_plane.scheduler(
+                "kube-scheduler-dp",
+                profiles=[{"schedulerName": SCHEDULER_NAME}],
+                extenders=[gpushare_extender(extender.url_prefix)],
+            )
+        )
+        yield Cluster(node, namespace, kubelet)
+        plugin.stop()
+        log = plugin.log_path.read_text()
+        assert not (socket_dir / SOCKET).exists(), log
+        assert "device plugin stopped" in log, log
+
+
+def _delete_pods(kube: Client, namespace: str) -> None:
+    for pod in kube.list(Pod, namespace=namespace):
+        if pod.metadata is not None and pod.metadata.name:
+            kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
+    kube.delete(Namespace, namespace)
+
+
+def admit(cluster: Cluster, kube: Client, name: str) -> list[dict[str, str]]:
+    """Admit pod ``name`` as kubelet does: one Allocate per GPU container, in spec order."""
+    kubelet = cluster.kubelet
+    pod = kube.get(Pod, name, namespace=cluster.namespace)
+    assert pod.spec is not None
+    answers = []
+    for container in pod.spec.containers:
+        limits = (container.resources.limits if container.resources else None) or {}
+        units = int(limits[GPU_MEM])
+        response = kubelet.call(kubelet.kubelet.allocate(GPU_MEM, size=units))
+        answers.append(dict(response.container_responses[0].envs))
+    return answers
+
+
+def test_pods_bound_by_the_extender_get_their_own_gpus_from_allocate(
+    cluster: Cluster, kube: Client
+) -> None:
+    ns = cluster.namespace
+    node = kube.get(Node, cluster.node)
+    info = node_info(node.to_dict())
+    assert (info.unit, [g.capacity for g in info.node.gpus]) == ("GiB", [16, 16])
+    assert node.status is not None
+    assert node.status.capacity is not None
+    assert node.status.capacity[GPU_COUNT] == "2"
+    assert INVENTORY in annotations_of(node)  # type: ignore[arg-type]
+    uuids = info.uuids
+
+    def check(name: str, answers: list[dict[str, str]]) -> None:
+        pod = kube.get(Pod, name, namespace=ns)
+        recorded = json.loads(annotations_of(pod)[ALLOCATION])
+        for answer, container in zip(answers, recorded["containers"], strict=True):
+            gpus = container["gpus"]
+            assert answer["ALIYUN_COM_GPU_MEM_IDX"] == ",".join(map(str, gpus)), name
+            assert answer["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids[g] for g in gpus), name
+            assert answer["ALIYUN_COM_GPU_MEM_CONTAINER"] == str(container["share"] * len(gpus))
+
+    # Two equal pods bound together: the extender puts them on the same GPU, so whichever
+    # kubelet admits first is right. Admitted here in the reverse of creation order.
+    kube.create(gpu_pod(ns, "a", {"main": 4}))
+    kube.create(gpu_pod(ns, "b", {"main": 4}))
+    gpu_a = annotations_of(bound(kube, ns, "a"))[ALIYUN_IDX]
+    assert annotations_of(bound(kube, ns, "b"))[ALIYUN_IDX] == gpu_a
+    check("b", admit(cluster, kube, "b"))
+    check("a", admit(cluster, kube, "a"))
+    # Once they have started, a pod of 12 goes where it fits (binpack: the other GPU).
+    kube.create(gpu_pod(ns, "c", {"main": 12}))
+    bound(kube, ns, "c")
+    check("c", admit(cluster, kube, "c"))
+    assert annotations_of(kube.get(Pod, "c", namespace=ns))[ALIYUN_IDX] != gpu_a
+    # A two-container pod (one container on both GPUs) next to a pending pod that asks as much
+    # first as its second container does.
+    kube.create(gpu_pod(ns, "m", {"x": 1, "y": 2}, gpu_count={"y": 2}))
+    kube.create(gpu_pod(ns, "d", {"main": 2}))
+    bound(kube, ns, "m")
+    bound(kube, ns, "d")
+    check("m", admit(cluster, kube, "m"))
+    check("d", admit(cluster, kube, "d"))
+    # Every pod is marked assigned. (Of two equal pods, the device plugin marks the oldest
+    # first, whichever kubelet admitted: they are interchangeable.)
+    for name in "abcmd":
+        pod = kube.get(Pod, name, namespace=ns)
+        assert annotations_of(pod)[ALIYUN_ASSIGNED] == "true", name
+
+
+def test_kubelet_restart_makes_the_plugin_register_again(cluster: Cluster, kube: Client) -> None:
+    kubelet = cluster.kubelet.kubelet
+    before = kubelet.resource(GPU_MEM)
+    assert before is not None
+    ids = sorted(before.ids)
+    registrations = len(kubelet.registrations)
+    cluster.kubelet.call(kubelet.restart())
+    after = cluster.kubelet.call(
+        kubelet.wait_for_devices(
+            GPU_MEM, lambda v: v.registration >= registrations and v.capacity == 32, WAIT_S
+        )
+    )
+    assert sorted(after.ids) == ids
+    time.sleep(0.1)
+    assert len(kubelet.registrations) == registrations + 1

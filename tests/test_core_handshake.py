@@ -1,0 +1,212 @@
+"""The device-plugin handshake (gpushare.core.handshake): matching kubelet's Allocate to the
+pod the extender decided for, and the placement rule that makes the match exact."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpushare.core.fit import FitStatus, Reason, check_fit
+from gpushare.core.handshake import (
+    MatchStatus,
+    PendingPod,
+    PinStatus,
+    Step,
+    forced_fit,
+    match_allocate,
+    pin,
+    steps_of,
+)
+from gpushare.core.model import (
+    Allocation,
+    ContainerAllocation,
+    ContainerRequest,
+    Gpu,
+    Node,
+    NodeState,
+    PodRequest,
+)
+
+
+def pending(
+    key: str, *steps: tuple[str, tuple[int, ...], int], t: int = 0, done: int = 0
+) -> PendingPod:
+    return PendingPod(key, tuple(Step(*s) for s in steps), t, done)
+
+
+A = pending("ns/a", ("main", (0,), 4), t=1)
+B = pending("ns/b", ("main", (1,), 4), t=2)
+B_SAME_GPU = pending("ns/b", ("main", (0,), 4), t=2)
+TWO = pending("ns/two", ("x", (1,), 2), ("y", (0, 1), 3), t=3)
+TWO_STARTED = pending("ns/two", ("x", (1,), 2), ("y", (0, 1), 3), t=3, done=1)
+BIG = pending("ns/big", ("main", (2,), 6), t=0)
+
+
+@pytest.mark.parametrize(
+    ("units", "pods", "status", "pod", "container"),
+    [
+        pytest.param(4, [A], MatchStatus.MATCHED, "ns/a", "main", id="one-pending-pod"),
+        pytest.param(4, [B_SAME_GPU, A], MatchStatus.MATCHED, "ns/a", "main",
+                     id="equal-pods-same-gpus-oldest-first"),
+        pytest.param(4, [A, B], MatchStatus.AMBIGUOUS, None, None,
+                     id="equal-pods-different-gpus-refused"),
+        pytest.param(6, [A, BIG], MatchStatus.MATCHED, "ns/big", "main", id="by-size"),
+        pytest.param(2, [A, TWO], MatchStatus.MATCHED, "ns/two", "x",
+                     id="multi-container-first-step"),
+        pytest.param(6, [A, TWO_STARTED, BIG], MatchStatus.MATCHED, "ns/two", "y",
+                     id="pod-in-progress-goes-first"),
+        pytest.param(5, [A, TWO], MatchStatus.NO_CANDIDATE, None, None, id="nothing-asks-5"),
+        pytest.param(4, [], MatchStatus.NO_CANDIDATE, None, None, id="nothing-pending"),
+    ],
+)  # fmt: skip
+def test_match_allocate(
+    units: int, pods: list[PendingPod], status: MatchStatus, pod: str | None, container: str | None
+) -> None:
+    for order in itertools.permutations(pods):
+        match = match_allocate(units, order)
+        assert match.status is status
+        assert (match.pod.key if match.pod else None) == pod
+        assert (match.step.container if match.step else None) == container
+
+
+def test_no_match_message_names_units_and_candidates() -> None:
+    text = match_allocate(5, [A, TWO]).describe()
+    assert "no pending pod asks 5 unit(s)" in text
+    assert "ns/a container main asks 4 on GPU 0" in text
+    assert "ns/two container x asks 2 on GPU 1" in text
+    assert "cannot be told apart" in match_allocate(4, [A, B]).describe()
+
+
+def request(key: str, *containers: tuple[str, int, int]) -> PodRequest:
+    return PodRequest(
+        key, tuple(ContainerRequest(n, share, count) for n, share, count in containers)
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "pods", "status", "gpus"),
+    [
+        pytest.param(request("ns/c", ("main", 4, 1)), [], PinStatus.FREE, None,
+                     id="nothing-pending"),
+        pytest.param(request("ns/c", ("main", 2, 1)), [A], PinStatus.FREE, None,
+                     id="different-first-size-is-free"),
+        pytest.param(request("ns/c", ("main", 4, 1)), [A], PinStatus.FORCED, [(0,)],
+                     id="equal-pod-takes-the-pending-pods-gpu"),
+        pytest.param(request("ns/c", ("main", 2, 2)), [A], PinStatus.WAIT, None,
+                     id="same-units-other-shape-waits"),
+        pytest.param(request("ns/c", ("p", 2, 1), ("q", 3, 2)), [TWO], PinStatus.FORCED,
+                     [(1,), (0, 1)], id="multi-container-copies-every-step"),
+        pytest.param(request("ns/c", ("p", 2, 1), ("q", 1, 1)), [TWO], PinStatus.WAIT, None,
+                     id="later-step-differs-waits"),
+        pytest.param(request("ns/c", ("main", 4, 1)), [TWO_STARTED, BIG], PinStatus.FREE, None,
+                     id="started-pods-do-not-pin"),
+        pytest.param(request("ns/a", ("main", 4, 1)), [A], PinStatus.FREE, None,
+                     id="a-pod-never-pins-itself"),
+        pytest.param(request("ns/c", ("main", 4, 1)), [A, B], PinStatus.WAIT, None,
+                     id="rule-already-broken-waits"),
+    ],
+)  # fmt: skip
+def test_pin(
+    pod: PodRequest, pods: list[PendingPod], status: PinStatus, gpus: list[tuple[int, ...]] | None
+) -> None:
+    rule = pin(pod, pods)
+    assert rule.status is status
+    if gpus is not None:
+        assert [c.gpu_indices for c in rule.assignment] == gpus
+        assert [c.container for c in rule.assignment] == [c.name for c in pod.gpu_containers]
+
+
+NODE = Node("n", (Gpu(0, "T4", 8), Gpu(1, "T4", 8), Gpu(2, "A100", 8, healthy=False)))
+
+
+@pytest.mark.parametrize(
+    ("used", "assignment", "status", "reason"),
+    [
+        pytest.param((4, 0, 0), [("main", (0,), 4)], FitStatus.FITS, Reason.FITS, id="fits"),
+        pytest.param((5, 0, 0), [("main", (0,), 4)], FitStatus.DOES_NOT_FIT_NOW,
+                     Reason.INSUFFICIENT_GPU, id="gpu-too-full"),
+        pytest.param((0, 0, 0), [("main", (2,), 4)], FitStatus.DOES_NOT_FIT_NOW,
+                     Reason.INSUFFICIENT_GPU, id="unhealthy-gpu-has-nothing-free"),
+        pytest.param((0, 0, 0), [("main", (7,), 4)], FitStatus.DOES_NOT_FIT_NOW,
+                     Reason.MODEL_EXCLUDED, id="no-such-gpu"),
+    ],
+)  # fmt: skip
+def test_forced_fit(
+    used: tuple[int, ...],
+    assignment: list[tuple[str, tuple[int, ...], int]],
+    status: FitStatus,
+    reason: Reason,
+) -> None:
+    state = NodeState(NODE, used)
+    result = forced_fit(
+        state, request("ns/c", ("main", 4, 1)), [ContainerAllocation(*a) for a in assignment]
+    )
+    assert (result.status, result.reason) == (status, reason)
+
+
+def test_steps_follow_spec_order() -> None:
+    allocation = Allocation(
+        "ns/p", "n", (ContainerAllocation("b", (1,), 2), ContainerAllocation("a", (0, 1), 3))
+    )
+    assert [s.container for s in steps_of(allocation, ["a", "b"])] == ["a", "b"]
+    assert [s.units for s in steps_of(allocation, ["a", "b"])] == [6, 2]
+    with pytest.raises(ValueError, match="do not match"):
+        steps_of(allocation, ["a"])
+
+
+# -- the property: bind under the rule, admit in any order, every container gets its own GPUs --
+
+SHAPES = st.lists(
+    st.lists(st.tuples(st.integers(1, 4), st.integers(1, 2)), min_size=1, max_size=3),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=SHAPES, order=st.randoms(use_true_random=False))
+def test_any_admission_order_gives_each_container_its_own_pods_gpus(
+    shapes: list[list[tuple[int, int]]], order: object
+) -> None:
+    """The extender binds pods one by one under the rule (greedy GPUs when free to choose);
+    kubelet then admits the bound pods in a random order, one Allocate per GPU container. Every
+    Allocate matches, and answers exactly what was recorded for the pod being admitted."""
+    node = Node("n", tuple(Gpu(i, "T4", 8) for i in range(4)))
+    state = NodeState.empty(node)
+    books: list[PendingPod] = []
+    for i, shape in enumerate(shapes):
+        pod = request(f"ns/p{i}", *((f"c{j}", s, c) for j, (s, c) in enumerate(shape)))
+        rule = pin(pod, books)
+        if rule.status is PinStatus.WAIT:
+            continue
+        fit = (
+            forced_fit(state, pod, rule.assignment)
+            if rule.status is PinStatus.FORCED
+            else check_fit(state, pod)
+        )
+        if not fit.fits:
+            continue
+        allocation = Allocation(pod.key, "n", fit.assignment)
+        state = state.with_allocation(allocation)
+        order_names = [c.name for c in pod.gpu_containers]
+        books.append(PendingPod(pod.key, steps_of(allocation, order_names), i))
+    admission = list(books)
+    order.shuffle(admission)  # type: ignore[attr-defined]
+    live = {p.key: p for p in books}
+    for admitted in admission:
+        for step in admitted.steps:
+            match = match_allocate(step.units, list(live.values()))
+            assert match.status is MatchStatus.MATCHED, match.describe()
+            assert match.pod is not None
+            assert match.step is not None
+            assert match.step.answer == step.answer  # the admitted pod's own GPUs
+            matched = live[match.pod.key]
+            done = PendingPod(matched.key, matched.steps, matched.assume_time_ns, matched.done + 1)
+            if done.next_step is None:
+                del live[matched.key]
+            else:
+                live[matched.key] = done
+    assert not live
