@@ -5,6 +5,10 @@
 * :mod:`gpushare.testing.nodes`: fake GPU-share nodes (kwok), including the
   ``gpushare.io/gpu-inventory`` annotation contract.
 * :mod:`gpushare.testing.extender_stub`: a scripted scheduler extender that records every call.
+* :mod:`gpushare.testing.kubelet`: a stand-in for kubelet's device manager (Registration service,
+  ListAndWatch consumer, Allocate as kubelet makes it, restarts).
+* :mod:`gpushare.testing.nvml`: a declared fake of NVML (devices, XID events, failing probes).
+* :mod:`gpushare.testing.pods`: GPU pods created already bound, with the extender's annotations.
 
 The runtime packages (``gpushare.core`` and the others) never import this package.
 """

@@ -1,0 +1,103 @@
+"""The device plugin daemon wired together, with NVML's declared fake: a critical XID reaches
+kubelet (devices Unhealthy) and the node (inventory and gpu-count), and the GPU comes back.
+
+``DevicePluginDaemon`` runs in the test's event loop with ``NvmlInventory(FakeNvml)``, the
+kubelet stand-in, and the real API server; what the daemon does with a health change is checked
+where it lands: kubelet's device list and the Node object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from lightkube import AsyncClient, Client
+from lightkube.resources.core_v1 import Node
+
+from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
+from gpushare.deviceplugin.nvml import NvmlInventory
+from gpushare.kube.client import connect
+from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, NodeInfo, node_info
+from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.kubelet import FakeKubelet
+from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
+from gpushare.testing.nvml import FakeDevice, FakeNvml
+
+pytestmark = pytest.mark.cluster
+
+WAIT_S = 30.0
+GIB = 1 << 30
+_names = itertools.count()
+
+
+async def node_until(
+    client: AsyncClient, name: str, predicate: Callable[[NodeInfo, Node], bool]
+) -> NodeInfo:
+    """Poll node ``name`` until ``predicate(info, node)`` holds."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            node = await client.get(Node, name)
+            info = node_info(node.to_dict())
+            if predicate(info, node):
+                return info
+            await asyncio.sleep(0.05)
+
+
+def gpu_count(node: Node) -> tuple[str | None, str | None]:
+    status = node.status
+    capacity = (status.capacity if status else None) or {}
+    allocatable = (status.allocatable if status else None) or {}
+    return capacity.get(GPU_COUNT), allocatable.get(GPU_COUNT)
+
+
+def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    name = f"dp-health-{next(_names)}-{int(time.time())}"
+    create_nodes(kube, [plain_node(name, labels={GPUSHARE_LABEL: "true"})])
+    socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-health-", dir="/tmp"))
+    nvml = FakeNvml([FakeDevice(f"GPU-{name}-{i}", i, "Tesla-T4", 16 * GIB) for i in range(2)])
+
+    async def scenario() -> None:
+        client = connect(control_plane.kubeconfig, trust_env=False)
+        kubelet = FakeKubelet(socket_dir)
+        await kubelet.start()
+        options = DaemonOptions(node_name=name, socket_dir=socket_dir, recovery_s=1.0)
+        daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
+        stop = asyncio.Event()
+        running = asyncio.create_task(daemon.run(stop))
+        try:
+            await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
+            info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
+            assert [(g.model, g.capacity, g.healthy) for g in info.node.gpus] == [
+                ("Tesla-T4", 16, True),
+                ("Tesla-T4", 16, True),
+            ]
+            assert info.uuids == (f"GPU-{name}-0", f"GPU-{name}-1")
+
+            nvml.inject_xid(1, 79)  # GPU has fallen off the bus
+            view = await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 16, WAIT_S)
+            assert view.capacity == 32
+            info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "1"))
+            assert [g.healthy for g in info.node.gpus] == [True, False]
+
+            # 1 s without a new critical XID and a working NVML query: healthy again.
+            await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
+            info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
+            assert [g.healthy for g in info.node.gpus] == [True, True]
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, WAIT_S)
+            await kubelet.stop()
+            await client.close()
+        assert not daemon.runner.socket_path.exists()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 90))
+    finally:
+        delete_nodes(kube, [name])
