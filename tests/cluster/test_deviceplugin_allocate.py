@@ -31,12 +31,13 @@ from grpc import aio
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from gpushare.core.model import Gpu as CoreGpu
 from gpushare.core.model import Node as CoreNode
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.allocate import HandshakeAllocator
+from gpushare.deviceplugin.daemon import EVENT_COMPONENT
 from gpushare.deviceplugin.inventory import Gpu, MemoryUnit, device_id, parse_fake_gpus
 from gpushare.deviceplugin.server import DevicePluginService, serve
 from gpushare.kube.client import connect
@@ -45,6 +46,7 @@ from gpushare.kube.codec import (
     GPU_MEM,
 )
 from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS
+from gpushare.kube.events import EventRecorder
 from gpushare.kube.nodepods import NodePods
 from gpushare.testing.controlplane import ControlPlane
 from gpushare.testing.nodes import FakeGpu, create_nodes, delete_nodes, gpu_node
@@ -116,13 +118,17 @@ async def plugin(
     socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-dp-", dir="/tmp"))
     try:
         await pods.wait_synced(30)
-        allocator = HandshakeAllocator(node, lambda: gpus, MemoryUnit.GIB, pods, mps=mps)
+        events = EventRecorder(client, component=EVENT_COMPONENT)
+        allocator = HandshakeAllocator(
+            node, lambda: gpus, MemoryUnit.GIB, pods, mps=mps, events=events
+        )
         server = await serve(DevicePluginService(gpus, MemoryUnit.GIB, allocator), socket_dir)
         try:
             async with aio.insecure_channel(server.address) as channel:
                 yield api_pb2_grpc.DevicePluginStub(channel)
         finally:
             await server.stop()
+            await allocator.drain_events()
     finally:
         await pods.stop()
         await client.close()
@@ -152,6 +158,17 @@ def gpu_of(envs: dict[str, str]) -> tuple[str, str]:
     return envs["ALIYUN_COM_GPU_MEM_IDX"], envs["NVIDIA_VISIBLE_DEVICES"]
 
 
+def events_of(kube: Client, namespace: str, name: str) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the device plugin's Events on ``namespace/name`` (a pod, or
+    a node with namespace ``default``)."""
+    found = kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
+    return [
+        (e.type or "", e.reason or "", e.message or "")
+        for e in found
+        if e.source is not None and e.source.component == EVENT_COMPONENT
+    ]
+
+
 def annotations_of(kube: Client, key: str) -> dict[str, str]:
     namespace, name = key.split("/")
     meta = kube.get(Pod, name, namespace=namespace).metadata
@@ -179,6 +196,14 @@ def test_a_pod_gets_the_gpu_its_annotations_name_and_is_marked_assigned(
     got = annotations_of(kube, key)
     assert got[ALIYUN_ASSIGNED] == "true"
     assert got[ASSIGNED_CONTAINERS] == "1"
+    assert events_of(kube, namespace, "one") == [
+        (
+            "Normal",
+            "GPUAllocated",
+            f"gpushare device plugin on node {node}: container main gets GPU 1 "
+            f"({GPUS[1].uuid}), 4 GiB each",
+        )
+    ]
 
 
 @pytest.mark.parametrize("first", ["small", "big"])
@@ -236,6 +261,8 @@ def test_equal_pods_on_different_gpus_are_refused_not_guessed(
     assert "cannot be told apart" in details
     assert f"{namespace}/a" in details
     assert f"{namespace}/b" in details
+    for name in "ab":
+        assert events_of(kube, namespace, name) == [("Warning", "FailedGPUAllocation", details)]
 
 
 def test_multi_container_pod_gets_each_containers_gpus_in_spec_order(
@@ -273,6 +300,7 @@ def test_nothing_pending_of_that_size_fails_naming_amount_node_and_pods(
         f"gpushare: cannot allocate 5 GiB of {GPU_MEM} on node {node}: no pending pod asks 5 "
         f"unit(s) next; pending: {namespace}/four container main asks 4 on GPU 0"
     )
+    assert events_of(kube, "default", node) == [("Warning", "FailedGPUAllocation", error.details())]
 
 
 def test_a_restarted_plugin_reads_assignments_from_the_pods(

@@ -28,6 +28,11 @@ interchangeable, and the extender keeps pinning until its timeout. A permanent r
 (forbidden, pod gone) fails Allocate. When nothing matches, Allocate fails with
 FAILED_PRECONDITION naming the units asked, the node and the pending pods; it never returns a
 made-up device.
+
+Events (best effort, never delaying the answer; ``AllocateEvents``): ``GPUAllocated`` (Normal)
+on the matched pod naming the container's GPU(s); ``FailedGPUAllocation`` (Warning) on every
+candidate pod of an ambiguous match, on the pod whose record was refused, and on the node when no
+pending pod matches (kubelet then fails the admitted pod with the same message).
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
 
 import grpc
 
@@ -47,8 +52,13 @@ from gpushare.deviceplugin.server import AllocateError
 from gpushare.kube.codec import CodecError, Json, pod_key
 from gpushare.kube.codec.handshake import handshake_annotations, pending_pod
 from gpushare.kube.errors import KubeError
+from gpushare.kube.events import EventType
+from gpushare.kube.refs import PodRef
 
-__all__ = ["HandshakeAllocator", "PodSource", "container_envs"]
+__all__ = ["AllocateEvents", "HandshakeAllocator", "PodSource", "container_envs"]
+
+ALLOCATED = "GPUAllocated"
+FAILED = "FailedGPUAllocation"
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +80,22 @@ class PodSource(Protocol):
         self, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> None:
         """Merge ``annotations`` into the pod; ``KubeError`` on failure."""
+        ...
+
+
+class AllocateEvents(Protocol):
+    """Where Allocate's Events go (``gpushare.kube.events.EventRecorder``)."""
+
+    async def pod_event(
+        self, pod: PodRef, reason: str, message: str, type: EventType = EventType.NORMAL
+    ) -> str:
+        """An Event on ``pod``; ``KubeError`` on failure."""
+        ...
+
+    async def node_event(
+        self, node: str, reason: str, message: str, type: EventType = EventType.WARNING
+    ) -> str:
+        """An Event on node ``node``; ``KubeError`` on failure."""
         ...
 
 
@@ -115,6 +141,7 @@ class HandshakeAllocator:
         mps: bool = False,
         patch_attempts: int = 3,
         retry_s: float = 0.1,
+        events: AllocateEvents | None = None,
     ) -> None:
         self.node_name = node_name
         self._gpus = gpus
@@ -125,6 +152,9 @@ class HandshakeAllocator:
         self._retry_s = retry_s
         self._lock = asyncio.Lock()
         self._done: dict[tuple[str, int], int] = {}  # (pod, assume time) -> steps answered
+        self._uids: dict[str, str] = {}  # pod key -> UID, from the last pods read
+        self._events = events
+        self._emitting: set[asyncio.Task[None]] = set()
 
     async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Answer every container request in order (module doc); ``AllocateError`` if one
@@ -146,11 +176,16 @@ class HandshakeAllocator:
                 log.warning("listing the pods of node %s failed: %s", self.node_name, error)
         pod, step = match.pod, match.step
         if match.status is not MatchStatus.MATCHED or pod is None or step is None:
-            raise AllocateError(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            message = (
                 f"gpushare: cannot allocate {units} {self._unit.value} of {RESOURCE_GPU_MEM} on "
-                f"node {self.node_name}: {match.describe()}",
+                f"node {self.node_name}: {match.describe()}"
             )
+            if match.status is MatchStatus.AMBIGUOUS:
+                for candidate in match.candidates:
+                    self._pod_event(candidate.key, FAILED, message, EventType.WARNING)
+            elif self._events is not None:
+                self._emit(self._events.node_event(self.node_name, FAILED, message))
+            raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message)
         gpus = {gpu.index: gpu for gpu in self._gpus()}
         try:
             envs = container_envs(
@@ -164,7 +199,41 @@ class HandshakeAllocator:
             ) from None
         await self._record(pod, pod.done + 1)
         log.info("Allocate: %s", match.describe())
+        self._pod_event(
+            pod.key,
+            ALLOCATED,
+            f"gpushare device plugin on node {self.node_name}: container {step.container} gets "
+            f"GPU {envs['ALIYUN_COM_GPU_MEM_IDX']} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
+            f"{step.share} {self._unit.value} each",
+        )
         return api_pb2.ContainerAllocateResponse(envs=envs)
+
+    def _pod_event(
+        self, key: str, reason: str, message: str, type: EventType = EventType.NORMAL
+    ) -> None:
+        uid = self._uids.get(key)
+        if self._events is None or not uid:
+            return
+        namespace, name = key.split("/", 1)
+        self._emit(self._events.pod_event(PodRef(namespace, name, uid), reason, message, type))
+
+    def _emit(self, call: Coroutine[Any, Any, str]) -> None:
+        """Send an Event in the background: Allocate never waits for it."""
+
+        async def send() -> None:
+            try:
+                await call
+            except KubeError as error:
+                log.warning("recording an Allocate event failed: %s", error)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._emitting.add(task)
+        task.add_done_callback(self._emitting.discard)
+
+    async def drain_events(self) -> None:
+        """Wait for the Events in flight (tests, shutdown)."""
+        while self._emitting:
+            await asyncio.gather(*self._emitting, return_exceptions=True)
 
     def _match(self, units: int, pods: Sequence[Json]) -> Match:
         pending = []
@@ -173,6 +242,12 @@ class HandshakeAllocator:
             if found is not None:
                 pending.append(found)
         present = _keys(pods)
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if isinstance(meta, Mapping) and meta.get("uid"):
+                self._uids[f"{meta.get('namespace')}/{meta.get('name')}"] = str(meta["uid"])
+        for gone in [k for k in self._uids if k not in present]:
+            del self._uids[gone]
         for answered in [k for k in self._done if k[0] not in present]:
             del self._done[answered]  # the pod is gone
         return match_allocate(units, pending)
@@ -204,11 +279,12 @@ class HandshakeAllocator:
                 break
             except KubeError as error:
                 if not error.temporary:
-                    raise AllocateError(
-                        grpc.StatusCode.FAILED_PRECONDITION,
+                    message = (
                         f"gpushare: cannot record the GPU of pod {pod.key} on node "
-                        f"{self.node_name}: {error}",
-                    ) from error
+                        f"{self.node_name}: {error}"
+                    )
+                    self._pod_event(pod.key, FAILED, message, EventType.WARNING)
+                    raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message) from error
                 if attempt == self._patch_attempts:
                     log.error(
                         "answering pod %s without recording it (%d tries): %s",

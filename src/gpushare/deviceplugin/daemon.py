@@ -38,10 +38,14 @@ from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.codec import InventoryGpu
 from gpushare.kube.errors import KubeError
+from gpushare.kube.events import EventRecorder
 from gpushare.kube.nodepods import NodePods
 from gpushare.kube.nodes import NodePublisher
 
-__all__ = ["DaemonOptions", "DevicePluginDaemon", "inventory_gpus"]
+__all__ = ["EVENT_COMPONENT", "DaemonOptions", "DevicePluginDaemon", "inventory_gpus"]
+
+EVENT_COMPONENT = "gpushare-device-plugin"
+"""``source.component`` of the device plugin's Events."""
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +93,16 @@ class DevicePluginDaemon:
         self._nvml = nvml
         self.pods = NodePods(client, options.node_name)
         self.publisher = NodePublisher(client)
-        allocator = HandshakeAllocator(
-            options.node_name, lambda: self.service.gpus, options.unit, self.pods, mps=options.mps
+        events = EventRecorder(client, component=EVENT_COMPONENT, instance=options.node_name)
+        self.allocator = HandshakeAllocator(
+            options.node_name,
+            lambda: self.service.gpus,
+            options.unit,
+            self.pods,
+            mps=options.mps,
+            events=events,
         )
-        self.service = DevicePluginService(inventory.gpus(), options.unit, allocator)
+        self.service = DevicePluginService(inventory.gpus(), options.unit, self.allocator)
         self.runner = PluginRunner(
             self.service,
             socket_dir=options.socket_dir,
@@ -154,4 +164,5 @@ class DevicePluginDaemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await health
             await self.runner.stop()
+            await self.allocator.drain_events()
             await self.pods.stop()

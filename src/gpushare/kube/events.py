@@ -1,11 +1,13 @@
-"""Kubernetes Events on pods: what GPU(s) a pod got, or why binding it failed.
+"""Kubernetes Events on pods and nodes: what GPU(s) a pod got, or why binding or allocating
+failed.
 
 :class:`EventRecorder` creates one core/v1 ``Event`` per call in the pod's namespace, named
 ``<pod>.<random>`` by the server (``generateName``), with ``involvedObject`` = the pod (UID
 included), ``source.component`` and ``reportingComponent`` = ``gpushare-extender`` (by default),
 ``count`` 1, and first/last timestamps from the injected clock. ``kubectl describe pod`` shows
 it under *Events*. Messages longer than :data:`MAX_MESSAGE_CHARS` are cut (the events API
-caps notes at 1 KiB).
+caps notes at 1 KiB). :meth:`EventRecorder.node_event` does the same for a Node (an Event of a
+cluster-scoped object lives in namespace ``default``, as kubelet's node events do).
 
 Events are best effort: a failure raises :class:`~gpushare.kube.errors.ApiCallError`, and the
 caller usually logs it and goes on. RBAC: ``events`` ``create``.
@@ -71,20 +73,34 @@ class EventRecorder:
     ) -> str:
         """Create an Event on ``pod``; return its name. ``reason`` is a short CamelCase word
         (``GPUAssigned``, ``FailedBinding``). Raises ``ApiCallError``."""
+        involved = ObjectReference(
+            apiVersion="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid
+        )
+        return await self._create(involved, pod.namespace, pod.key, (reason, message, type))
+
+    async def node_event(
+        self, node: str, reason: str, message: str, type: EventType = EventType.WARNING
+    ) -> str:
+        """Create an Event on node ``node`` (namespace ``default``); return its name. Raises
+        ``ApiCallError``."""
+        involved = ObjectReference(apiVersion="v1", kind="Node", name=node, uid=node)
+        return await self._create(involved, "default", f"node {node}", (reason, message, type))
+
+    async def _create(
+        self,
+        involved: ObjectReference,
+        namespace: str,
+        what: str,
+        note: tuple[str, str, EventType],
+    ) -> str:
+        reason, message, type = note
         if not reason:
             raise ValueError("reason must not be empty")
         now = self._clock()
+        name = involved.name or "object"
         event = Event(
-            metadata=ObjectMeta(
-                generateName=f"{pod.name[:_NAME_PREFIX_CHARS]}.", namespace=pod.namespace
-            ),
-            involvedObject=ObjectReference(
-                apiVersion="v1",
-                kind="Pod",
-                name=pod.name,
-                namespace=pod.namespace,
-                uid=pod.uid,
-            ),
+            metadata=ObjectMeta(generateName=f"{name[:_NAME_PREFIX_CHARS]}.", namespace=namespace),
+            involvedObject=involved,
             reason=reason,
             message=message[:MAX_MESSAGE_CHARS],
             type=type.value,
@@ -98,6 +114,6 @@ class EventRecorder:
         try:
             created = await self._client.create(event)
         except CLIENT_ERRORS as exc:
-            raise api_call_error(f"POST events {pod.key} ({reason})", exc) from exc
+            raise api_call_error(f"POST events {what} ({reason})", exc) from exc
         meta = created.metadata
         return (meta.name if meta is not None else None) or ""

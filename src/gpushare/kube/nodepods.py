@@ -6,7 +6,8 @@ annotation patch that records a handshake step.
 the API server. A pod kubelet is admitting may not have reached the cache yet (both watch the
 same binding): ``list_now`` lists the node's pods directly for that case.
 
-RBAC: ``pods`` ``get``, ``list``, ``watch`` and ``patch`` (``docs/deviceplugin.md``).
+RBAC: ``pods`` ``get``, ``list``, ``watch`` and ``patch``; ``events`` ``create`` for Allocate's
+Events (:data:`RBAC_RULES`, ``docs/deviceplugin.md``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ __all__ = ["RBAC_RULES", "NodePods"]
 
 RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
-"""The ClusterRole rules this module needs (PolicyRule JSON)."""
+"""The ClusterRole rules the device plugin's Allocate needs (PolicyRule JSON): this module's pod
+reads and patches, and the Events it records (``gpushare.kube.events``)."""
 
 
 def _pod_key(pod: Pod) -> str:
