@@ -35,7 +35,7 @@ from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.extender.live import LiveOptions
@@ -255,6 +255,33 @@ def test_pods_bound_by_the_extender_get_their_own_gpus_from_allocate(
     for name in "abcmd":
         pod = kube.get(Pod, name, namespace=ns)
         assert annotations_of(pod)[ALIYUN_ASSIGNED] == "true", name
+
+
+def test_a_pod_held_by_the_handshake_rule_is_placed_once_the_equal_pod_starts(
+    cluster: Cluster, kube: Client
+) -> None:
+    """Two 10 GiB pods on 2 x 16 GiB: the second must share the first one's GPU while that one
+    is pending, which does not fit, so it waits (Warning FailedScheduling naming the rule). Once
+    kubelet has admitted the first, kube-scheduler retries and the second lands on the other
+    GPU."""
+    ns = cluster.namespace
+    kube.create(gpu_pod(ns, "first", {"main": 10}))
+    first = annotations_of(bound(kube, ns, "first"))[ALIYUN_IDX]
+    kube.create(gpu_pod(ns, "second", {"main": 10}))
+
+    def refused() -> bool | None:
+        events = kube.list(Event, namespace=ns, fields={"involvedObject.name": "second"})
+        return any("awaits its device-plugin start" in (e.message or "") for e in events) or None
+
+    wait_for("second refused by the handshake rule", refused, WAIT_S)
+    assert not kube.get(Pod, "second", namespace=ns).spec.nodeName  # type: ignore[union-attr]
+    admit(cluster, kube, "first")
+    started = time.monotonic()
+    second = annotations_of(bound(kube, ns, "second"))[ALIYUN_IDX]
+    waited_s = time.monotonic() - started
+    print(f"second pod bound {waited_s:.1f} s after the first was admitted")
+    assert second != first
+    assert admit(cluster, kube, "second")[0]["ALIYUN_COM_GPU_MEM_IDX"] == second
 
 
 def test_kubelet_restart_makes_the_plugin_register_again(cluster: Cluster, kube: Client) -> None:
