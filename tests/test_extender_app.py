@@ -623,6 +623,14 @@ def test_health_version_and_inspect() -> None:
             "containers": ["main"],
         }
     ]
+    # The same report kubectl inspect gpushare -o json prints, from the extender's own copy.
+    shared = report["gpushare"]
+    assert [n["name"] for n in shared["nodes"]] == [N1, N2, N3]
+    assert [(t["unit"], t["allocated"], t["total"]) for t in shared["totals"]] == [
+        ("MiB", sum(n["usedGPU"] for n in report["nodes"]), 6 * GPU)
+    ]
+    assert [n["name"] for n in one["gpushare"]["nodes"]] == [N3]
+    assert [g["allocated"] for g in one["gpushare"]["nodes"][0]["gpus"]] == [8138, GPU]
 
 
 def test_finished_and_deleted_pods_release_their_gpus() -> None:

@@ -4,7 +4,11 @@ Keys follow Alibaba gpushare's ``pkg/scheduler/gpushare-inspect.go`` (``nodes``,
 ``totalGPU``, ``usedGPU``, ``devs``, ``id``, ``pods``, ``namespace``, ``usedGPU``), so their
 tooling keeps working, with gpushare's additions (``unit``, ``source``, per GPU ``model``,
 ``uuid``, ``healthy``; per pod ``containers`` and ``assumed``). Amounts are in the node's unit.
-``violations`` lists broken ledger invariants (empty when all is well).
+``violations`` lists broken ledger invariants (empty when all is well). ``gpushare`` is the
+report that ``kubectl inspect gpushare -o json`` prints (``gpushare.inspect.render.report_json``),
+built from the same nodes and pods the extender holds: per GPU allocated, assumed (bound but not
+yet started by the device plugin) and free, health, pending GPU pods with the reason they fit
+nowhere, and totals per unit.
 """
 
 from __future__ import annotations
@@ -12,7 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.extender.state import ExtenderState
+from gpushare.inspect.render import report_json
+from gpushare.inspect.report import Snapshot, build_report
 from gpushare.kube.codec import NodeInfo
+
+
+def shared_report(state: ExtenderState, node: str | None = None) -> dict[str, Any]:
+    """The inspect report (``gpushare.inspect``) of what ``state`` holds, as JSON."""
+    nodes, pods = state.objects()
+    return report_json(build_report(Snapshot(nodes, pods), node=node))
 
 
 def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
@@ -52,6 +64,7 @@ def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
         )
     return {
         "name": node.name,
+        "gpushare": shared_report(state, node.name),
         "unit": info.unit,
         "source": info.source,
         "totalGPU": sum(gpu.capacity for gpu in node.gpus),
@@ -75,4 +88,5 @@ def cluster_report(state: ExtenderState) -> dict[str, Any]:
             }
             for v in state.ledger.check_invariants()
         ],
+        "gpushare": shared_report(state),
     }

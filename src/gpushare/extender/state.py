@@ -119,6 +119,7 @@ class ExtenderState:
         self._pending = PendingBook(handshake_timeout_s)
         self._wall_clock_ns = wall_clock_ns
         self._nodes: dict[str, NodeInfo] = {}
+        self._node_objects: dict[str, Json] = {}  # the Node as the API server sent it
         self._pods: dict[str, dict[str, Any]] = {}
         self._versions: dict[str, int] = {}
         self._states: dict[str, tuple[int, NodeState]] = {}
@@ -146,6 +147,7 @@ class ExtenderState:
         """Add or update a Kubernetes Node; ``CodecError`` (nothing changed) on garbage."""
         info = node_info(obj)
         self.upsert_node_info(info)
+        self._node_objects[info.node.name] = obj
         return info
 
     def upsert_node_info(self, info: NodeInfo) -> None:
@@ -163,6 +165,7 @@ class ExtenderState:
 
     def remove_node(self, name: str) -> None:
         """Forget node ``name``; allocations on it stay until their pods go (``Ledger``)."""
+        self._node_objects.pop(name, None)
         if self._nodes.pop(name, None) is not None:
             self.ledger.remove_node(name)
             self._bump(name)
@@ -174,6 +177,11 @@ class ExtenderState:
     def nodes(self) -> list[NodeInfo]:
         """Every known node, sorted by name."""
         return [self._nodes[name] for name in sorted(self._nodes)]
+
+    def objects(self) -> tuple[tuple[Json, ...], tuple[Json, ...]]:
+        """(Node objects, GPU pods) as last seen, for ``gpushare.inspect.report.Snapshot``;
+        nodes known only from ``Nodes`` requests are left out."""
+        return tuple(self._node_objects.values()), tuple(self._pods.values())
 
     def version(self, name: str) -> int:
         """A counter that changes whenever node ``name`` or an allocation on it changes."""

@@ -1,0 +1,357 @@
+"""Renderers of the inspect ``Report``: Alibaba's two tables, and JSON. Pure; no I/O.
+
+The layout is Alibaba's ``kubectl inspect gpushare`` (``cmd/inspect/display.go`` of
+AliyunContainerService/gpushare-device-plugin; sample output in gpushare-scheduler-extender's
+``docs/userguide.md``), which operators read and scripts grep: the summary is ``NAME IPADDRESS
+GPU0(Allocated/Total) ... GPU Memory(<unit>)`` with one ``allocated/total`` cell per GPU, a
+``-----`` line, then ``Allocated/Total GPU Memory In Cluster:`` and ``a/b (p%)`` on the next
+line; ``-d`` prints per node ``NAME:``/``IPADDRESS:``, a ``NAME NAMESPACE GPU0(Allocated) ...``
+table of its pods, ``Allocated :  a (p%)`` and ``Total :  b``, a ``-----`` line, and at the end
+``Allocated/Total GPU Memory In Cluster:  a/b (p%)``. Columns are separated as Go's
+``tabwriter`` (padding 2, spaces) separates them; percentages are whole and truncated (``%d``
+of the float), so 1/165 shows ``(0%)``. ``PENDING(Allocated)`` is Alibaba's column for units
+of pods bound to a node without a GPU (``NodeReport.unplaced``); it appears only when there
+are such pods.
+
+Plain text rather than rich: the output is the same in a terminal, a pipe and a golden file,
+and a fixed-width layout is all Alibaba's format needs.
+
+Where gpushare differs, on purpose:
+
+* nodes are sorted by name; trailing spaces are stripped; a ``-----`` line is as wide as the
+  widest line above it (Alibaba: the length of the first row's raw text plus 20, or 10 with -d);
+* a node without a given GPU index shows ``-`` (Alibaba: ``0/0``); GPU columns are the union
+  of the nodes' indices, so nodes with different GPU counts or sparse indices line up;
+* an unhealthy GPU shows ``4/16 (unhealthy)`` (summary) and an ``UNHEALTHY:`` line (detail),
+  and ``Unhealthy/Total GPU Memory In Cluster:`` follows the cluster line when any GPU is;
+* units: ``GPU Memory(GiB)`` when every node has the same unit; with several, the column is
+  ``GPU Memory`` and each cell and cluster total carries its unit (``1/88 GiB``), one total line
+  per unit; nodes read through Alibaba's fallback say ``unit unknown``; the detail adds ``UNIT:``;
+* detail rows: one per pod with its amount on each GPU (a multi-GPU pod fills several cells),
+  and for a pod with several GPU containers one ``  - <container>`` row per container below it;
+  a ``STATE`` column (``assigned``, ``assumed``: bound, not yet started by the device plugin,
+  ``unplaced``: bound without a GPU) appears when a pod on the node is not assigned;
+* sections Alibaba has not: pending GPU pods with the reason they do not fit (one line per pod
+  in the summary, one per node checked with ``-d``), notes (nodes that are not GPU-share nodes
+  but hold pods, unknown units) and problems (objects that could not be read).
+
+``report_json`` is the same report as JSON (shape: its docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpushare.inspect.report import (
+    NodeFit,
+    NodeReport,
+    PendingReport,
+    PodReport,
+    Report,
+    UnitTotal,
+    unit_label,
+)
+
+__all__ = ["render_detail", "render_summary", "report_json"]
+
+PADDING = 2
+CLUSTER_LINE = "Allocated/Total GPU Memory In Cluster:"
+UNHEALTHY_LINE = "Unhealthy/Total GPU Memory In Cluster:"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as Go's ``tabwriter`` (padding 2, spaces) prints tab-terminated cells, stripped."""
+    widths: list[int] = []
+    for row in rows:
+        for i, cell in enumerate(row):
+            if i == len(widths):
+                widths.append(0)
+            widths[i] = max(widths[i], len(cell))
+    return [
+        "".join(cell.ljust(widths[i] + PADDING) for i, cell in enumerate(row)).rstrip()
+        for row in rows
+    ]
+
+
+def _rule(lines: Sequence[str]) -> str:
+    return "-" * max((len(line) for line in lines), default=0)
+
+
+def _percent(part: int, whole: int) -> int:
+    return part * 100 // whole if whole > 0 else 0
+
+
+def _common_unit(report: Report) -> str | None:
+    """The unit label shared by every node, or ``None`` when they differ (or there are none)."""
+    labels = {unit_label(node.unit) for node in report.nodes}
+    return labels.pop() if len(labels) == 1 else None
+
+
+def _indices(report: Report) -> list[int]:
+    return sorted({gpu.index for node in report.nodes for gpu in node.gpus})
+
+
+def _cluster_values(totals: Sequence[UnitTotal], *, unhealthy: bool = False) -> list[str]:
+    """``a/b (p%)`` per unit (with the unit when there are several); ``0/0 (0%)`` when empty."""
+    if not totals:
+        return ["0/0 (0%)"]
+    values = []
+    for total in totals:
+        part = total.unhealthy if unhealthy else total.allocated
+        percent = total.unhealthy_percent if unhealthy else total.percent
+        unit = f" {unit_label(total.unit)}" if len(totals) > 1 else ""
+        values.append(f"{part}/{total.total}{unit} ({percent}%)")
+    return values
+
+
+def _asks(pod: PendingReport) -> str:
+    """``8``, ``2x4`` (4 on each of 2 GPUs), ``c0 2x4 + c1 2``; allowed models in brackets."""
+    parts = []
+    for ask in pod.asks:
+        amount = f"{ask.count}x{ask.share}" if ask.count > 1 else str(ask.share)
+        models = f" [{','.join(ask.models)}]" if ask.models else ""
+        name = f"{ask.name} " if len(pod.asks) > 1 else ""
+        parts.append(f"{name}{amount}{models}")
+    return " + ".join(parts)
+
+
+def _notes(report: Report) -> list[str]:
+    notes = []
+    for node in report.nodes:
+        if not node.gpushare:
+            why = "; shown for the GPU pods bound to it" if node.pods else ""
+            notes.append(f"node {node.name}: not a GPU-share node ({node.refusal}){why}")
+        if node.unit is None and node.gpus:
+            notes.append(
+                f"node {node.name}: unit unknown (no gpushare.io/gpu-inventory annotation, an "
+                "Alibaba device plugin): amounts as its aliyun.com/gpu-mem capacity counts them"
+            )
+    return notes
+
+
+def _sections(report: Report, pending: list[str]) -> list[str]:
+    lines: list[str] = []
+    for title, body in (
+        ("Pending GPU pods (not bound to a node):", pending),
+        ("Notes:", [f"  {note}" for note in _notes(report)]),
+        ("Problems (objects that could not be read or do not add up):",
+         [f"  {problem}" for problem in report.problems]),
+    ):  # fmt: skip
+        if body:
+            lines += ["", title, *body]
+    return lines
+
+
+def render_summary(report: Report) -> str:
+    """Alibaba's default view (module doc): one row per node, then the cluster totals, then
+    pending pods, notes and problems. Ends with a newline."""
+    indices = _indices(report)
+    unit = _common_unit(report)
+    unplaced = any(node.unplaced for node in report.nodes)
+    header = ["NAME", "IPADDRESS", *(f"GPU{i}(Allocated/Total)" for i in indices)]
+    header += ["PENDING(Allocated)"] if unplaced else []
+    header.append(f"GPU Memory({unit})" if unit is not None else "GPU Memory")
+    rows = [header]
+    for node in report.nodes:
+        gpus = {gpu.index: gpu for gpu in node.gpus}
+        row = [node.name, node.address or "unknown"]
+        for index in indices:
+            gpu = gpus.get(index)
+            cell = "-" if gpu is None else f"{gpu.allocated}/{gpu.capacity}"
+            row.append(cell if gpu is None or gpu.healthy else f"{cell} (unhealthy)")
+        row += [str(node.unplaced) if node.unplaced else ""] if unplaced else []
+        memory = f"{node.allocated}/{node.total}"
+        row.append(memory if unit is not None else f"{memory} {unit_label(node.unit)}")
+        rows.append(row)
+    lines = _table(rows)
+    lines += [_rule(lines), CLUSTER_LINE, *_cluster_values(report.totals)]
+    if any(total.unhealthy for total in report.totals):
+        lines += [UNHEALTHY_LINE, *_cluster_values(report.totals, unhealthy=True)]
+    pending = _table(
+        [["NAMESPACE", "NAME", "GPU MEMORY", "REASON"]]
+        + [[p.namespace, p.name, _asks(p), p.reason] for p in report.pending]
+    )
+    lines += _sections(report, pending if report.pending else [])
+    return "\n".join(lines) + "\n"
+
+
+def _pod_rows(node: NodeReport, pod: PodReport, state: bool) -> list[list[str]]:
+    indices = [gpu.index for gpu in node.gpus]
+    row = [pod.name, pod.namespace, *(str(pod.amount(i)) for i in indices)]
+    row += [str(pod.total) if not pod.placed else "0"] if node.unplaced else []
+    if state:
+        row.append("assigned" if pod.assigned else "assumed" if pod.placed else "unplaced")
+    rows = [row]
+    if len(pod.containers) > 1:
+        for container in pod.containers:
+            amounts = [str(container.share if i in container.gpus else 0) for i in indices]
+            rows.append([f"  - {container.name}", "", *amounts])
+    return rows
+
+
+def _node_block(node: NodeReport) -> list[str]:
+    head = [["NAME:", node.name], ["IPADDRESS:", node.address or "unknown"]]
+    head.append(["UNIT:", unit_label(node.unit)])
+    unhealthy = [f"GPU{gpu.index}" for gpu in node.gpus if not gpu.healthy]
+    if unhealthy:
+        head.append(["UNHEALTHY:", ", ".join(unhealthy)])
+    if not node.gpushare:
+        head.append(["NOTE:", f"not a GPU-share node ({node.refusal})"])
+    state = any(not pod.assigned for pod in node.pods)
+    header = ["NAME", "NAMESPACE", *(f"GPU{gpu.index}(Allocated)" for gpu in node.gpus)]
+    header += ["PENDING(Allocated)"] if node.unplaced else []
+    header += ["STATE"] if state else []
+    rows = [header]
+    for pod in node.pods:
+        rows += _pod_rows(node, pod, state)
+    rows.append(["Allocated :", f"{node.allocated} ({_percent(node.allocated, node.total)}%)"])
+    rows.append(["Total :", str(node.total)])
+    table = _table(rows)
+    return ["", *_table(head), "", *table, _rule(table)]
+
+
+def _fit_lines(pod: PendingReport) -> list[str]:
+    lines = [f"{pod.namespace}/{pod.name}  asks {_asks(pod)}"]
+    fits: Sequence[NodeFit] = pod.nodes
+    lines += [f"  {fit.text}" for fit in fits] or ["  no GPU-share node"]
+    return lines
+
+
+def render_detail(report: Report) -> str:
+    """Alibaba's ``-d`` view (module doc): per node its pods' allocation on each GPU and the
+    node's totals, then the cluster totals, then pending pods with one reason line per node
+    checked, notes and problems. Starts with an empty line, as Alibaba's; ends with a newline."""
+    lines: list[str] = []
+    for node in report.nodes:
+        lines += _node_block(node)
+    rows = [[CLUSTER_LINE, value] for value in _cluster_values(report.totals)]
+    if any(total.unhealthy for total in report.totals):
+        rows += [[UNHEALTHY_LINE, v] for v in _cluster_values(report.totals, unhealthy=True)]
+    lines += ["", "", *_table(rows)]
+    pending = [line for pod in report.pending for line in _fit_lines(pod)]
+    lines += _sections(report, pending)
+    return "\n".join(lines) + "\n"
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+
+def _node_json(node: NodeReport) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "address": node.address,
+        "unit": node.unit,
+        "source": node.source,
+        "gpushare": node.gpushare,
+        "refusal": node.refusal,
+        "healthy": node.healthy,
+        "allocated": node.allocated,
+        "assumed": node.assumed,
+        "unplaced": node.unplaced,
+        "unhealthy": node.unhealthy,
+        "total": node.total,
+        "gpus": [
+            {
+                "index": gpu.index,
+                "model": gpu.model,
+                "uuid": gpu.uuid,
+                "healthy": gpu.healthy,
+                "capacity": gpu.capacity,
+                "allocated": gpu.allocated,
+                "assumed": gpu.assumed,
+                "free": gpu.free,
+            }
+            for gpu in node.gpus
+        ],
+        "pods": [
+            {
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "assigned": pod.assigned,
+                "placed": pod.placed,
+                "total": pod.total,
+                "gpus": [{"index": index, "amount": amount} for index, amount in pod.gpus],
+                "containers": [
+                    {"name": c.name, "gpus": list(c.gpus), "share": c.share} for c in pod.containers
+                ],
+            }
+            for pod in node.pods
+        ],
+    }
+
+
+def _fit_json(fit: NodeFit) -> dict[str, Any]:
+    result = fit.fit
+    return {
+        "node": fit.node,
+        "unit": fit.unit,
+        "status": fit.status,
+        "reason": fit.reason,
+        "container": None if result is None else result.container,
+        "requested": None if result is None else result.requested,
+        "available": None if result is None else result.available,
+        "free_per_gpu": [] if result is None else list(result.free_per_gpu),
+        "capacity_per_gpu": [] if result is None else list(result.capacity_per_gpu),
+        "text": fit.text,
+    }
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The report as JSON-ready data, keys in this order (amounts in the node's unit)::
+
+        {"node": <filter or null>,
+         "nodes": [{"name", "address" (InternalIP or null), "unit" ("GiB"|"MiB"|null),
+                    "source", "gpushare", "refusal", "healthy", "allocated", "assumed",
+                    "unplaced", "unhealthy", "total",
+                    "gpus": [{"index", "model", "uuid", "healthy", "capacity", "allocated",
+                              "assumed", "free"}],
+                    "pods": [{"namespace", "name", "assigned", "placed", "total",
+                              "gpus": [{"index", "amount"}],
+                              "containers": [{"name", "gpus": [index], "share"}]}]}],
+         "pending": [{"namespace", "name", "total", "reason",
+                      "asks": [{"container", "share", "count", "models"}],
+                      "nodes": [{"node", "unit", "status", "reason", "container",
+                                 "requested", "available", "free_per_gpu",
+                                 "capacity_per_gpu", "text"}]}],
+         "totals": [{"unit", "allocated", "total", "percent", "unhealthy", "nodes"}],
+         "problems": [str]}
+
+    ``status`` is ``fits``/``does-not-fit-now``/``can-never-fit``; ``reason`` a fixed text
+    (``gpushare.core.fit.Reason``); ``percent`` whole and truncated.
+    """
+    return {
+        "node": report.node,
+        "nodes": [_node_json(node) for node in report.nodes],
+        "pending": [
+            {
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "total": pod.total,
+                "reason": pod.reason,
+                "asks": [
+                    {
+                        "container": a.name,
+                        "share": a.share,
+                        "count": a.count,
+                        "models": list(a.models),
+                    }
+                    for a in pod.asks
+                ],
+                "nodes": [_fit_json(fit) for fit in pod.nodes],
+            }
+            for pod in report.pending
+        ],
+        "totals": [
+            {
+                "unit": total.unit,
+                "allocated": total.allocated,
+                "total": total.total,
+                "percent": total.percent,
+                "unhealthy": total.unhealthy,
+                "nodes": total.nodes,
+            }
+            for total in report.totals
+        ],
+        "problems": list(report.problems),
+    }

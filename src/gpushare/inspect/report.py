@@ -1,0 +1,456 @@
+"""The inspect report: who holds which GPU, and why a GPU pod is pending. Pure; no I/O.
+
+``build_report(Snapshot(nodes, pods))`` turns the cluster as the API server returns it (Node and
+Pod objects as plain JSON dicts) into a ``Report``; ``gpushare.inspect.render`` prints it as
+Alibaba's ``kubectl inspect gpushare`` tables or as JSON. Objects are read with
+``gpushare.kube.codec`` (formats: its package docstring) and pending pods are checked with
+``gpushare.core.fit.check_fit``, the extender's own filter, so the reasons are the extender's.
+
+* **Nodes**: GPU-share nodes (``NodeInfo.gpushare``: label ``gpushare=true`` and GPUs) and any
+  node that holds GPU pods, sorted by name. The address is the ``InternalIP`` of
+  ``status.addresses`` (``None`` when absent). The unit comes from the node's inventory; a node
+  read through Alibaba's fallback (``aliyun.com/gpu-mem`` ÷ ``aliyun.com/gpu-count``) has unit
+  ``None``: its amounts are as its capacity counts them, and the renderers say so.
+* **Pods** (finished ones, ``Succeeded``/``Failed``, and those asking no GPU are skipped):
+
+  - *bound with an allocation record* count on their GPUs; one whose
+    ``ALIYUN_COM_GPU_MEM_ASSIGNED`` is not ``"true"`` is *assumed*: the extender chose its GPUs
+    but the device plugin has not started it yet (``GpuReport.assumed``, ``PodReport.assigned``);
+  - *bound without a record* (bound around the extender) hold memory in kube-scheduler's count
+    but no GPU: they count in the node's ``unplaced`` (Alibaba's ``PENDING(Allocated)``);
+  - *not bound* are pending: ``check_fit`` on every GPU-share node (only the ``node`` given, if
+    any) says why they do not fit, with the numbers.
+
+* **Amounts** are integers in the node's unit; totals are summed per unit (``UnitTotal``), since
+  GiB and MiB nodes may share a cluster.
+* **Problems**: an object the codec cannot read (``CodecError``), a pod on a node missing from
+  the snapshot, a GPU index the node lacks, a GPU allocated above its capacity: one line each,
+  naming the object; the rest of the report is still built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.core.fit import FitResult, FitStatus, check_fit
+from gpushare.core.model import Allocation, NodeState, PodRequest
+from gpushare.kube.codec import (
+    UNITS,
+    CodecError,
+    NodeInfo,
+    alibaba_annotations,
+    node_info,
+    pod_allocation,
+    pod_request,
+)
+
+_FINISHED = ("Succeeded", "Failed")
+UNKNOWN_UNIT = "unit unknown"
+
+
+def unit_label(unit: str | None) -> str:
+    """``"GiB"``/``"MiB"``, or ``"unit unknown"`` for a node read through Alibaba's fallback."""
+    return unit if unit is not None else UNKNOWN_UNIT
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The cluster as read from the API server: Node objects and the pods that ask
+    ``aliyun.com/gpu-mem`` (all namespaces), each a plain JSON dict as the API returns it."""
+
+    nodes: tuple[Mapping[str, Any], ...] = ()
+    pods: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    """One GPU. ``capacity``, ``allocated`` (every allocation recorded on it, assumed ones
+    included), ``assumed`` (the part of ``allocated`` whose pods the device plugin has not
+    started yet) and ``free`` are in the node's unit; ``free`` is what a new pod could get: 0 on
+    an unhealthy GPU, never negative."""
+
+    index: int
+    model: str
+    uuid: str
+    capacity: int
+    allocated: int
+    assumed: int
+    free: int
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerReport:
+    """What one container got: ``share`` units on each GPU index in ``gpus`` (empty for a pod
+    bound without an allocation record)."""
+
+    name: str
+    gpus: tuple[int, ...]
+    share: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodReport:
+    """A pod on ``node``: ``gpus`` is ``(index, amount)`` per GPU it holds, by index (empty
+    when it is bound without an allocation record: then ``total`` is what it asks);
+    ``assigned`` is false while the device plugin has not started it (``assumed``)."""
+
+    namespace: str
+    name: str
+    node: str
+    gpus: tuple[tuple[int, int], ...]
+    containers: tuple[ContainerReport, ...]
+    assigned: bool
+    total: int
+
+    @property
+    def placed(self) -> bool:
+        """True when the pod holds GPUs (it has an allocation record)."""
+        return bool(self.gpus)
+
+    def amount(self, index: int) -> int:
+        """Units the pod holds on GPU ``index`` (0 when none)."""
+        return dict(self.gpus).get(index, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """One node. ``gpushare`` is false (with ``refusal`` saying why) for a node that is not a
+    GPU-share node but holds GPU pods. ``allocated`` sums the GPUs' ``allocated`` and
+    ``unplaced`` (units of pods bound here without a GPU); ``assumed`` is part of it; ``total``
+    sums capacities; all in ``unit`` (``None``: unknown, Alibaba's fallback, ``source``
+    ``"capacity"``)."""
+
+    name: str
+    address: str | None
+    unit: str | None
+    source: str
+    gpushare: bool
+    refusal: str
+    gpus: tuple[GpuReport, ...]
+    pods: tuple[PodReport, ...]
+    allocated: int
+    assumed: int
+    unplaced: int
+    total: int
+
+    @property
+    def healthy(self) -> bool:
+        """True when every GPU is healthy."""
+        return all(gpu.healthy for gpu in self.gpus)
+
+    @property
+    def unhealthy(self) -> int:
+        """The capacity of the node's unhealthy GPUs, in ``unit``."""
+        return sum(gpu.capacity for gpu in self.gpus if not gpu.healthy)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAsk:
+    """What one container of a pending pod asks: ``share`` units on each of ``count`` GPUs,
+    of the ``models`` given (empty: any)."""
+
+    name: str
+    share: int
+    count: int
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    """A pending pod against one node: the core's ``fit`` (``None`` when the node is not a
+    GPU-share node: ``refusal`` says why) and ``text``, one line with the numbers and unit."""
+
+    node: str
+    unit: str | None
+    fit: FitResult | None
+    refusal: str
+    text: str
+
+    @property
+    def status(self) -> str:
+        """``"fits"``, ``"does-not-fit-now"`` or ``"can-never-fit"`` (``FitStatus`` values)."""
+        return FitStatus.CAN_NEVER_FIT.value if self.fit is None else self.fit.status.value
+
+    @property
+    def reason(self) -> str:
+        """The fixed reason text (``gpushare.core.fit.Reason``, or not a GPU-share node)."""
+        return "not a GPU-share node" if self.fit is None else str(self.fit.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReport:
+    """A GPU pod not bound to a node: what it ``asks`` (``total`` units over its GPU
+    containers, in the unit of whichever node takes it), why per node (``nodes``, by name) and
+    ``reason``, one line summarising them."""
+
+    namespace: str
+    name: str
+    asks: tuple[ContainerAsk, ...]
+    total: int
+    nodes: tuple[NodeFit, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnitTotal:
+    """Cluster totals over the nodes in one ``unit`` (``None``: unknown): ``allocated``,
+    ``total`` and ``unhealthy`` (capacity of unhealthy GPUs) in that unit."""
+
+    unit: str | None
+    allocated: int
+    total: int
+    unhealthy: int
+    nodes: int
+
+    @property
+    def percent(self) -> int:
+        """``allocated`` as a whole percentage of ``total``, truncated (Alibaba's ``%d``)."""
+        return self.allocated * 100 // self.total if self.total > 0 else 0
+
+    @property
+    def unhealthy_percent(self) -> int:
+        """``unhealthy`` as a whole percentage of ``total``, truncated."""
+        return self.unhealthy * 100 // self.total if self.total > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The whole report: ``nodes`` by name, ``pending`` pods by namespace/name, ``totals`` per
+    unit (GiB, MiB, then unknown; only units present), ``problems`` (one line per unreadable or
+    inconsistent object) and the ``node`` filter it was built with (``None``: all nodes)."""
+
+    nodes: tuple[NodeReport, ...]
+    pending: tuple[PendingReport, ...]
+    totals: tuple[UnitTotal, ...]
+    problems: tuple[str, ...]
+    node: str | None = None
+
+
+# -- reading the snapshot ----------------------------------------------------------------------
+
+
+def _dig(obj: Mapping[str, Any], *keys: str) -> object:
+    """``obj[k1][k2]...`` or ``None`` when a level is missing or not an object (no errors)."""
+    value: object = obj
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _internal_ip(obj: Mapping[str, Any]) -> str | None:
+    addresses = _dig(obj, "status", "addresses")
+    for item in addresses if isinstance(addresses, list) else ():
+        if isinstance(item, Mapping) and item.get("type") == "InternalIP":
+            address = item.get("address")
+            if isinstance(address, str) and address:
+                return address
+    return None
+
+
+def _line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+_Book = tuple[list[tuple[Allocation, bool]], list[PodRequest]]
+"""What the pods say about one node: (allocation, assigned) of placed pods, unplaced pods."""
+
+
+def build_report(snapshot: Snapshot, *, node: str | None = None) -> Report:
+    """The report of ``snapshot`` (module doc); with ``node``, of that node alone (pending pods
+    are then checked against it only; it is shown even when it is not a GPU-share node).
+    Never raises on unreadable objects: they become ``Report.problems``."""
+    problems: list[str] = []
+    infos: dict[str, tuple[NodeInfo, str | None]] = {}
+    for obj in snapshot.nodes:
+        if node is not None and _dig(obj, "metadata", "name") != node:
+            continue
+        try:
+            info = node_info(obj)
+        except CodecError as error:
+            problems.append(_line(error))
+            continue
+        infos[info.node.name] = (info, _internal_ip(obj))
+    if node is not None and node not in infos and not problems:
+        problems.append(f"node {node}: not found")
+
+    books: dict[str, _Book] = {}
+    pending: list[tuple[str, PodRequest]] = []
+    for obj in snapshot.pods:
+        bound = _dig(obj, "spec", "nodeName") or None
+        if node is not None and bound not in (None, node):
+            continue
+        if _dig(obj, "status", "phase") in _FINISHED:
+            continue
+        try:
+            request = pod_request(obj)
+            if not request.gpu_containers:
+                continue
+            if bound is None:
+                pending.append((request.key, request))
+                continue
+            allocation = pod_allocation(obj)
+            assigned = alibaba_annotations(obj).assigned is True
+        except CodecError as error:
+            problems.append(_line(error))
+            continue
+        placed, unplaced = books.setdefault(str(bound), ([], []))
+        if allocation is None:
+            unplaced.append(request)
+        else:
+            placed.append((allocation, assigned))
+
+    for name in sorted(set(books) - set(infos)):
+        count = len(books[name][0]) + len(books[name][1])
+        problems.append(f"node {name}: {count} GPU pod(s) bound to it; node missing or unreadable")
+    nodes: list[NodeReport] = []
+    states: dict[str, NodeState] = {}
+    for name in sorted(infos):
+        info, address = infos[name]
+        book: _Book = books.get(name, ([], []))
+        if not (info.gpushare or book[0] or book[1] or name == node):
+            continue
+        report, state = _node_report(info, address, book, problems)
+        nodes.append(report)
+        states[name] = state
+    candidates = [n for n in nodes if n.gpushare or n.name == node]
+    pending_reports = [
+        _pending_report(key, request, candidates, states)
+        for key, request in sorted(pending, key=lambda item: item[0])
+    ]
+    return Report(tuple(nodes), tuple(pending_reports), _totals(nodes), tuple(problems), node)
+
+
+def _node_report(
+    info: NodeInfo, address: str | None, book: _Book, problems: list[str]
+) -> tuple[NodeReport, NodeState]:
+    gpus = info.node.gpus
+    position = {gpu.index: i for i, gpu in enumerate(gpus)}
+    used = [0] * len(gpus)
+    assumed = [0] * len(gpus)
+    holders: list[list[str]] = [[] for _ in gpus]
+    pods: list[PodReport] = []
+    for allocation, assigned in sorted(book[0], key=lambda entry: entry[0].pod):
+        per_gpu = allocation.per_gpu()
+        missing = sorted(set(per_gpu) - set(position))
+        if missing:
+            have = ", ".join(str(gpu.index) for gpu in gpus) or "none"
+            problems.append(
+                f"pod {allocation.pod}: allocated on GPU {', '.join(map(str, missing))} of "
+                f"node {info.node.name}, which has GPUs {have}"
+            )
+            continue
+        for index, amount in per_gpu.items():
+            used[position[index]] += amount
+            holders[position[index]].append(allocation.pod)
+            if not assigned:
+                assumed[position[index]] += amount
+        namespace, _, pod_name = allocation.pod.partition("/")
+        pods.append(
+            PodReport(
+                namespace, pod_name, info.node.name, tuple(sorted(per_gpu.items())),
+                tuple(ContainerReport(c.container, c.gpu_indices, c.gpu_share)
+                      for c in allocation.containers),
+                assigned, sum(per_gpu.values()),
+            )
+        )  # fmt: skip
+    unplaced = 0
+    for request in sorted(book[1], key=lambda r: r.key):
+        namespace, _, pod_name = request.key.partition("/")
+        containers = tuple(ContainerReport(c.name, (), c.gpu_share) for c in request.gpu_containers)
+        pods.append(
+            PodReport(namespace, pod_name, info.node.name, (), containers, False, request.gpu_total)
+        )
+        unplaced += request.gpu_total
+    reports = []
+    for i, gpu in enumerate(gpus):
+        if used[i] > gpu.capacity:
+            problems.append(
+                f"node {info.node.name} GPU {gpu.index}: allocated {used[i]} above its capacity "
+                f"{gpu.capacity} ({unit_label(info.unit)}; pods {', '.join(holders[i])})"
+            )
+        free = max(gpu.capacity - used[i], 0) if gpu.healthy else 0
+        uuid = info.uuids[i] if i < len(info.uuids) else ""
+        reports.append(
+            GpuReport(gpu.index, gpu.model, uuid, gpu.capacity, used[i], assumed[i], free,
+                      gpu.healthy)
+        )  # fmt: skip
+    pods.sort(key=lambda p: (p.namespace, p.name))
+    report = NodeReport(
+        info.node.name, address, info.unit, info.source, info.gpushare, info.refusal,
+        tuple(reports), tuple(pods), sum(used) + unplaced, sum(assumed), unplaced,
+        sum(gpu.capacity for gpu in gpus),
+    )  # fmt: skip
+    return report, NodeState(info.node, tuple(used))
+
+
+def _pending_report(
+    key: str,
+    request: PodRequest,
+    candidates: list[NodeReport],
+    states: Mapping[str, NodeState],
+) -> PendingReport:
+    fits = []
+    for report in candidates:
+        label = unit_label(report.unit)
+        if not report.gpushare:
+            text = f"node {report.name}: not a GPU-share node ({report.refusal})"
+            fits.append(NodeFit(report.name, report.unit, None, report.refusal, text))
+            continue
+        result = check_fit(states[report.name], request)
+        text = f"node {report.name}: " + (
+            "fits" if result.fits else f"{result.describe()} ({label})"
+        )
+        fits.append(NodeFit(report.name, report.unit, result, "", text))
+    namespace, _, name = key.partition("/")
+    asks = tuple(
+        ContainerAsk(c.name, c.gpu_share, c.gpu_count, tuple(sorted(c.allowed_models)))
+        for c in request.gpu_containers
+    )
+    return PendingReport(namespace, name, asks, request.gpu_total, tuple(fits), _summary(fits))
+
+
+def _names(nodes: list[str], limit: int = 3) -> str:
+    shown = ", ".join(nodes[:limit])
+    return shown if len(nodes) <= limit else f"{shown}, +{len(nodes) - limit} more"
+
+
+def _summary(fits: list[NodeFit]) -> str:
+    """One line: the node's own text when one node was checked, else nodes grouped by reason."""
+    if not fits:
+        return "no GPU-share node"
+    fitting = [f.node for f in fits if f.fit is not None and f.fit.fits]
+    if fitting:
+        return (
+            f"fits now on {len(fitting)} of {len(fits)} node(s) ({_names(fitting)}): "
+            "kube-scheduler has not placed it yet, or another constraint holds it back"
+        )
+    if len(fits) == 1:
+        return fits[0].text
+    groups: dict[str, list[NodeFit]] = {}
+    for fit in fits:
+        groups.setdefault(fit.reason, []).append(fit)
+    parts = []
+    for reason, members in sorted(groups.items(), key=lambda item: -len(item[1])):
+        if len(members) == 1:
+            parts.append(members[0].text)
+            continue
+        requested = {m.fit.requested for m in members if m.fit is not None}
+        numbers = f"; requested {requested.pop()}" if len(requested) == 1 else ""
+        parts.append(
+            f"{reason} on {len(members)} nodes ({_names([m.node for m in members])}){numbers}"
+        )
+    return " | ".join(parts)
+
+
+def _totals(nodes: list[NodeReport]) -> tuple[UnitTotal, ...]:
+    groups = [[n for n in nodes if n.unit == unit] for unit in (*UNITS, None)]
+    return tuple(
+        UnitTotal(members[0].unit, sum(n.allocated for n in members),
+                  sum(n.total for n in members), sum(n.unhealthy for n in members), len(members))
+        for members in groups if members
+    )  # fmt: skip

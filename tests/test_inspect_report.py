@@ -1,0 +1,276 @@
+"""The inspect report (``gpushare.inspect.build_report``): what it counts where, table-driven.
+
+Snapshots are built from the shared fakes (``gpushare.testing``): GPU-share nodes from
+``gpu_node``, bound pods with the extender's own annotations from ``bound_gpu_pod``, pending pods
+from ``pod_json``. The renderers' golden files are in ``tests/test_inspect_render.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from gpushare.core.fit import FitStatus, Reason
+from gpushare.inspect import Report, Snapshot, build_report
+from gpushare.kube.codec import ALIYUN_ASSIGNED, ALLOCATION, INVENTORY, node_info
+from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
+from gpushare.testing.nodes import FakeGpu
+from gpushare.testing.pods import bound_gpu_pod
+
+Json = dict[str, Any]
+
+
+def node(name: str, gpus: Sequence[int | FakeGpu], unit: str = "GiB", ip: str = "") -> Json:
+    result = node_json(name, gpus, unit=unit)
+    if ip:
+        result["status"]["addresses"] = [{"type": "InternalIP", "address": ip}]
+    return result
+
+
+def bound(
+    name: str,
+    on: Json,
+    containers: Sequence[tuple[str, tuple[int, ...], int]],
+    *,
+    assigned: bool = True,
+    namespace: str = "default",
+) -> Json:
+    info = node_info(on)
+    pod: Json = bound_gpu_pod(
+        namespace, name, info.node, containers, assume_ns=1, unit=info.unit or "GiB"
+    ).to_dict()
+    if assigned:
+        pod["metadata"]["annotations"][ALIYUN_ASSIGNED] = "true"
+    return pod
+
+
+def report(nodes: Sequence[Json], pods: Sequence[Json] = (), only: str | None = None) -> Report:
+    return build_report(Snapshot(tuple(nodes), tuple(pods)), node=only)
+
+
+# -- cases: a snapshot and what must hold of its report ------------------------------------------
+
+
+def case_165() -> None:
+    """(a) 4×22 GiB + 7×11 GiB, one 1 GiB pod: 1/165, 0% (truncated)."""
+    a, b = node("a", [22] * 4, ip="192.168.0.10"), node("b", [11] * 7)
+    r = report([a, b], [bound("p", b, [("main", (0,), 1)])])
+    assert [(n.name, n.allocated, n.total, n.address) for n in r.nodes] == [
+        ("a", 0, 88, "192.168.0.10"), ("b", 1, 77, None),
+    ]  # fmt: skip
+    (total,) = r.totals
+    assert (total.unit, total.allocated, total.total, total.percent) == ("GiB", 1, 165, 0)
+    gpu0 = r.nodes[1].gpus[0]
+    assert (gpu0.capacity, gpu0.allocated, gpu0.assumed, gpu0.free) == (11, 1, 0, 10)
+    assert r.problems == ()
+    assert r.pending == ()
+
+
+def case_t4_notebooks() -> None:
+    """(b) one 14 GiB T4, three 4 GiB notebook pods: 12/14 on GPU0."""
+    t4 = node("t4", [FakeGpu(0, 14, "Tesla-T4")])
+    r = report([t4], [bound(f"nb-{i}", t4, [("nb", (0,), 4)]) for i in (3, 1, 2)])
+    (n,) = r.nodes
+    assert (n.allocated, n.total, r.totals[0].percent) == (12, 14, 85)
+    assert [(p.name, p.gpus, p.total) for p in n.pods] == [
+        (f"nb-{i}", ((0, 4),), 4) for i in (1, 2, 3)
+    ]
+    assert (n.gpus[0].model, n.gpus[0].free) == ("Tesla-T4", 2)
+
+
+def case_pending_nowhere() -> None:
+    """(c) a 10 GiB pod: 4 free per GPU on n1, an 8 GiB GPU on n2; numbers in the reasons."""
+    n1, n2 = node("n1", [16, 16]), node("n2", [8])
+    pods = [bound("a", n1, [("main", (0,), 12)]), bound("b", n1, [("main", (1,), 12)])]
+    r = report([n1, n2], [*pods, pod_json("big", 10, namespace="ml")])
+    (p,) = r.pending
+    assert (p.namespace, p.name, p.total) == ("ml", "big", 10)
+    assert [(f.node, f.status, f.reason) for f in p.nodes] == [
+        ("n1", "does-not-fit-now", str(Reason.INSUFFICIENT_GPU)),
+        ("n2", "can-never-fit", str(Reason.SHARE_EXCEEDS_GPU)),
+    ]
+    fit = p.nodes[0].fit
+    assert fit is not None
+    assert fit.free_per_gpu == (4, 4)
+    assert fit.requested == 10
+    assert p.nodes[0].text == (
+        "node n1: no GPU has enough free; container main; requested 10; "
+        "free/capacity per GPU 4/16, 4/16 (GiB)"
+    )
+    assert p.reason == f"{p.nodes[0].text} | {p.nodes[1].text}"
+
+
+def case_unhealthy() -> None:
+    """(d) an unhealthy GPU keeps its pod's allocation, offers nothing, counts as unhealthy."""
+    n = node("n1", [FakeGpu(0, 16), FakeGpu(1, 16, healthy=False)])
+    r = report([n], [bound("old", n, [("main", (1,), 4)]), pod_json("new", 14)])
+    gpus = r.nodes[0].gpus
+    assert [(g.healthy, g.allocated, g.free) for g in gpus] == [(True, 0, 16), (False, 4, 0)]
+    assert not r.nodes[0].healthy
+    assert r.nodes[0].unhealthy == 16
+    assert (r.totals[0].unhealthy, r.totals[0].unhealthy_percent) == (16, 50)
+    assert r.pending[0].nodes[0].status == FitStatus.FITS.value
+
+
+def case_multi_gpu() -> None:
+    """(e) c0 takes 8 on GPUs 0 and 1, c1 4 on GPU 2: per GPU and per container."""
+    n = node("n1", [16] * 4)
+    r = report([n], [bound("train", n, [("c0", (0, 1), 8), ("c1", (2,), 4)])])
+    (p,) = r.nodes[0].pods
+    assert (p.gpus, p.total, p.amount(1), p.amount(3)) == (((0, 8), (1, 8), (2, 4)), 20, 8, 0)
+    assert [(c.name, c.gpus, c.share) for c in p.containers] == [
+        ("c0", (0, 1), 8), ("c1", (2,), 4),
+    ]  # fmt: skip
+    assert [g.allocated for g in r.nodes[0].gpus] == [8, 8, 4, 0]
+
+
+def case_assumed() -> None:
+    """(f) bound, ALIYUN_COM_GPU_MEM_ASSIGNED "false": allocated and assumed."""
+    n = node("n1", [16, 16])
+    pods = [bound("run", n, [("main", (0,), 4)]), bound("new", n, [("m", (1,), 6)], assigned=False)]
+    r = report([n], pods)
+    assert [(g.allocated, g.assumed) for g in r.nodes[0].gpus] == [(4, 0), (6, 6)]
+    assert [(p.name, p.assigned) for p in r.nodes[0].pods] == [("new", False), ("run", True)]
+    assert (r.nodes[0].allocated, r.nodes[0].assumed) == (10, 6)
+
+
+def case_node_filter() -> None:
+    """(g) ``node=``: that node only; pending pods checked against it alone."""
+    n1, n2 = node("n1", [16]), node("n2", [16])
+    pods = [bound("a", n1, [("main", (0,), 4)]), bound("b", n2, [("main", (0,), 8)])]
+    r = report([n1, n2], [*pods, pod_json("big", 20)], only="n2")
+    assert [n.name for n in r.nodes] == ["n2"]
+    assert r.node == "n2"
+    assert [p.name for p in r.nodes[0].pods] == ["b"]
+    assert [f.node for f in r.pending[0].nodes] == ["n2"]
+    assert r.totals[0].total == 16
+
+
+def case_garbage_inventory() -> None:
+    """(h) a node with a garbage inventory: one problem line, the rest still reported."""
+    good, bad = node("good", [16]), node("bad", [16])
+    bad["metadata"]["annotations"][INVENTORY] = "{not json"
+    r = report([good, bad], [bound("p", good, [("main", (0,), 4)])])
+    assert [n.name for n in r.nodes] == ["good"]
+    (problem,) = r.problems
+    assert problem.startswith("node bad: annotation gpushare.io/gpu-inventory=")
+    assert "JSON" in problem
+
+
+def case_garbage_pod_and_missing_node() -> None:
+    """A pod with a garbage allocation and a pod on a node absent from the snapshot."""
+    n = node("n1", [16])
+    broken = bound("broken", n, [("main", (0,), 4)])
+    broken["metadata"]["annotations"][ALLOCATION] = "[]"
+    elsewhere = bound("far", node("gone", [16]), [("main", (0,), 4)])
+    r = report([n], [broken, elsewhere])
+    assert r.nodes[0].pods == ()
+    assert len(r.problems) == 2
+    assert r.problems[0].startswith("pod default/broken: annotation gpushare.io/allocation=")
+    assert r.problems[1] == "node gone: 1 GPU pod(s) bound to it; node missing or unreadable"
+
+
+def case_skipped_pods() -> None:
+    """Finished pods and pods asking no GPU are not counted; plain nodes are not shown."""
+    n = node("n1", [16])
+    done = bound("done", n, [("main", (0,), 4)])
+    done["status"] = {"phase": "Succeeded"}
+    r = report([n, plain_node_json("cpu")], [done, pod_json("cpu-only", None)])
+    assert [x.name for x in r.nodes] == ["n1"]
+    assert r.nodes[0].pods == ()
+    assert r.pending == ()
+
+
+def case_unplaced_on_alibaba_node() -> None:
+    """A pod bound without an allocation record counts in ``unplaced`` (Alibaba's PENDING),
+    on a node read through Alibaba's fallback (unit unknown)."""
+    r = report([alibaba_node_json("old", 30, 2)], [pod_json("stray", 3, node="old")])
+    (n,) = r.nodes
+    assert (n.unit, n.source, n.unplaced, n.allocated, n.total) == (None, "capacity", 3, 3, 30)
+    assert [(p.name, p.placed, p.total, p.assigned) for p in n.pods] == [("stray", False, 3, False)]
+    assert [g.allocated for g in n.gpus] == [0, 0]
+    assert (r.totals[0].unit, r.totals[0].total) == (None, 30)
+
+
+def case_units_are_totalled_apart() -> None:
+    gib, mib = node("g", [16]), node("m", [16276], unit="MiB")
+    r = report([mib, gib], [bound("x", mib, [("main", (0,), 8138)])])
+    assert [(t.unit, t.allocated, t.total) for t in r.totals] == [
+        ("GiB", 0, 16), ("MiB", 8138, 16276),
+    ]  # fmt: skip
+
+
+def case_unlabelled_node_with_pods() -> None:
+    """A node that lost ``gpushare=true`` but still holds a pod is shown, marked."""
+    n = node("n1", [16])
+    del n["metadata"]["labels"]["gpushare"]
+    r = report([n], [bound("p", n, [("main", (0,), 4)]), pod_json("new", 4)])
+    assert (r.nodes[0].gpushare, r.nodes[0].refusal) == (False, "no label gpushare=true")
+    assert r.pending[0].nodes == ()
+    assert r.pending[0].reason == "no GPU-share node"
+
+
+def case_overcommit_is_a_problem() -> None:
+    n = node("n1", [16])
+    pods = [bound("a", n, [("main", (0,), 12)]), bound("b", n, [("main", (0,), 8)])]
+    r = report([n], pods)
+    assert (r.nodes[0].gpus[0].allocated, r.nodes[0].gpus[0].free) == (20, 0)
+    assert r.problems == (
+        "node n1 GPU 0: allocated 20 above its capacity 16 (GiB; pods default/a, default/b)",
+    )
+
+
+def case_fits_somewhere() -> None:
+    r = report([node("n1", [16]), node("n2", [4])], [pod_json("p", 8)])
+    assert r.pending[0].reason.startswith("fits now on 1 of 2 node(s) (n1): ")
+
+
+def case_grouped_reasons() -> None:
+    nodes = [node(f"n{i}", [4]) for i in range(5)]
+    r = report(nodes, [pod_json("p", 8)])
+    assert r.pending[0].reason == (
+        "request is larger than any GPU on 5 nodes (n0, n1, n2, +2 more); requested 8"
+    )
+
+
+def case_filter_unknown_node() -> None:
+    r = report([node("n1", [16])], [pod_json("p", 8)], only="nope")
+    assert r.nodes == ()
+    assert r.problems == ("node nope: not found",)
+    assert r.pending[0].reason == "no GPU-share node"
+
+
+CASES: list[Callable[[], None]] = [
+    case_165,
+    case_t4_notebooks,
+    case_pending_nowhere,
+    case_unhealthy,
+    case_multi_gpu,
+    case_assumed,
+    case_node_filter,
+    case_garbage_inventory,
+    case_garbage_pod_and_missing_node,
+    case_skipped_pods,
+    case_unplaced_on_alibaba_node,
+    case_units_are_totalled_apart,
+    case_unlabelled_node_with_pods,
+    case_overcommit_is_a_problem,
+    case_fits_somewhere,
+    case_grouped_reasons,
+    case_filter_unknown_node,
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__.removeprefix("case_") for c in CASES])
+def test_report(case: Callable[[], None]) -> None:
+    case()
+
+
+def test_report_is_pure_and_deterministic() -> None:
+    n = node("n1", [16, 16])
+    pods = [bound("b", n, [("main", (1,), 4)]), bound("a", n, [("main", (0,), 4)])]
+    snapshot = Snapshot((n,), tuple(pods))
+    assert build_report(snapshot) == build_report(Snapshot((n,), tuple(reversed(pods))))
+    assert snapshot == Snapshot((n,), tuple(pods))
