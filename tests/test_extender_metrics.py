@@ -1,27 +1,37 @@
 """The extender's ``/metrics`` through its ASGI app, parsed back with prometheus-client's parser.
 
-The state is design.md §1's N1 and N2 (seeded as in ``test_extender_app``) and an empty N3 with
-two 16,276 MiB GPUs; the recorded pod (8,138 MiB) filters to N3 and binds there.
+The request test's state is design.md §1's N1 and N2 (seeded as in ``test_extender_app``) and an
+empty N3 with two 16,276 MiB GPUs; the recorded pod (8,138 MiB) filters to N3 and binds there.
+The per-GPU gauges are then checked case by case on small states: MiB, GiB and unit-less
+(Alibaba) nodes, an unhealthy GPU, and pods bound but not yet started by the device plugin.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
-from gpushare.kube.codec import ALIYUN_IDX
+from gpushare.extender.metrics import ExtenderMetrics, unit_bytes
+from gpushare.kube.codec import ALIYUN_IDX, allocation_annotations
+from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS
 from gpushare.testing.extender import (
     RecordingBinder,
+    alibaba_node_json,
     node_json,
     plain_node_json,
+    pod_json,
     seed_bound_pods,
 )
+from gpushare.testing.nodes import FakeGpu
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "extender"
 GPU = 16276
@@ -29,6 +39,14 @@ N1, N2, N3 = "wiring-gpu-0", "wiring-gpu-1", "wiring-gpu-2"
 PREFIX = "/gpushare-scheduler"
 POD_MEM = 8138
 MODEL = "Tesla-V100-SXM2-16GB"  # gpu_node's default
+MIB, GIB = 2**20, 2**30
+GPU_FAMILIES = (
+    "gpushare_gpu_memory_capacity_bytes",
+    "gpushare_gpu_memory_allocated_bytes",
+    "gpushare_gpu_memory_pending_bytes",
+    "gpushare_gpu_healthy",
+    "gpushare_gpu_pods",
+)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -68,8 +86,8 @@ def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
     return name, frozenset(labels.items())
 
 
-def gpu(node: str, index: int) -> dict[str, str]:
-    return {"node": node, "gpu": str(index), "model": MODEL, "unit": "MiB"}
+def gpu(node: str, index: int, model: str = MODEL) -> dict[str, str]:
+    return {"node": node, "gpu": str(index), "model": model}
 
 
 def test_metrics_after_filter_and_bind() -> None:
@@ -94,7 +112,7 @@ def test_metrics_after_filter_and_bind() -> None:
 
     assert types["gpushare_extender_requests"] == "counter"
     assert types["gpushare_extender_request_duration_seconds"] == "histogram"
-    for name in ("gpushare_gpu_capacity", "gpushare_gpu_allocated", "gpushare_gpu_pods"):
+    for name in GPU_FAMILIES:
         assert types[name] == "gauge"
     assert types["gpushare_extender_synced"] == "gauge"
 
@@ -110,17 +128,25 @@ def test_metrics_after_filter_and_bind() -> None:
         assert samples[key(f"{duration}_bucket", verb=verb, le="+Inf")] == 1
         assert samples[key(f"{duration}_sum", verb=verb)] >= 0
 
-    # allocated on the bound GPU is exactly what was bound there; the ledger's other GPUs as seeded
-    assert samples[key("gpushare_gpu_allocated", **gpu(N3, chosen))] == POD_MEM
-    assert samples[key("gpushare_gpu_allocated", **gpu(N3, other))] == 0
-    assert samples[key("gpushare_gpu_pods", node=N3, gpu=str(chosen))] == 1
-    assert samples[key("gpushare_gpu_pods", node=N3, gpu=str(other))] == 0
-    assert samples[key("gpushare_gpu_allocated", **gpu(N1, 0))] == GPU
-    assert samples[key("gpushare_gpu_allocated", **gpu(N1, 1))] == GPU - 4069
-    assert samples[key("gpushare_gpu_pods", node=N2, gpu="1")] == 1
+    # allocated on the bound GPU is exactly what was bound there (in bytes, the node counts
+    # MiB), and it is pending until the device plugin starts the pod; the others as seeded
+    allocated, pending = "gpushare_gpu_memory_allocated_bytes", "gpushare_gpu_memory_pending_bytes"
+    assert samples[key(allocated, **gpu(N3, chosen))] == POD_MEM * MIB
+    assert samples[key(allocated, **gpu(N3, other))] == 0
+    assert samples[key(pending, **gpu(N3, chosen))] == POD_MEM * MIB
+    assert samples[key(pending, **gpu(N3, other))] == 0
+    assert samples[key("gpushare_gpu_pods", **gpu(N3, chosen))] == 1
+    assert samples[key("gpushare_gpu_pods", **gpu(N3, other))] == 0
+    assert samples[key(allocated, **gpu(N1, 0))] == GPU * MIB
+    assert samples[key(allocated, **gpu(N1, 1))] == (GPU - 4069) * MIB
+    assert samples[key(pending, **gpu(N1, 0))] == 0  # seeded long ago: past the pin timeout
+    assert samples[key("gpushare_gpu_pods", **gpu(N2, 1))] == 1
     for node in (N1, N2, N3):
         for index in (0, 1):
-            assert samples[key("gpushare_gpu_capacity", **gpu(node, index))] == GPU
+            assert samples[key("gpushare_gpu_memory_capacity_bytes", **gpu(node, index))] == (
+                GPU * MIB
+            )
+            assert samples[key("gpushare_gpu_healthy", **gpu(node, index))] == 1
     assert not any(dict(labels).get("node") == "cpu-only" for _, labels in samples)
     assert samples[key("gpushare_extender_synced")] == 1
 
@@ -139,9 +165,161 @@ def test_metrics_follow_the_state_at_scrape_time() -> None:
         after, _ = scrape(client)
     assert before[key("gpushare_extender_synced")] == 0
     assert after[key("gpushare_extender_synced")] == 1
-    assert before[key("gpushare_gpu_allocated", **gpu(N1, 0))] == GPU
-    assert after[key("gpushare_gpu_allocated", **gpu(N1, 0))] == 0
-    assert before[key("gpushare_gpu_pods", node=N1, gpu="0")] == 1
-    assert after[key("gpushare_gpu_pods", node=N1, gpu="0")] == 0
+    allocated = "gpushare_gpu_memory_allocated_bytes"
+    assert before[key(allocated, **gpu(N1, 0))] == GPU * MIB
+    assert after[key(allocated, **gpu(N1, 0))] == 0
+    assert before[key("gpushare_gpu_pods", **gpu(N1, 0))] == 1
+    assert after[key("gpushare_gpu_pods", **gpu(N1, 0))] == 0
     # a second app in the same process registers its own series without a clash
     create_app(state, expire_interval_s=None)
+
+
+# -- the per-GPU gauges, case by case ---------------------------------------------------------
+
+NOW_NS = 1_000 * 10**9
+"""The wall clock of the cases' states; pods assumed 1 s before it still pin (timeout 300 s)."""
+
+
+def two_step_pod(state: ExtenderState, node: str, *, started: int) -> None:
+    """Pod ``default/two`` on ``node``: container c0 2 units on GPU 0, c1 3 units on GPU 1,
+    assumed 1 s ago, the first ``started`` containers answered by the device plugin."""
+    info = state.node(node)
+    assert info is not None
+    allocation = Allocation(
+        "default/two",
+        node,
+        (ContainerAllocation("c0", (0,), 2), ContainerAllocation("c1", (1,), 3)),
+    )
+    notes = allocation_annotations(allocation, info.node, now_ns=NOW_NS - 10**9, unit=info.unit)
+    notes[ASSIGNED_CONTAINERS] = str(started)
+    if started == 2:
+        notes["ALIYUN_COM_GPU_MEM_ASSIGNED"] = "true"
+    result = state.observe_pod(pod_json("two", [2, 3], node=node, annotations=notes))
+    assert result is not None
+    assert not isinstance(result, Allocation)
+    assert result.ok
+
+
+def gib_node(state: ExtenderState) -> None:
+    state.upsert_node(node_json("g", [FakeGpu(0, 16, "T4"), FakeGpu(1, 40, "A100")], unit="GiB"))
+
+
+# Each case: a state builder, the handshake timeout, and the expected (family, node, gpu, model)
+# -> value for every per-GPU sample (no other per-GPU sample may appear).
+Expected = dict[tuple[str, str, int, str], float]
+CAP, ALLOC, PEND, HEALTHY, PODS = GPU_FAMILIES
+
+
+def gpu_samples(
+    node: str, index: int, model: str, *, cap: float, alloc: float, pend: float,
+    healthy: float, pods: float,
+) -> Expected:  # fmt: skip
+    values = {CAP: cap, ALLOC: alloc, PEND: pend, HEALTHY: healthy, PODS: pods}
+    return {(family, node, index, model): value for family, value in values.items()}
+
+
+def build_mib(state: ExtenderState) -> None:
+    state.upsert_node(node_json("m", [GPU, GPU]))
+    state.upsert_node(plain_node_json("cpu-only"))
+    seed_bound_pods(state, "m", [1000])
+
+
+def build_alibaba(state: ExtenderState) -> None:
+    state.upsert_node(alibaba_node_json("a", 32, 2))
+
+
+def build_unhealthy(state: ExtenderState) -> None:
+    state.upsert_node(
+        node_json("u", [FakeGpu(0, 16, "T4"), FakeGpu(1, 16, "T4", healthy=False)], unit="GiB")
+    )
+
+
+def build_partly_started(state: ExtenderState) -> None:
+    gib_node(state)
+    two_step_pod(state, "g", started=1)
+
+
+def build_started(state: ExtenderState) -> None:
+    gib_node(state)
+    two_step_pod(state, "g", started=2)
+
+
+GAUGE_CASES: list[tuple[str, Callable[[ExtenderState], None], float, Expected]] = [
+    (
+        "MiB node: units x 2^20 bytes; nodes without GPUs are not exported",
+        build_mib,
+        300.0,
+        gpu_samples("m", 0, MODEL, cap=GPU * MIB, alloc=1000 * MIB, pend=0, healthy=1, pods=1)
+        | gpu_samples("m", 1, MODEL, cap=GPU * MIB, alloc=0, pend=0, healthy=1, pods=0),
+    ),
+    (
+        "Alibaba node without a unit: GiB assumed, no model",
+        build_alibaba,
+        300.0,
+        gpu_samples("a", 0, "", cap=16 * GIB, alloc=0, pend=0, healthy=1, pods=0)
+        | gpu_samples("a", 1, "", cap=16 * GIB, alloc=0, pend=0, healthy=1, pods=0),
+    ),
+    (
+        "unhealthy GPU is 0",
+        build_unhealthy,
+        300.0,
+        gpu_samples("u", 0, "T4", cap=16 * GIB, alloc=0, pend=0, healthy=1, pods=0)
+        | gpu_samples("u", 1, "T4", cap=16 * GIB, alloc=0, pend=0, healthy=0, pods=0),
+    ),
+    (
+        "pod with one of two containers started: the other container's memory is pending",
+        build_partly_started,
+        300.0,
+        gpu_samples("g", 0, "T4", cap=16 * GIB, alloc=2 * GIB, pend=0, healthy=1, pods=1)
+        | gpu_samples("g", 1, "A100", cap=40 * GIB, alloc=3 * GIB, pend=3 * GIB, healthy=1, pods=1),
+    ),
+    (
+        "pod not started, pin rule off (timeout 0): allocated, nothing pending",
+        build_partly_started,
+        0.0,
+        gpu_samples("g", 0, "T4", cap=16 * GIB, alloc=2 * GIB, pend=0, healthy=1, pods=1)
+        | gpu_samples("g", 1, "A100", cap=40 * GIB, alloc=3 * GIB, pend=0, healthy=1, pods=1),
+    ),
+    (
+        "pod fully started (assigned): nothing pending",
+        build_started,
+        300.0,
+        gpu_samples("g", 0, "T4", cap=16 * GIB, alloc=2 * GIB, pend=0, healthy=1, pods=1)
+        | gpu_samples("g", 1, "A100", cap=40 * GIB, alloc=3 * GIB, pend=0, healthy=1, pods=1),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "timeout_s", "expected"),
+    [case[1:] for case in GAUGE_CASES],
+    ids=[case[0] for case in GAUGE_CASES],
+)
+def test_gpu_gauges(
+    build: Callable[[ExtenderState], None], timeout_s: float, expected: Expected
+) -> None:
+    state = ExtenderState(handshake_timeout_s=timeout_s, wall_clock_ns=lambda: NOW_NS)
+    build(state)
+    content, content_type = ExtenderMetrics(state).exposition()
+    assert content_type.startswith("text/plain")
+    found: Expected = {}
+    types: dict[str, str] = {}
+    for family in text_string_to_metric_families(content.decode()):
+        types[family.name] = family.type
+        if family.name not in GPU_FAMILIES:
+            continue
+        for sample in family.samples:
+            assert set(sample.labels) == {"node", "gpu", "model"}, sample
+            labels = sample.labels
+            found[(sample.name, labels["node"], int(labels["gpu"]), labels["model"])] = sample.value
+    assert found == expected
+    assert all(types[name] == "gauge" for name in GPU_FAMILIES)
+
+
+@pytest.mark.parametrize(
+    ("unit", "expected"),
+    [("GiB", GIB), ("MiB", MIB), (None, GIB)],
+    ids=["GiB", "MiB", "unknown is GiB"],
+)
+def test_unit_bytes(unit: str | None, expected: int) -> None:
+    assert unit_bytes(unit) == expected

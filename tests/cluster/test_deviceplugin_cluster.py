@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.extender.live import LiveOptions
 from gpushare.kube import nodepods, nodes
@@ -52,7 +54,13 @@ from gpushare.kube.codec import (
     node_info,
 )
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import ControlPlane, ManagedProcess, gpushare_extender, wait_for
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    ManagedProcess,
+    free_ports,
+    gpushare_extender,
+    wait_for,
+)
 from gpushare.testing.kubelet import FakeKubelet
 from gpushare.testing.live_extender import ExtenderThread
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
@@ -79,6 +87,7 @@ class Cluster:
     node: str
     namespace: str
     kubelet: KubeletThread
+    metrics_url: str
 
 
 class KubeletThread:
@@ -155,6 +164,8 @@ def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterat
         argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()"]
         argv += ["device-plugin", "--node-name", node, "--fake-gpus", "2x16GiB:T4"]
         argv += ["--device-plugin-dir", str(socket_dir), "--kubeconfig", str(kubeconfig)]
+        (metrics_port,) = free_ports(1)
+        argv += ["--metrics-port", str(metrics_port)]
         plugin = ManagedProcess("gpushare-device-plugin", argv, tmp_path).start()
         stack.callback(plugin.stop)
         view = kubelet.call(
@@ -179,7 +190,7 @@ def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterat
                 extenders=[gpushare_extender(extender.url_prefix)],
             )
         )
-        yield Cluster(node, namespace, kubelet)
+        yield Cluster(node, namespace, kubelet, f"http://127.0.0.1:{metrics_port}/metrics")
         plugin.stop()
         log = plugin.log_path.read_text()
         assert not (socket_dir / SOCKET).exists(), log
@@ -255,6 +266,15 @@ def test_pods_bound_by_the_extender_get_their_own_gpus_from_allocate(
     for name in "abcmd":
         pod = kube.get(Pod, name, namespace=ns)
         assert annotations_of(pod)[ALIYUN_ASSIGNED] == "true", name
+    # The plugin's /metrics counted the six Allocate calls.
+    with urllib.request.urlopen(cluster.metrics_url, timeout=10) as response:
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    allocations = families["gpushare_device_plugin_allocate_requests"].samples
+    assert {s.labels["outcome"]: s.value for s in allocations if s.name.endswith("_total")} == {
+        "ok": 6.0,
+        "rejected": 0.0,
+        "error": 0.0,
+    }
 
 
 def test_a_pod_held_by_the_handshake_rule_is_placed_once_the_equal_pod_starts(

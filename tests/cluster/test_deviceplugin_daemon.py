@@ -1,5 +1,6 @@
 """The device plugin daemon wired together, with NVML's declared fake: a critical XID reaches
-kubelet (devices Unhealthy) and the node (inventory and gpu-count), and the GPU comes back.
+kubelet (devices Unhealthy), the node (inventory and gpu-count) and ``/metrics``, and the GPU
+comes back.
 
 ``DevicePluginDaemon`` runs in the test's event loop with ``NvmlInventory(FakeNvml)``, the
 kubelet stand-in, and the real API server; what the daemon does with a health change is checked
@@ -12,12 +13,14 @@ import asyncio
 import itertools
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient, Client
 from lightkube.resources.core_v1 import Node
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
 from gpushare.deviceplugin.nvml import NvmlInventory
@@ -48,6 +51,17 @@ async def node_until(
             await asyncio.sleep(0.05)
 
 
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    """``/metrics`` parsed with prometheus-client's parser: (sample name, gpu label) -> value."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, sample.labels.get("gpu", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def gpu_count(node: Node) -> tuple[str | None, str | None]:
     status = node.status
     capacity = (status.capacity if status else None) or {}
@@ -67,7 +81,13 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
         client = connect(control_plane.kubeconfig, trust_env=False)
         kubelet = FakeKubelet(socket_dir)
         await kubelet.start()
-        options = DaemonOptions(node_name=name, socket_dir=socket_dir, recovery_s=1.0)
+        options = DaemonOptions(
+            node_name=name,
+            socket_dir=socket_dir,
+            recovery_s=1.0,
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+        )
         daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
         stop = asyncio.Event()
         running = asyncio.create_task(daemon.run(stop))
@@ -80,11 +100,20 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
             ]
             assert info.uuids == (f"GPU-{name}-0", f"GPU-{name}-1")
 
+            nvml.set_memory_used(0, 3 * GIB)
+            assert daemon.metrics_server is not None
+            url = f"http://127.0.0.1:{daemon.metrics_server.port}/metrics"
+            samples = await asyncio.to_thread(scrape, url)
+            assert samples[("gpushare_gpu_memory_used_bytes", "0")] == 3 * GIB
+            assert samples[("gpushare_device_plugin_gpu_healthy", "1")] == 1
+
             nvml.inject_xid(1, 79)  # GPU has fallen off the bus
             view = await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 16, WAIT_S)
             assert view.capacity == 32
             info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "1"))
             assert [g.healthy for g in info.node.gpus] == [True, False]
+            samples = await asyncio.to_thread(scrape, url)
+            assert samples[("gpushare_device_plugin_gpu_healthy", "1")] == 0
 
             # 1 s without a new critical XID and a working NVML query: healthy again.
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)

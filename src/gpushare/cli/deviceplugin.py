@@ -25,6 +25,7 @@ from gpushare.deviceplugin.inventory import (
     check_message_size,
 )
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME
+from gpushare.deviceplugin.metrics import DEFAULT_METRICS_PORT
 from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.kube.client import ConfigError, connect
@@ -107,6 +108,21 @@ async def _serve(daemon: DevicePluginDaemon) -> None:
     help="Also give containers CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and "
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for their share (needs an MPS daemon on the node).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_METRICS_PORT,
+    show_default=True,
+    help="Port of /metrics (Prometheus); 0 turns it off.",
+)
+@click.option(
+    "--proc-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/proc"),
+    show_default=True,
+    help="The host's /proc (GPU processes are mapped to pods through their cgroups; run "
+    "with hostPID or mount the host's /proc).",
+)
 @kube_options
 @log_level_option
 def device_plugin(
@@ -120,6 +136,8 @@ def device_plugin(
     recovery_s: float,
     ignored_xids: tuple[int, ...],
     mps: bool,
+    metrics_port: int,
+    proc_root: Path,
     kubeconfig: Path | None,
     context: str | None,
     log_level: str,
@@ -146,6 +164,8 @@ def device_plugin(
         recovery_s=recovery_s,
         ignored_xids=ignored_xids,
         mps=mps,
+        metrics_port=metrics_port or None,
+        proc_root=proc_root,
     )
     try:
         client = connect(kubeconfig, context=context)
@@ -158,6 +178,8 @@ def device_plugin(
         raise click.ClickException(str(error)) from None
     except KubeError as error:
         raise click.ClickException(f"node {node_name}: {error}") from None
+    except OSError as error:
+        raise click.ClickException(f"cannot serve: {error}") from None
     except TimeoutError:
         raise click.ClickException(
             f"could not list the pods of node {node_name} within {options.sync_timeout_s:g} s "

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -126,9 +127,10 @@ class HandshakeAllocator:
     """The ``Allocator`` of ``DevicePluginService`` (module doc).
 
     ``gpus`` returns the node's current GPUs; ``unit`` the node's memory unit; ``pods`` the
-    node's pods; ``mps`` adds the MPS variables; ``refresh`` lists again when the cache has no
-    match; ``patch_attempts`` bounds the tries of one annotation patch (``retry_s`` apart,
-    doubling).
+    node's pods (listed again when the cache has no match); ``mps`` adds the MPS variables;
+    ``events`` records Events; ``observe(outcome, seconds)`` is called once per call with
+    ``ok``, ``rejected`` or ``error`` (metrics); ``patch_attempts`` bounds the tries of one
+    annotation patch (``retry_s`` apart, doubling).
     """
 
     def __init__(
@@ -142,6 +144,7 @@ class HandshakeAllocator:
         patch_attempts: int = 3,
         retry_s: float = 0.1,
         events: AllocateEvents | None = None,
+        observe: Callable[[str, float], None] | None = None,
     ) -> None:
         self.node_name = node_name
         self._gpus = gpus
@@ -154,18 +157,28 @@ class HandshakeAllocator:
         self._done: dict[tuple[str, int], int] = {}  # (pod, assume time) -> steps answered
         self._uids: dict[str, str] = {}  # pod key -> UID, from the last pods read
         self._events = events
+        self._observe = observe
         self._emitting: set[asyncio.Task[None]] = set()
 
     async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Answer every container request in order (module doc); ``AllocateError`` if one
         cannot be answered (nothing is recorded for it)."""
-        if not request.container_requests:
-            raise AllocateError(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
-        responses = []
-        async with self._lock:
-            for container in request.container_requests:
-                responses.append(await self._answer(len(container.devices_ids)))
-        return api_pb2.AllocateResponse(container_responses=responses)
+        started, outcome = time.perf_counter(), "error"
+        try:
+            if not request.container_requests:
+                raise AllocateError(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
+            responses = []
+            async with self._lock:
+                for container in request.container_requests:
+                    responses.append(await self._answer(len(container.devices_ids)))
+            outcome = "ok"
+            return api_pb2.AllocateResponse(container_responses=responses)
+        except AllocateError:
+            outcome = "rejected"
+            raise
+        finally:
+            if self._observe is not None:
+                self._observe(outcome, time.perf_counter() - started)
 
     async def _answer(self, units: int) -> api_pb2.ContainerAllocateResponse:
         match = self._match(units, self._pods.pods())

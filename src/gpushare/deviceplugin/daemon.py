@@ -14,6 +14,9 @@
 5. With NVML and health checking on, critical XIDs mark a GPU's devices unhealthy in
    ListAndWatch and in the node inventory; a recovered GPU comes back
    (``gpushare.deviceplugin.health``).
+6. ``/metrics`` on its own port (``gpushare.deviceplugin.metrics``): inventory, Allocate
+   outcomes and latency, registrations, and with NVML used memory and utilisation per GPU and
+   per process (mapped to its pod).
 
 ``run`` returns when ``stop`` is set (SIGTERM/SIGINT in the CLI): the socket is removed, watches
 end. Permanent API failures at start (no such node, forbidden) raise ``ApiCallError`` with the
@@ -32,6 +35,14 @@ from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.health import HealthWatcher
 from gpushare.deviceplugin.inventory import Gpu, Inventory, MemoryUnit
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
+from gpushare.deviceplugin.metrics import (
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
+    DevicePluginMetrics,
+    MetricsServer,
+    pods_by_uid,
+    serve_metrics,
+)
 from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.deviceplugin.server import DevicePluginService
@@ -57,7 +68,9 @@ class DaemonOptions:
     ``socket_dir``: kubelet's device-plugin directory; ``health``: watch NVML XID events;
     ``recovery_s``: quiet time before an unhealthy GPU comes back; ``ignored_xids``: XIDs that
     never mark a GPU unhealthy (besides the application XIDs); ``mps``: add the MPS variables;
-    ``sync_timeout_s``: bound on the first list of the node's pods.
+    ``sync_timeout_s``: bound on the first list of the node's pods; ``metrics_host`` and
+    ``metrics_port`` where ``/metrics`` is served (``None``: not served); ``proc_root`` the
+    host's ``/proc`` (GPU processes are mapped to pods through their cgroups).
     """
 
     node_name: str
@@ -69,6 +82,9 @@ class DaemonOptions:
     ignored_xids: tuple[int, ...] = field(default=())
     mps: bool = False
     sync_timeout_s: float = 60.0
+    metrics_host: str = DEFAULT_METRICS_HOST
+    metrics_port: int | None = DEFAULT_METRICS_PORT
+    proc_root: Path = Path("/proc")
 
 
 def inventory_gpus(gpus: list[Gpu], unit: MemoryUnit) -> list[InventoryGpu]:
@@ -93,6 +109,14 @@ class DevicePluginDaemon:
         self._nvml = nvml
         self.pods = NodePods(client, options.node_name)
         self.publisher = NodePublisher(client)
+        self.metrics_server: MetricsServer | None = None
+        self.metrics = DevicePluginMetrics(
+            options.node_name,
+            lambda: self.service.gpus,
+            nvml=nvml,
+            pods=lambda: pods_by_uid(self.pods.pods()),
+            proc_root=options.proc_root,
+        )
         events = EventRecorder(client, component=EVENT_COMPONENT, instance=options.node_name)
         self.allocator = HandshakeAllocator(
             options.node_name,
@@ -101,13 +125,14 @@ class DevicePluginDaemon:
             self.pods,
             mps=options.mps,
             events=events,
+            observe=self.metrics.observe_allocate,
         )
         self.service = DevicePluginService(inventory.gpus(), options.unit, self.allocator)
         self.runner = PluginRunner(
             self.service,
             socket_dir=options.socket_dir,
             socket_name=options.socket_name,
-            on_registered=self._republish,
+            on_registered=self._registered,
         )
 
     async def publish(self, *, force: bool = False) -> None:
@@ -123,6 +148,10 @@ class DevicePluginDaemon:
         except KubeError as error:
             log.error("publishing the GPU inventory of node %s: %s", self.options.node_name, error)
 
+    async def _registered(self) -> None:
+        self.metrics.observe_registration()
+        await self._republish()
+
     async def _health_changed(self, index: int, healthy: bool) -> None:
         await self.service.set_health(index, healthy)
         await self._republish()
@@ -133,6 +162,11 @@ class DevicePluginDaemon:
         self.pods.start()
         health: asyncio.Task[None] | None = None
         try:
+            if options.metrics_port is not None:  # 0: any free port (tests)
+                self.metrics_server = metrics = await serve_metrics(
+                    self.metrics.registry, options.metrics_host, options.metrics_port
+                )
+                log.info("metrics on http://%s:%d/metrics", metrics.host, metrics.port)
             await self.pods.wait_synced(options.sync_timeout_s)
             try:
                 await self.publish(force=True)
@@ -166,3 +200,5 @@ class DevicePluginDaemon:
             await self.runner.stop()
             await self.allocator.drain_events()
             await self.pods.stop()
+            if self.metrics_server is not None:
+                await self.metrics_server.close()

@@ -155,6 +155,21 @@ class Nvml(Protocol):
         """`nvmlDeviceGetSupportedEventTypes`: a bit mask of `nvmlEventType*`."""
         ...
 
+    def device_memory_used_bytes(self, device: DeviceHandle) -> int:
+        """`nvmlDeviceGetMemoryInfo(...).used` in bytes (metrics)."""
+        ...
+
+    def device_utilization_gpu_percent(self, device: DeviceHandle) -> int:
+        """`nvmlDeviceGetUtilizationRates(...).gpu`: percent of the last sample period during
+        which a kernel ran, 0-100 (metrics)."""
+        ...
+
+    def device_compute_processes(self, device: DeviceHandle) -> list[tuple[int, int | None]]:
+        """`nvmlDeviceGetComputeRunningProcesses`: (PID, used GPU memory in bytes) per compute
+        process; the PID is in the host's PID namespace, the memory `None` when NVML cannot
+        report it (`NVML_VALUE_NOT_AVAILABLE`) (metrics)."""
+        ...
+
     def event_set_create(self) -> EventSet:
         """`nvmlEventSetCreate`."""
         ...
@@ -227,6 +242,19 @@ class PynvmlBackend:
 
     def device_supported_event_types(self, device: DeviceHandle) -> int:
         return int(self._call("nvmlDeviceGetSupportedEventTypes", device))
+
+    def device_memory_used_bytes(self, device: DeviceHandle) -> int:
+        return int(self._call("nvmlDeviceGetMemoryInfo", device).used)
+
+    def device_utilization_gpu_percent(self, device: DeviceHandle) -> int:
+        return int(self._call("nvmlDeviceGetUtilizationRates", device).gpu)
+
+    def device_compute_processes(self, device: DeviceHandle) -> list[tuple[int, int | None]]:
+        processes = self._call("nvmlDeviceGetComputeRunningProcesses", device)
+        return [
+            (int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+            for p in processes
+        ]
 
     def event_set_create(self) -> EventSet:
         return EventSet(self._call("nvmlEventSetCreate"))

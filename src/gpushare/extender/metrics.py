@@ -1,23 +1,50 @@
 """The extender's Prometheus metrics (``GET /metrics``), on an explicit ``CollectorRegistry``.
 
-Series (Prometheus naming, units in the names):
+Series (Prometheus naming: snake case, ``_total`` counters, units in the names):
 
-=================================================================  ================================
-``gpushare_extender_requests_total{verb,outcome}``                 counter; ``verb`` filter /
-                                                                   prioritize / bind; ``outcome``
-                                                                   ``ok``, ``error`` (an ``Error``
-                                                                   text or a 5xx), ``bad_request``
-``gpushare_extender_request_duration_seconds{verb}``               histogram of handling time
-``gpushare_gpu_capacity{node,gpu,model,unit}``                     gauge, the GPU's capacity
-``gpushare_gpu_allocated{node,gpu,model,unit}``                    gauge, committed + assumed
-``gpushare_gpu_pods{node,gpu}``                                    gauge, pods holding the GPU
-``gpushare_extender_synced``                                       gauge, 1 once the caches synced
-=================================================================  ================================
+===========================================  =========  =================  =========================
+series                                       type       labels             meaning
+===========================================  =========  =================  =========================
+gpushare_extender_requests_total             counter    verb, outcome      requests handled: verb
+                                                                           filter / prioritize /
+                                                                           bind; outcome ok, error
+                                                                           (an Error text or a
+                                                                           5xx), bad_request (400)
+gpushare_extender_request_duration_seconds   histogram  verb               handling time, 0.5 ms to
+                                                                           10 s buckets
+gpushare_gpu_memory_capacity_bytes           gauge      node, gpu, model   the GPU's memory
+gpushare_gpu_memory_allocated_bytes          gauge      node, gpu, model   allocated on the GPU:
+                                                                           committed + assumed
+gpushare_gpu_memory_pending_bytes            gauge      node, gpu, model   part of it held by pods
+                                                                           bound, not yet started
+                                                                           by the device plugin
+gpushare_gpu_healthy                         gauge      node, gpu, model   1 healthy, 0 takes no
+                                                                           new pods
+gpushare_gpu_pods                            gauge      node, gpu, model   pods holding memory on
+                                                                           the GPU
+gpushare_extender_synced                     gauge                         1 once the caches synced
+===========================================  =========  =================  =========================
+
+``gpu`` is the device index on the node, ``model`` the product name (``""`` when unknown). Only
+GPU-share nodes (``NodeInfo.gpushare``) are exported.
+
+**Bytes.** The ledger counts in the node's unit (``NodeInfo.unit``); the gauges convert: ``GiB``
+is 2^30 bytes, ``MiB`` 2^20. A node without a unit (Alibaba's fallback, capacity only, no
+``gpushare.io/gpu-inventory``) is taken to count in **GiB**, the default unit of Alibaba's
+device plugin and of gpushare's: a ``MiB`` node publishing no inventory is over-reported 1024
+times, which the device plugin's own ``gpushare_device_plugin_gpu_memory_capacity_bytes`` shows.
+
+**Pending.** ``gpushare_gpu_memory_pending_bytes`` is Alibaba's "assumed, not assigned" state:
+the memory of the GPU containers of pods bound to the node that the device plugin has not
+answered yet (``ALIYUN_COM_GPU_MEM_ASSIGNED`` not ``"true"``), from
+``ExtenderState.pending(node)``. It counts only pods within the handshake timeout
+(``handshake_timeout_s``; always 0 with the pin rule off); a pod stuck longer is still in
+``allocated``. It is *not* the ledger's "assumed" (bound by this extender, not yet seen by the
+watch), which lasts milliseconds and is not exported on its own.
 
 The per-GPU gauges and ``synced`` are computed at scrape time from the ``ExtenderState`` (its
-ledger) by ``StateCollector``, so nothing has to be kept in sync by hand. Amounts are in the
-node's unit (the ``unit`` label; empty when unknown, like a missing ``model``). No global
-default registry is used: each ``ExtenderMetrics`` owns (or is given) its registry.
+ledger) by ``StateCollector``, so nothing has to be kept in sync by hand. No global default
+registry is used: each ``ExtenderMetrics`` owns (or is given) its registry.
 """
 
 from __future__ import annotations
@@ -30,6 +57,16 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from gpushare.extender.state import ExtenderState
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "OUTCOMES",
+    "UNIT_BYTES",
+    "VERBS",
+    "ExtenderMetrics",
+    "StateCollector",
+    "unit_bytes",
+]
 
 VERBS = ("filter", "prioritize", "bind")
 OUTCOMES = ("ok", "error", "bad_request")
@@ -51,10 +88,18 @@ DURATION_BUCKETS = (
     5.0,
     10.0,
 )
+UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20}
+"""Bytes in one unit of ``aliyun.com/gpu-mem``, by ``NodeInfo.unit``."""
+_GPU_LABELS = ["node", "gpu", "model"]
+
+
+def unit_bytes(unit: str | None) -> int:
+    """Bytes in one of the node's units; GiB when the unit is unknown (module doc)."""
+    return UNIT_BYTES.get(unit or "GiB", UNIT_BYTES["GiB"])
 
 
 class StateCollector(Collector):
-    """Per-GPU capacity, allocation and pod counts, and the sync flag, read at scrape time."""
+    """Per-GPU memory, health and pod counts, and the sync flag, read at scrape time."""
 
     def __init__(self, state: ExtenderState) -> None:
         self._state = state
@@ -63,44 +108,63 @@ class StateCollector(Collector):
         return list(self._families())
 
     def collect(self) -> Iterable[Metric]:
-        capacity, allocated, pods, synced = self._families()
+        families = self._families()
+        capacity, allocated, pending, healthy, pods, synced = families
         synced.add_metric([], 1.0 if self._state.synced else 0.0)
         ledger = self._state.ledger
         for info in self._state.nodes():
             if not info.gpushare:
                 continue
             node = info.node
+            scale = unit_bytes(info.unit)
             used = ledger.state(node.name).gpu_used
             holders: dict[int, int] = {}
             for allocation in ledger.allocations(node.name):
                 for index, amount in allocation.per_gpu().items():
                     if amount:
                         holders[index] = holders.get(index, 0) + 1
+            waiting: dict[int, int] = {}
+            for pod in self._state.pending(node.name):
+                for step in pod.steps[pod.done :]:
+                    for index in step.gpu_indices:
+                        waiting[index] = waiting.get(index, 0) + step.share
             for position, gpu in enumerate(node.gpus):
-                labels = [node.name, str(gpu.index), gpu.model or "", info.unit or ""]
-                capacity.add_metric(labels, float(gpu.capacity))
-                allocated.add_metric(labels, float(used[position]))
-                pods.add_metric([node.name, str(gpu.index)], float(holders.get(gpu.index, 0)))
-        return [capacity, allocated, pods, synced]
+                labels = [node.name, str(gpu.index), gpu.model or ""]
+                capacity.add_metric(labels, float(gpu.capacity * scale))
+                allocated.add_metric(labels, float(used[position] * scale))
+                pending.add_metric(labels, float(waiting.get(gpu.index, 0) * scale))
+                healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
+                pods.add_metric(labels, float(holders.get(gpu.index, 0)))
+        return list(families)
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
-        gpu_labels = ["node", "gpu", "model", "unit"]
         return (
             GaugeMetricFamily(
-                "gpushare_gpu_capacity",
-                "GPU memory capacity of a shared GPU, in the node's unit (label unit).",
-                labels=gpu_labels,
+                "gpushare_gpu_memory_capacity_bytes",
+                "GPU memory of a shared GPU, in bytes.",
+                labels=_GPU_LABELS,
             ),
             GaugeMetricFamily(
-                "gpushare_gpu_allocated",
-                "GPU memory allocated on a shared GPU (committed and assumed), in the node's unit.",
-                labels=gpu_labels,
+                "gpushare_gpu_memory_allocated_bytes",
+                "GPU memory allocated on a shared GPU (committed and assumed), in bytes.",
+                labels=_GPU_LABELS,
+            ),
+            GaugeMetricFamily(
+                "gpushare_gpu_memory_pending_bytes",
+                "GPU memory of pods bound to a shared GPU and not yet started by the device "
+                "plugin, in bytes.",
+                labels=_GPU_LABELS,
+            ),
+            GaugeMetricFamily(
+                "gpushare_gpu_healthy",
+                "1 when a shared GPU is healthy, 0 when it takes no new pods.",
+                labels=_GPU_LABELS,
             ),
             GaugeMetricFamily(
                 "gpushare_gpu_pods",
                 "Pods holding an allocation on a shared GPU.",
-                labels=["node", "gpu"],
+                labels=_GPU_LABELS,
             ),
             GaugeMetricFamily(
                 "gpushare_extender_synced",

@@ -4,7 +4,8 @@ It behaves like NVML where gpushare's code paths depend on it: calls before `ini
 last `shutdown`) fail with `ERROR_UNINITIALIZED`; handles are opaque and only valid for this fake;
 events reach only the event sets a device was registered on, for the registered types; a wait
 blocks (in its thread) until an event arrives or the timeout passes, and returns None on timeout as
-`PynvmlBackend` does. Tests inject XIDs, failing probes, failing waits and a failing `init`.
+`PynvmlBackend` does. Tests inject XIDs, failing probes, failing waits and a failing `init`, and
+set what the metrics read: used memory, utilisation and compute processes per GPU.
 Thread-safe: the health watcher waits in a worker thread while the test injects from the loop.
 """
 
@@ -68,6 +69,9 @@ class FakeNvml:
         self._event_sets: list[_EventSet] = []
         self._probe_ok = [True] * len(self.devices)
         self._wait_errors: deque[NvmlError] = deque()
+        self._memory_used = [0] * len(self.devices)
+        self._utilization = [0] * len(self.devices)
+        self._processes: list[list[tuple[int, int | None]]] = [[] for _ in self.devices]
 
     # -- test controls -------------------------------------------------------------------------
 
@@ -96,6 +100,21 @@ class FakeNvml:
         with self._cond:
             self._wait_errors.append(error)
             self._cond.notify_all()
+
+    def set_memory_used(self, index: int, used_bytes: int) -> None:
+        """What `device_memory_used_bytes` reports for GPU `index` (initially 0)."""
+        with self._cond:
+            self._memory_used[index] = used_bytes
+
+    def set_utilization(self, index: int, percent: int) -> None:
+        """What `device_utilization_gpu_percent` reports for GPU `index` (initially 0)."""
+        with self._cond:
+            self._utilization[index] = percent
+
+    def set_processes(self, index: int, processes: Sequence[tuple[int, int | None]]) -> None:
+        """The compute processes of GPU `index`: (PID, used bytes or None) (initially none)."""
+        with self._cond:
+            self._processes[index] = list(processes)
 
     @property
     def live_event_sets(self) -> int:
@@ -166,6 +185,26 @@ class FakeNvml:
     def device_supported_event_types(self, device: DeviceHandle) -> int:
         self._record("device_supported_event_types")
         return self._device(device)[1].supported_event_types
+
+    def device_memory_used_bytes(self, device: DeviceHandle) -> int:
+        self._record("device_memory_used_bytes")
+        index, _ = self._device(device)
+        with self._cond:
+            if not self._probe_ok[index]:
+                raise NvmlError(ERROR_GPU_IS_LOST, "GPU is lost")
+            return self._memory_used[index]
+
+    def device_utilization_gpu_percent(self, device: DeviceHandle) -> int:
+        self._record("device_utilization_gpu_percent")
+        index, _ = self._device(device)
+        with self._cond:
+            return self._utilization[index]
+
+    def device_compute_processes(self, device: DeviceHandle) -> list[tuple[int, int | None]]:
+        self._record("device_compute_processes")
+        index, _ = self._device(device)
+        with self._cond:
+            return list(self._processes[index])
 
     def event_set_create(self) -> EventSet:
         self._record("event_set_create")
