@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control plane used by the cluster-test tier (tests/cluster):
 # etcd, kube-apiserver, kube-scheduler and kwok, from the Go module proxy, at the versions
-# pinned by the Go modules under testenv/controlplane/ (go.mod + go.sum, checked in).
+# pinned by the Go modules under testenv/controlplane/ (go.mod + go.sum, checked in); and
+# kubectl from the same Kubernetes release (the tests run `kubectl inspect gpushare` with it).
 #
 # The binaries go to a cache directory outside the repository and are reused when present:
 #   ${GPUSHARE_CONTROLPLANE_CACHE:-$HOME/.cache/gpushare/controlplane/<versions>}
@@ -18,7 +19,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODS="$ROOT/testenv/controlplane"
-BINARIES=(etcd kube-apiserver kube-scheduler kwok)
+BINARIES=(etcd kube-apiserver kube-scheduler kwok kubectl)
 # kwok >= 0.8 refuses to start without stages; these are the defaults kwokctl gives it.
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
     pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
@@ -145,6 +146,11 @@ step "building kube-apiserver and kube-scheduler $K8S_VERSION (the long part on 
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler) \
     || die "go build of kube-apiserver/kube-scheduler failed (output above)"
 
+step "building kubectl $K8S_VERSION (k8s.io/kubernetes/cmd/kubectl, the same release)"
+(cd "$MODS/kubernetes" && "${NICE[@]}" go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$PARTIAL/kubectl" \
+    k8s.io/kubernetes/cmd/kubectl) \
+    || die "go build of kubectl failed (output above)"
+
 step "building etcd $ETCD_VERSION"
 (cd "$MODS/etcd" && "${NICE[@]}" go build -trimpath -ldflags "-s -w" -o "$PARTIAL/etcd" \
     go.etcd.io/etcd/server/v3) \
@@ -168,5 +174,6 @@ for b in "${BINARIES[@]}" kwok-stages.yaml; do
     mv -f "$PARTIAL/$b" "$BIN_DIR/$b"
 done
 printf '%s\n' "$WANT" >"$STAMP"
-say "built: $("$BIN_DIR/kube-apiserver" --version); $("$BIN_DIR/etcd" --version | sed -n 1p)"
+say "built: $("$BIN_DIR/kube-apiserver" --version); kubectl \
+$("$BIN_DIR/kubectl" version --client | sed -n 's/^Client Version: //p'); $("$BIN_DIR/etcd" --version | sed -n 1p)"
 step "done: ${BINARIES[*]} kwok-stages.yaml in $BIN_DIR"

@@ -7,6 +7,7 @@ import click
 from gpushare import __version__
 from gpushare.cli.deviceplugin import device_plugin
 from gpushare.cli.extender import extender
+from gpushare.cli.inspect import inspect
 from gpushare.cli.simulate import simulate
 
 
@@ -19,3 +20,4 @@ def main() -> None:
 main.add_command(simulate)
 main.add_command(extender)
 main.add_command(device_plugin)
+main.add_command(inspect)

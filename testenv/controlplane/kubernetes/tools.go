@@ -1,9 +1,11 @@
 //go:build tools
 
-// Package tools pins the Kubernetes control-plane commands this module builds.
+// Package tools pins the Kubernetes commands this module builds: the control plane the cluster
+// tests run, and kubectl (the tests run `kubectl inspect gpushare` through it).
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )

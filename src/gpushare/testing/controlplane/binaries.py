@@ -11,13 +11,15 @@ from gpushare.testing.controlplane.errors import ControlPlaneError
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-controlplane.sh"
-BINARY_NAMES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+BINARY_NAMES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok", "kubectl")
+"""What the build script builds: the control plane, and kubectl of the same Kubernetes release
+(the tests run ``kubectl inspect gpushare`` through the real kubectl's plugin lookup)."""
 KWOK_STAGES = "kwok-stages.yaml"  # kwok >= 0.8 needs stages; the build script collects defaults
 
 
 @dataclass(frozen=True)
 class Binaries:
-    """Paths of the four control-plane programs (and kwok's stages file) in one directory."""
+    """Paths of the control-plane programs, kubectl and kwok's stages file, in one directory."""
 
     directory: Path
 

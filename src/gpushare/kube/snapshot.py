@@ -1,0 +1,82 @@
+"""One read of the cluster for ``kubectl inspect gpushare``: every Node and the GPU-memory pods.
+
+:func:`read_cluster` lists straight from the API server (no watch, no cache, no extender), so
+the inspect tool works when the extender is down. The objects are the API server's JSON as
+plain dicts (``obj.to_dict()``), as the cache keeps them; the caller turns them into a report.
+
+RBAC: ``nodes`` ``list`` (cluster-wide) and ``pods`` ``list`` (all namespaces, or the one given):
+:data:`RBAC_RULES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node, Pod
+
+from gpushare.kube.cache import requests_gpu_mem
+from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
+from gpushare.kube.watch import JsonObject
+
+__all__ = [
+    "LIST_NODES",
+    "LIST_PODS",
+    "RBAC_RULES",
+    "ClusterObjects",
+    "read_cluster",
+    "server_url",
+]
+
+RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+)
+"""The ClusterRole rules :func:`read_cluster` needs (PolicyRule JSON)."""
+
+LIST_NODES = "LIST nodes"
+"""``ApiCallError.what`` of a failed node list."""
+LIST_PODS = "LIST pods"
+"""``ApiCallError.what`` of a failed pod list (all namespaces; ``LIST pods in NS`` for one)."""
+
+
+@dataclass(frozen=True)
+class ClusterObjects:
+    """Every Node, and the pods asking ``aliyun.com/gpu-mem``, as plain dicts (read-only)."""
+
+    nodes: tuple[JsonObject, ...]
+    pods: tuple[JsonObject, ...]
+
+
+async def read_cluster(
+    client: AsyncClient, *, namespace: str | None = None, chunk_size: int = 500
+) -> ClusterObjects:
+    """List all nodes, then the pods asking ``aliyun.com/gpu-mem`` (any container or init
+    container, limits or requests) in every namespace, or only in ``namespace``.
+
+    Raises :class:`~gpushare.kube.errors.ApiCallError` (``what`` is :data:`LIST_NODES`, or
+    :data:`LIST_PODS` with `` in NAMESPACE`` when one is given) when a list fails.
+    """
+    try:
+        nodes = tuple([node.to_dict() async for node in client.list(Node, chunk_size=chunk_size)])
+    except CLIENT_ERRORS as error:
+        raise api_call_error(LIST_NODES, error) from error
+    what = LIST_PODS if namespace is None else f"{LIST_PODS} in {namespace}"
+    try:
+        pods = tuple(
+            [
+                pod.to_dict()
+                async for pod in client.list(Pod, namespace=namespace or "*", chunk_size=chunk_size)
+                if requests_gpu_mem(pod)
+            ]
+        )
+    except CLIENT_ERRORS as error:
+        raise api_call_error(what, error) from error
+    return ClusterObjects(nodes, pods)
+
+
+def server_url(client: AsyncClient) -> str:
+    """The API server URL ``client`` talks to (its kubeconfig cluster's ``server``), for
+    messages."""
+    return str(client.config.cluster.server)
