@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin clean controlplane
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin clean controlplane helm manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,13 @@ typecheck: $(STAMP)
 controlplane:
 	scripts/build-controlplane.sh
 
-pytest: $(STAMP) controlplane
+helm:
+	scripts/build-helm.sh
+
+manifests: helm
+	scripts/render-manifests.sh
+
+pytest: $(STAMP) controlplane helm
 	$(BIN)/pytest
 
 bench: $(STAMP)

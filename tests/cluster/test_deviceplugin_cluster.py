@@ -17,19 +17,16 @@ the real kube-scheduler and ``gpushare extender`` on the real control plane.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 from lightkube import Client
@@ -61,13 +58,12 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     wait_for,
 )
-from gpushare.testing.kubelet import FakeKubelet
+from gpushare.testing.kubelet import KubeletThread
 from gpushare.testing.live_extender import ExtenderThread
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 
 pytestmark = pytest.mark.cluster
 
-T = TypeVar("T")
 SCHEDULER_NAME = "gpushare-dp"
 SOCKET = "aliyungpushare.sock"
 WAIT_S = 30.0
@@ -88,30 +84,6 @@ class Cluster:
     namespace: str
     kubelet: KubeletThread
     metrics_url: str
-
-
-class KubeletThread:
-    """A ``FakeKubelet`` on its own event loop in a thread, so that the test can block."""
-
-    def __init__(self, socket_dir: Path) -> None:
-        self.kubelet = FakeKubelet(socket_dir)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = WAIT_S) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
-
-    def __enter__(self) -> KubeletThread:
-        self._thread.start()
-        self.call(self.kubelet.start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            self.call(self.kubelet.stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
 def gpu_pod(

@@ -179,9 +179,15 @@ def test_publish_to_a_node_without_gpus(
     # what it finds) after the publish, and keeps what was published.
     assert is_ready(node)
     not_ready = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
-    kube.patch(Node.Status, name, not_ready, patch_type=PatchType.STRATEGIC)
-    assert not is_ready(read_node(kube, name))
-    wait_for(f"kwok makes {name} Ready again", lambda: is_ready(read_node(kube, name)))
+    patched = kube.patch(Node.Status, name, not_ready, patch_type=PatchType.STRATEGIC)
+    assert patched.metadata is not None
+    ours = int(patched.metadata.resourceVersion or 0)
+
+    def rewritten() -> bool:  # kwok may answer before we can read the NotReady state
+        again = read_node(kube, name)
+        return is_ready(again) and int(again["metadata"]["resourceVersion"]) > ours
+
+    wait_for(f"kwok makes {name} Ready again", rewritten)
     node = read_node(kube, name)
     assert any(
         entry.get("manager") == "kwok" and entry.get("subresource") == "status"

@@ -12,7 +12,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gpushare.core.policies import policy_names
 from gpushare.sim.experiment import PAPER_SEEDS, RunResult, run_experiment
-from gpushare.sim.plot import plot_results
 from gpushare.sim.report import summarise, summary_table, write_json
 from gpushare.sim.trace import EMBEDDED_WORKLOAD, TraceError, embedded_trace_dir, load_trace
 
@@ -168,6 +167,8 @@ def simulate(
             "tune_ratio": tune_ratio,
         },
     )
+    from gpushare.sim.plot import plot_results  # noqa: PLC0415 (matplotlib: only when plotting)
+
     plot_results(out_dir / "unallocated.png", results, label)
     console.print(
         f"wrote {out_dir / 'results.json'} and {out_dir / 'unallocated.png'} "

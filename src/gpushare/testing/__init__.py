@@ -9,6 +9,8 @@
   ListAndWatch consumer, Allocate as kubelet makes it, restarts).
 * :mod:`gpushare.testing.nvml`: a declared fake of NVML (devices, XID events, failing probes).
 * :mod:`gpushare.testing.pods`: GPU pods created already bound, with the extender's annotations.
+* :mod:`gpushare.testing.helm`: the Helm binary (``scripts/build-helm.sh``) and the chart
+  rendered to objects.
 
 The runtime packages (``gpushare.core`` and the others) never import this package.
 """

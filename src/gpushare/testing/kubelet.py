@@ -25,10 +25,11 @@ import asyncio
 import contextlib
 import re
 import stat
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from grpc import aio
@@ -39,7 +40,16 @@ from gpushare.deviceplugin.inventory import HEALTHY, UNHEALTHY
 if TYPE_CHECKING:
     from gpushare.deviceplugin._proto.api_pb2_grpc import DevicePluginAsyncStub
 
-__all__ = ["CHECKPOINT_NAME", "FakeKubelet", "KubeletError", "ResourceView", "is_extended_resource"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "FakeKubelet",
+    "KubeletError",
+    "KubeletThread",
+    "ResourceView",
+    "is_extended_resource",
+]
+
+T = TypeVar("T")
 
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 SUPPORTED_VERSIONS = ("v1beta1",)
@@ -302,3 +312,29 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
 def _unhealthy(view: ResourceView) -> ResourceView:
     devices = tuple(api_pb2.Device(ID=d.ID, health=UNHEALTHY) for d in view.devices)
     return replace(view, devices=devices, connected=False)
+
+
+class KubeletThread:
+    """A :class:`FakeKubelet` on its own event loop in a thread, for tests that block (a sync
+    API client, subprocesses): ``call`` runs one of its coroutines there and waits."""
+
+    def __init__(self, socket_dir: Path) -> None:
+        self.kubelet = FakeKubelet(socket_dir)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
+        """Run ``coro`` on the kubelet's loop; its result, or ``TimeoutError``."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def __enter__(self) -> KubeletThread:
+        self._thread.start()
+        self.call(self.kubelet.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.call(self.kubelet.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

@@ -1,0 +1,597 @@
+"""The Helm chart against the real control plane: what it renders is what runs.
+
+* Every object the chart renders — the committed manifests of ``deploy/manifests`` and a render
+  with every option turned on — is accepted by kube-apiserver v1.37.1 in a server-side dry run
+  (``dryRun=All``) with strict field validation (an unknown or misspelt field is refused).
+* The chart's ServiceAccounts, ClusterRoles, Roles and their bindings are applied for real (in
+  namespace ``gpushare-deploy``, so that other tests' identities are untouched), and tokens are
+  issued for its ServiceAccounts. ``SelfSubjectAccessReview`` shows that each identity may do its
+  work and is forbidden what it does not need, and raw calls with the tokens agree.
+* The components then run with those identities: ``gpushare device-plugin`` (flags from the
+  chart's DaemonSet, fake GPUs, a kubelet stand-in) publishes its node's inventory and answers
+  Allocate; the live extender (options from the chart's Deployment) syncs, filters and binds.
+  kube-scheduler runs with (a) the extender entry of the chart's default-scheduler ConfigMap and
+  (b) the second scheduler's whole configuration from its ConfigMap and its own identity;
+  each schedules a GPU pod through the extender, and the pod gets its GPU from Allocate.
+
+Only the extender's ``urlPrefix`` is changed (it points at the test's extender on loopback), the
+second scheduler gets a ``clientConnection.kubeconfig`` (in a cluster it uses its pod's service
+account) and the device plugin a kubelet directory of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import shutil
+import ssl
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.types import PatchType
+
+from gpushare.cli.deviceplugin import device_plugin
+from gpushare.extender.live import LiveOptions
+from gpushare.kube import nodes
+from gpushare.kube.codec import (
+    ALIYUN_ASSIGNED,
+    ALIYUN_IDX,
+    GPU_COUNT,
+    GPU_MEM,
+    GPUSHARE_LABEL,
+    INVENTORY,
+)
+from gpushare.kube.watch import Backoff
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    ManagedProcess,
+    free_ports,
+    gpushare_extender,
+    wait_for,
+    wait_until,
+    write_kubeconfig,
+)
+from gpushare.testing.helm import MANIFESTS, MANIFESTS_DIR, locate_helm, parse_yaml, render_objects
+from gpushare.testing.kubelet import KubeletThread
+from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
+
+pytestmark = pytest.mark.cluster
+
+Obj = dict[str, Any]
+NAMESPACE = "gpushare-deploy"  # the chart's release namespace in this module
+EXTENDER, DEVICE_PLUGIN, SCHEDULER = (
+    "gpushare-extender",
+    "gpushare-device-plugin",
+    "gpushare-scheduler",
+)
+SECOND_SCHEDULER_NAME = "gpushare-scheduler"  # the chart's default schedulerName
+DEFAULT_PROFILE = "gpushare-chart-default"  # stands for default-scheduler in wiring (a)
+GROUP_LABEL = "gpushare.io/test-group"
+NODE = "deploy-chart-node"
+WAIT_S = 30.0
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+EVERY_OPTION: Obj = {  # a render with every branch of the templates taken
+    "memoryUnit": "MiB",
+    "imagePullSecrets": [{"name": "registry"}],
+    "extender": {
+        "policy": "fgd-cpu",
+        "gpuUnit": 16384,
+        "tls": {"enabled": True, "secretName": "gpushare-extender-tls", "clientCA": True},
+        "service": {"type": "NodePort", "nodePort": 31234, "clusterIP": "10.0.0.200"},
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {}},
+        "priorityClassName": "system-cluster-critical",
+        "podAnnotations": {"prometheus.io/scrape": "true"},
+    },
+    "devicePlugin": {
+        "fakeGpus": "2x16GiB:T4",
+        "mps": True,
+        "runtimeClassName": "nvidia",
+        "podAnnotations": {"prometheus.io/port": "9445"},
+    },
+    "scheduler": {
+        "tlsConfig": {"serverName": "gpushare-extender", "caData": "Y2E="},
+        "second": {
+            "enabled": True,
+            "replicas": 2,
+            "image": {"tag": "v1.37.1"},
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "x", "operator": "Exists"}],
+            "affinity": {"nodeAffinity": {}},
+            "priorityClassName": "system-cluster-critical",
+        },
+    },
+}
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def api_path(control_plane: ControlPlane, obj: Mapping[str, Any], cache: dict[str, Any]) -> str:
+    """The collection URL of ``obj``'s kind, from the API server's discovery."""
+    version = obj["apiVersion"]
+    base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
+    if version not in cache:
+        status, body = control_plane.api_request("GET", base)
+        assert status == 200, body
+        cache[version] = body["resources"]
+    (resource,) = [r for r in cache[version] if r["kind"] == obj["kind"] and "/" not in r["name"]]
+    if resource["namespaced"]:
+        return f"{base}/namespaces/{obj['metadata']['namespace']}/{resource['name']}"
+    return f"{base}/{resource['name']}"
+
+
+def issue_token(control_plane: ControlPlane, name: str, namespace: str) -> str:
+    """A TokenRequest token for the existing ServiceAccount ``namespace/name`` (the chart's)."""
+    status, body = control_plane.api_request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": [], "expirationSeconds": 3600},
+        },
+    )
+    assert status == 201, body
+    return str(body["status"]["token"])
+
+
+def can_i(
+    control_plane: ControlPlane,
+    token: str,
+    verb: str,
+    resource: str,
+    *,
+    namespace: str = "",
+    name: str = "",
+    group: str = "",
+) -> bool:
+    """``kubectl auth can-i`` as the token's identity (a ``SelfSubjectAccessReview``)."""
+    resource, _, subresource = resource.partition("/")
+    attributes = {
+        "verb": verb,
+        "group": group,
+        "resource": resource,
+        "subresource": subresource,
+        "namespace": namespace,
+        "name": name,
+    }
+    status, body = control_plane.api_request(
+        "POST",
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        },
+        token=token,
+    )
+    assert status == 201, body
+    return bool(body["status"]["allowed"])
+
+
+def flag_values(args: list[str]) -> dict[str, str]:
+    return dict(a.removeprefix("--").split("=", 1) for a in args if "=" in a)
+
+
+def only_container(objects: list[Obj], kind: str, name: str) -> Obj:
+    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    (container,) = obj["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def scheduler_config(objects: list[Obj], name: str) -> Obj:
+    (configmap,) = [
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name
+    ]
+    (text,) = configmap["data"].values()
+    (config,) = parse_yaml(text)
+    return config
+
+
+# ---- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chart() -> list[Obj]:
+    """The chart rendered for namespace ``gpushare-deploy`` with the second scheduler on."""
+    return render_objects(
+        {"scheduler": {"second": {"enabled": True}}}, namespace=NAMESPACE, helm=locate_helm()
+    )
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The chart's RBAC applied for real, and a token for each of its ServiceAccounts."""
+
+    tokens: dict[str, str]
+    kubeconfigs: dict[str, Path]
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, chart: list[Obj]) -> Iterator[Installed]:
+    with control_plane.client() as admin, contextlib.suppress(ApiError):
+        admin.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    cache: dict[str, Any] = {}
+    created: list[str] = []
+    for obj in chart:
+        if obj["kind"] in RBAC_KINDS:
+            path = api_path(control_plane, obj, cache)
+            status, body = control_plane.api_request("POST", path, obj)
+            assert status == 201, body
+            if obj["kind"] != "ServiceAccount":
+                created.append(f"{path}/{obj['metadata']['name']}")
+    tokens: dict[str, str] = {}
+    kubeconfigs: dict[str, Path] = {}
+    for name in (EXTENDER, DEVICE_PLUGIN, SCHEDULER):
+        tokens[name] = issue_token(control_plane, name, NAMESPACE)
+        kubeconfigs[name] = write_kubeconfig(
+            control_plane.root / f"chart-{name}.kubeconfig",
+            control_plane.server,
+            control_plane.credentials.ca_cert,
+            {"token": tokens[name]},
+        )
+    yield Installed(tokens, kubeconfigs)
+    for path in reversed(created):  # cluster-wide grants must not outlive the module
+        control_plane.api_request("DELETE", path)
+
+
+# ---- the tests -----------------------------------------------------------------------------
+
+
+def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: ControlPlane) -> None:
+    with control_plane.client() as admin, contextlib.suppress(ApiError):
+        admin.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    renders = {
+        name: parse_yaml((MANIFESTS_DIR / name).read_text(encoding="utf-8")) for name in MANIFESTS
+    }
+    renders["every option"] = render_objects(EVERY_OPTION, namespace=NAMESPACE)
+    cache: dict[str, Any] = {}
+    checked = 0
+    for label, objects in renders.items():
+        assert objects, label
+        for obj in objects:
+            path = api_path(control_plane, obj, cache)
+            status, body = control_plane.api_request(
+                "POST", f"{path}?dryRun=All&fieldValidation=Strict", obj
+            )
+            what = f"{label}: {obj['kind']} {obj['metadata']['name']}"
+            assert status == 201, f"{what}: {body}"
+            assert body["metadata"]["name"] == obj["metadata"]["name"], what
+            checked += 1
+    assert checked == 10 + 18 + 18
+    # A dry run stores nothing.
+    status, _ = control_plane.api_request(
+        "GET", "/api/v1/namespaces/kube-system/serviceaccounts/gpushare-extender"
+    )
+    assert status == 404
+
+
+# (verb, resource, namespace, name, group) for SelfSubjectAccessReview
+Access = tuple[str, str, str, str, str]
+WORK_NS = "default"
+ALLOWED: dict[str, list[Access]] = {
+    EXTENDER: [
+        ("list", "nodes", "", "", ""),
+        ("watch", "nodes", "", "", ""),
+        ("get", "nodes", "", "", ""),
+        ("list", "pods", "", "", ""),  # all namespaces
+        ("watch", "pods", "", "", ""),
+        ("get", "pods", WORK_NS, "", ""),
+        ("patch", "pods", WORK_NS, "", ""),
+        ("create", "pods/binding", WORK_NS, "", ""),
+        ("create", "events", WORK_NS, "", ""),
+    ],
+    DEVICE_PLUGIN: [
+        ("get", "nodes", "", "", ""),
+        ("patch", "nodes", "", "", ""),
+        ("patch", "nodes/status", "", "", ""),
+        ("list", "pods", "", "", ""),
+        ("watch", "pods", "", "", ""),
+        ("get", "pods", WORK_NS, "", ""),
+        ("patch", "pods", WORK_NS, "", ""),
+        ("create", "events", WORK_NS, "", ""),
+    ],
+    SCHEDULER: [
+        ("list", "nodes", "", "", ""),
+        ("watch", "pods", "", "", ""),
+        ("create", "pods/binding", WORK_NS, "", ""),
+        ("patch", "pods/status", WORK_NS, "", ""),
+        ("list", "persistentvolumeclaims", "", "", ""),
+        ("create", "leases", NAMESPACE, "", "coordination.k8s.io"),
+        ("get", "leases", NAMESPACE, SECOND_SCHEDULER_NAME, "coordination.k8s.io"),
+        ("update", "leases", NAMESPACE, SECOND_SCHEDULER_NAME, "coordination.k8s.io"),
+        ("get", "configmaps", "kube-system", "extension-apiserver-authentication", ""),
+    ],
+}
+FORBIDDEN: dict[str, list[Access]] = {
+    EXTENDER: [
+        ("delete", "pods", WORK_NS, "", ""),
+        ("create", "pods", WORK_NS, "", ""),
+        ("update", "pods", WORK_NS, "", ""),
+        ("patch", "nodes", "", "", ""),
+        ("patch", "nodes/status", "", "", ""),
+        ("delete", "nodes", "", "", ""),
+        ("get", "secrets", WORK_NS, "", ""),
+        ("get", "configmaps", WORK_NS, "", ""),
+    ],
+    DEVICE_PLUGIN: [
+        ("create", "pods/binding", WORK_NS, "", ""),
+        ("delete", "nodes", "", "", ""),
+        ("list", "nodes", "", "", ""),
+        ("update", "nodes", "", "", ""),
+        ("delete", "pods", WORK_NS, "", ""),
+        ("create", "pods", WORK_NS, "", ""),
+        ("get", "secrets", WORK_NS, "", ""),
+    ],
+    SCHEDULER: [
+        ("update", "leases", NAMESPACE, "another-scheduler", "coordination.k8s.io"),
+        ("get", "secrets", WORK_NS, "", ""),
+        ("patch", "nodes", "", "", ""),
+        ("delete", "nodes", "", "", ""),
+        ("patch", "pods", WORK_NS, "", ""),
+    ],
+}
+
+
+@pytest.mark.parametrize("identity", [EXTENDER, DEVICE_PLUGIN, SCHEDULER])
+def test_each_chart_identity_may_do_its_work_and_nothing_more(
+    control_plane: ControlPlane, installed: Installed, identity: str
+) -> None:
+    token = installed.tokens[identity]
+
+    def check(access: Access) -> bool:
+        verb, resource, namespace, name, group = access
+        return can_i(
+            control_plane, token, verb, resource, namespace=namespace, name=name, group=group
+        )
+
+    assert [a for a in ALLOWED[identity] if not check(a)] == []
+    assert [a for a in FORBIDDEN[identity] if check(a)] == []
+
+
+def test_raw_calls_with_the_chart_identities(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    """What the access reviews say, through the real request path."""
+    extender, plugin = installed.tokens[EXTENDER], installed.tokens[DEVICE_PLUGIN]
+    pod_name = "deploy-chart-raw"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": WORK_NS},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+    }
+    status, body = control_plane.api_request("POST", f"/api/v1/namespaces/{WORK_NS}/pods", pod)
+    assert status == 201, body
+    try:
+        pods = f"/api/v1/namespaces/{WORK_NS}/pods"
+        assert control_plane.api_request("GET", "/api/v1/nodes", token=extender)[0] == 200
+        assert control_plane.api_request("GET", "/api/v1/pods", token=extender)[0] == 200
+        assert control_plane.api_request("DELETE", f"{pods}/{pod_name}", token=extender)[0] == 403
+        assert control_plane.api_request("POST", pods, pod, token=extender)[0] == 403
+        assert control_plane.api_request("GET", "/api/v1/pods", token=plugin)[0] == 200
+        assert control_plane.api_request("GET", "/api/v1/nodes", token=plugin)[0] == 403  # list
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod_name, "namespace": WORK_NS},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "nowhere"},
+        }
+        status, body = control_plane.api_request(
+            "POST", f"{pods}/{pod_name}/binding", binding, token=plugin
+        )
+        assert status == 403, body
+        with control_plane.client(installed.kubeconfigs[EXTENDER]) as client:
+            client.patch(
+                Pod,
+                pod_name,
+                {"metadata": {"annotations": {"gpushare.io/test": "patched"}}},
+                namespace=WORK_NS,
+                patch_type=PatchType.MERGE,
+            )
+            assert _annotations(client, pod_name, WORK_NS)["gpushare.io/test"] == "patched"
+            with pytest.raises(ApiError) as refused:
+                client.patch(Node, "anything", {"metadata": {"labels": {"x": "y"}}})
+            assert refused.value.status.code == 403
+        with control_plane.client(installed.kubeconfigs[DEVICE_PLUGIN]) as client:
+            with pytest.raises(ApiError) as refused:
+                client.delete(Node, "anything")
+            assert refused.value.status.code == 403
+    finally:
+        control_plane.api_request("DELETE", f"/api/v1/namespaces/{WORK_NS}/pods/{pod_name}")
+
+
+def _gpu_pod(name: str, scheduler: str, gib: int) -> Pod:
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace=NAMESPACE),
+        spec=PodSpec(
+            schedulerName=scheduler,
+            nodeSelector={GROUP_LABEL: "deploy-chart"},
+            containers=[
+                Container(
+                    name="main",
+                    image="registry.invalid/gpushare/e2e:0",
+                    resources=ResourceRequirements(limits={GPU_MEM: str(gib)}),
+                )
+            ],
+        ),
+    )
+
+
+def _annotations(kube: Client, name: str, namespace: str = NAMESPACE) -> dict[str, str]:
+    pod = kube.get(Pod, name, namespace=namespace)
+    return dict((pod.metadata.annotations if pod.metadata else None) or {})
+
+
+def _readyz(port: int) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving cert, loopback
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
+    try:
+        with opener.open(f"https://127.0.0.1:{port}/readyz", timeout=2) as response:
+            return int(response.status) == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def second_scheduler(
+    control_plane: ControlPlane, chart: list[Obj], installed: Installed, url_prefix: str, tmp: Path
+) -> Iterator[ManagedProcess]:
+    """kube-scheduler as the chart's Deployment runs it: its ConfigMap's configuration, its
+    command's flags, its ServiceAccount's identity (plus a loopback port and a kubeconfig)."""
+    config = scheduler_config(chart, f"{SCHEDULER}-config")
+    (entry,) = config["extenders"]
+    assert entry == gpushare_extender(entry["urlPrefix"])
+    config["extenders"] = [{**entry, "urlPrefix": url_prefix}]
+    config["clientConnection"] = {"kubeconfig": str(installed.kubeconfigs[SCHEDULER])}
+    config_path = tmp / "kube-scheduler-config.yaml"
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    main = only_container(chart, "Deployment", SCHEDULER)
+    command = [c for c in main["command"][1:] if not c.startswith("--config=")]
+    (port,) = free_ports(1)
+    argv = [str(control_plane.binaries.path("kube-scheduler")), f"--config={config_path}"]
+    argv += [*command, "--bind-address=127.0.0.1", f"--secure-port={port}"]
+    argv += [f"--cert-dir={tmp / 'certs'}"]
+    proc = ManagedProcess("kube-scheduler-chart-second", argv, tmp).start()
+    try:
+        ready = functools.partial(_readyz, port)
+        wait_until("the chart's second scheduler /readyz", ready, 60.0, processes=[proc])
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
+    control_plane: ControlPlane,
+    kube: Client,
+    chart: list[Obj],
+    installed: Installed,
+    tmp_path: Path,
+) -> None:
+    socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-chart-", dir="/tmp"))
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, socket_dir, ignore_errors=True)
+        labels = {GPUSHARE_LABEL: "true", GROUP_LABEL: "deploy-chart"}
+        create_nodes(kube, [plain_node(NODE, labels=labels)])
+        stack.callback(delete_nodes, kube, [NODE])
+        kubelet = stack.enter_context(KubeletThread(socket_dir))
+
+        # The device plugin: the DaemonSet's flags and the chart's identity.
+        daemon = only_container(chart, "DaemonSet", DEVICE_PLUGIN)
+        known = {o for p in device_plugin.params for o in p.opts}
+        command, *flags = daemon["args"]
+        assert command == "device-plugin"
+        assert {a.split("=", 1)[0] for a in flags} <= known
+        local = {  # this machine's stand-ins for the DaemonSet's mounts and port
+            "--device-plugin-dir": str(socket_dir),
+            "--proc-root": "/proc",
+            "--metrics-port": str(free_ports(1)[0]),
+        }
+        args = [command] + [
+            f"{a.split('=', 1)[0]}={local[a.split('=', 1)[0]]}"
+            if a.split("=", 1)[0] in local
+            else a
+            for a in flags
+        ]
+        argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
+        argv += ["--node-name", NODE, "--fake-gpus", "2x16GiB:T4", "--no-health"]
+        argv += ["--kubeconfig", str(installed.kubeconfigs[DEVICE_PLUGIN])]
+        plugin = ManagedProcess("gpushare-device-plugin-chart", argv, tmp_path).start()
+        stack.callback(plugin.stop)
+        view = kubelet.call(
+            kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S)
+        )
+
+        def inventory_published() -> Node | None:
+            node = kube.get(Node, NODE)
+            annotations = (node.metadata.annotations if node.metadata else None) or {}
+            capacity = (node.status.capacity if node.status else None) or {}
+            return node if INVENTORY in annotations and capacity.get(GPU_COUNT) == "2" else None
+
+        wait_for(
+            "the plugin's inventory and aliyun.com/gpu-count on the node",
+            inventory_published,
+            WAIT_S,
+            processes=[plugin],
+        )
+        kube.patch(  # kubelet's node-status sync: aliyun.com/gpu-mem from the device list
+            Node.Status, NODE, [
+                {"op": "add", "path": f"/status/capacity/{nodes.json_pointer_key(GPU_MEM)}",
+                 "value": str(view.capacity)},
+                {"op": "add", "path": f"/status/allocatable/{nodes.json_pointer_key(GPU_MEM)}",
+                 "value": str(view.allocatable)},
+            ], patch_type=PatchType.JSON,
+        )  # fmt: skip
+
+        # The extender: the Deployment's options and the chart's identity.
+        ext = flag_values(only_container(chart, "Deployment", EXTENDER)["args"])
+        options = LiveOptions(
+            prefix=ext["prefix"],
+            policy=ext["policy"],
+            gpu_unit=int(ext["gpu-unit"]),
+            assume_ttl_s=float(ext["assume-ttl"]),
+            handshake_timeout_s=float(ext["handshake-timeout"]),
+            bind_timeout_s=float(ext["bind-timeout"]),
+            backoff=Backoff(initial_s=0.05, max_s=0.5),
+        )
+        extender = stack.enter_context(ExtenderThread(installed.kubeconfigs[EXTENDER], options))
+        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
+
+        def admitted(name: str, gib: int) -> None:
+            def bound() -> Pod | None:
+                pod = kube.get(Pod, name, namespace=NAMESPACE)
+                return pod if pod.spec is not None and pod.spec.nodeName else None
+
+            pod = wait_for(f"pod {name} bound", bound, WAIT_S)
+            assert pod.spec is not None
+            assert pod.spec.nodeName == NODE
+            gpu = _annotations(kube, name)[ALIYUN_IDX]
+            response = kubelet.call(kubelet.kubelet.allocate(GPU_MEM, size=gib))
+            envs = dict(response.container_responses[0].envs)
+            assert envs[ALIYUN_IDX] == gpu, envs
+            wait_until(
+                f"{name} marked assigned by the device plugin",
+                lambda: _annotations(kube, name).get(ALIYUN_ASSIGNED) == "true",
+                WAIT_S,
+                processes=[plugin],
+            )
+
+        # (a) the default scheduler's configuration: the ConfigMap's extender entry.
+        default = scheduler_config(chart, "gpushare-default-scheduler-config")
+        (entry,) = default["extenders"]
+        assert entry == gpushare_extender(entry["urlPrefix"])
+        with control_plane.scheduler(
+            "kube-scheduler-chart-default",
+            profiles=[{"schedulerName": DEFAULT_PROFILE}],
+            extenders=[{**entry, "urlPrefix": extender.url_prefix}],
+        ):
+            kube.create(_gpu_pod("via-default", DEFAULT_PROFILE, 8))
+            admitted("via-default", 8)
+
+        # (b) the second scheduler, as its Deployment runs it.
+        second_dir = tmp_path / "second"
+        second_dir.mkdir()
+        with second_scheduler(control_plane, chart, installed, extender.url_prefix, second_dir):
+            kube.create(_gpu_pod("via-second", SECOND_SCHEDULER_NAME, 4))
+            admitted("via-second", 4)
+        for name in ("via-default", "via-second"):
+            kube.delete(Pod, name, namespace=NAMESPACE, grace_period=0)
