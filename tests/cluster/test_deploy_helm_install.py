@@ -1,0 +1,99 @@
+"""``helm install`` of the chart into the real control plane, then ``helm uninstall``.
+
+The real helm (``scripts/build-helm.sh``) installs a release with the second scheduler on into
+its own namespace of the test kube-apiserver: helm checks the chart's ``kubeVersion`` against
+the server, creates every object, and reports the release deployed; the objects are there with
+helm's ownership labels. ``helm uninstall`` removes them again (cluster-scoped ones included).
+No pod runs (there is no kube-controller-manager to create them, nor a container runtime):
+``tests/cluster/test_deploy_chart.py`` runs the components with the chart's identities and
+configuration instead.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.operators import Operator
+from lightkube.resources.apps_v1 import DaemonSet, Deployment
+from lightkube.resources.core_v1 import ConfigMap, Service, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+
+from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.helm import CHART_DIR, locate_helm
+
+pytestmark = pytest.mark.cluster
+
+RELEASE = "helmtest"
+NAMESPACE = "gpushare-helm-install"
+LABELS: dict[str, str | Operator[Any] | Iterable[Any] | None] = {
+    "app.kubernetes.io/managed-by": "Helm",
+    "app.kubernetes.io/instance": RELEASE,
+}
+
+
+def owned(objects: Iterable[ClusterRole | ClusterRoleBinding]) -> list[str]:
+    return [o.metadata.name or "" for o in objects if o.metadata is not None]
+
+
+def helm(plane: ControlPlane, *args: str) -> str:
+    done = subprocess.run(
+        [str(locate_helm()), *args, "--kubeconfig", str(plane.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_helm_install_creates_the_release_and_uninstall_removes_it(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    helm(
+        control_plane, "install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
+        "--create-namespace", "--set", "scheduler.second.enabled=true",
+        "--set", "image.tag=0.1.0",
+    )  # fmt: skip
+    try:
+        status = json.loads(helm(control_plane, "status", RELEASE, "-n", NAMESPACE, "-o", "json"))
+        assert status["info"]["status"] == "deployed"
+        manifest = helm(control_plane, "get", "manifest", RELEASE, "-n", NAMESPACE)
+        kinds = {line.split(":", 1)[1].strip() for line in manifest.splitlines()
+                 if line.startswith("kind:")}  # fmt: skip
+        assert {"Deployment", "DaemonSet", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+                "Service", "ServiceAccount"} <= kinds  # fmt: skip
+        assert list(kube.list(Deployment, namespace=NAMESPACE, labels=LABELS))
+        assert list(kube.list(DaemonSet, namespace=NAMESPACE, labels=LABELS))
+        assert list(kube.list(ConfigMap, namespace=NAMESPACE, labels=LABELS))
+        assert list(kube.list(Service, namespace=NAMESPACE, labels=LABELS))
+        assert list(kube.list(ServiceAccount, namespace=NAMESPACE, labels=LABELS))
+        roles = [r for r in kube.list(ClusterRole, labels=LABELS)
+                 if ((r.metadata and r.metadata.name) or "").startswith(RELEASE)]  # fmt: skip
+        assert len(roles) >= 2  # extender and device plugin at least
+        deployments = {d.metadata.name for d in kube.list(Deployment, namespace=NAMESPACE)
+                       if d.metadata is not None}  # fmt: skip
+        assert any("scheduler" in (name or "") for name in deployments), deployments
+    finally:
+        helm(control_plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "60s")
+    assert owned(kube.list(ClusterRole, labels=LABELS)) == []
+    assert owned(kube.list(ClusterRoleBinding, labels=LABELS)) == []
+    with pytest.raises(ApiError):
+        kube.get(Deployment, f"{RELEASE}-gpushare-extender", namespace=NAMESPACE)
+
+
+def test_helm_refuses_values_the_schema_rejects(control_plane: ControlPlane) -> None:
+    done = subprocess.run(
+        [str(locate_helm()), "install", "bad", str(CHART_DIR), "--namespace", NAMESPACE,
+         "--dry-run=server", "--set", "memoryUnit=KiB", "--kubeconfig",
+         str(control_plane.kubeconfig)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "memoryUnit" in done.stderr, done.stderr
