@@ -42,7 +42,7 @@ from gpushare.testing.helm import (
 SCHEDULER_DIR = REPO_ROOT / "deploy" / "scheduler"
 EXTENDER_RULES = (  # docs/extender.md, "Running it": RBAC for its identity
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
@@ -215,7 +215,7 @@ def test_extender_role_is_exactly_the_documented_rules(default_objects: list[Obj
     role = find(default_objects, "ClusterRole", "gpushare-extender")
     assert normalized(role["rules"]) == normalized(EXTENDER_RULES)
     docs = (REPO_ROOT / "docs" / "extender.md").read_text(encoding="utf-8")
-    assert "`nodes` get/list/watch; `pods` get/list/watch/patch; `pods/binding`\ncreate" in docs
+    assert "`nodes` get/list/watch; `pods` get/list/watch; `pods/binding`\ncreate" in docs
 
 
 def test_bindings_give_each_service_account_its_own_role(with_scheduler: list[Obj]) -> None:

@@ -197,7 +197,7 @@ class FakeBinder:
         await asyncio.sleep(self.delay_s)
         if self.error is not None:
             raise self.error
-        return BindResult(pod, node, annotations, "7")
+        return BindResult(pod, node, annotations)
 
 
 BINDING = Binding("ns", "p", "uid-1", "n3", {ALLOCATION: '{"node":"n3"}'})

@@ -292,7 +292,6 @@ ALLOWED: dict[str, list[Access]] = {
         ("list", "pods", "", "", ""),  # all namespaces
         ("watch", "pods", "", "", ""),
         ("get", "pods", WORK_NS, "", ""),
-        ("patch", "pods", WORK_NS, "", ""),
         ("create", "pods/binding", WORK_NS, "", ""),
         ("create", "events", WORK_NS, "", ""),
     ],
@@ -320,6 +319,7 @@ ALLOWED: dict[str, list[Access]] = {
 }
 FORBIDDEN: dict[str, list[Access]] = {
     EXTENDER: [
+        ("patch", "pods", WORK_NS, "", ""),  # the Binding carries the annotations
         ("delete", "pods", WORK_NS, "", ""),
         ("create", "pods", WORK_NS, "", ""),
         ("update", "pods", WORK_NS, "", ""),
@@ -397,14 +397,15 @@ def test_raw_calls_with_the_chart_identities(
         )
         assert status == 403, body
         with control_plane.client(installed.kubeconfigs[EXTENDER]) as client:
-            client.patch(
-                Pod,
-                pod_name,
-                {"metadata": {"annotations": {"gpushare.io/test": "patched"}}},
-                namespace=WORK_NS,
-                patch_type=PatchType.MERGE,
-            )
-            assert _annotations(client, pod_name, WORK_NS)["gpushare.io/test"] == "patched"
+            with pytest.raises(ApiError) as refused:
+                client.patch(
+                    Pod,
+                    pod_name,
+                    {"metadata": {"annotations": {"gpushare.io/test": "patched"}}},
+                    namespace=WORK_NS,
+                    patch_type=PatchType.MERGE,
+                )
+            assert refused.value.status.code == 403
             with pytest.raises(ApiError) as refused:
                 client.patch(Node, "anything", {"metadata": {"labels": {"x": "y"}}})
             assert refused.value.status.code == 403

@@ -101,7 +101,7 @@ PLACED = [
 
 READ_NODES = PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "list", "watch"])
 EXTENDER_RULES = [  # what the extender's ServiceAccount needs, nodes aside
-    PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch", "patch"]),
+    PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch"]),
     PolicyRule(apiGroups=[""], resources=["pods/binding"], verbs=["create"]),
     PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"]),
 ]

@@ -1,8 +1,8 @@
 """The extender's ``Binder`` and ``EventSink`` on the API server (``gpushare.kube``).
 
-:class:`ApiBinder` adapts :class:`gpushare.kube.binder.Binder` (read the pod, merge-patch the
-allocation annotations with the resourceVersion just read, create ``pods/binding`` with UID and
-resourceVersion preconditions) to the extender's ``Binder`` protocol, whose three answers mean:
+:class:`ApiBinder` adapts :class:`gpushare.kube.binder.Binder` (create ``pods/binding`` with the
+pod's UID as a precondition and the allocation annotations, merged atomically with the node) to
+the extender's ``Binder`` protocol, whose three answers mean:
 
 =================================  ===========================================================
 ``None`` — bound                   the binder succeeded; or ``ALREADY_BOUND`` **to the same
@@ -10,9 +10,9 @@ resourceVersion preconditions) to the extender's ``Binder`` protocol, whose thre
                                    §1.7 asks for success)
 error text — certainly not bound   ``ALREADY_BOUND`` to another node; ``NOT_FOUND`` (gone,
                                    recreated, being deleted); ``FORBIDDEN``; ``INVALID``;
-                                   ``CONFLICT`` after the binder's re-reads; ``THROTTLED``; and
-                                   every failure before the Binding was POSTed (reading or
-                                   annotating the pod) — the pod cannot have been bound
+                                   ``CONFLICT`` after the binder's tries; ``THROTTLED``; and a
+                                   failure reading the pod to explain a 409 — the pod cannot
+                                   have been bound by this call
 exception — outcome unknown        a server error or a lost reply *while creating the
                                    Binding* (it may have been stored), or the whole bind
                                    running past ``timeout_s``

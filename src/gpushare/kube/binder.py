@@ -1,28 +1,26 @@
-"""Bind a pod to a node after recording the allocation on it (design.md, "Source of truth").
+"""Bind a pod to a node, recording the allocation on it in the same call (design.md, "Source of
+truth").
 
-:meth:`Binder.bind` does, for one :class:`~gpushare.kube.refs.PodRef` and node:
+:meth:`Binder.bind` creates ``pods/{name}/binding`` (kubernetes-interfaces.md 4.1) with the
+allocation annotations in the Binding's ``metadata.annotations`` and the pod's UID as a
+precondition. The API server sets ``spec.nodeName`` and merges the annotations **atomically**:
+a pod is never bound without its allocation, and of concurrent binds of one pod exactly one
+wins and the pod carries that one's annotations. One API call per bind.
 
-1. **Read** the pod (``GET``). It must still be the same incarnation (UID), not being deleted,
-   and not bound yet; otherwise nothing is written.
-2. **Annotate**: a JSON merge patch of ``metadata.annotations`` carrying the resourceVersion
-   just read, so the API server applies it only to the pod as checked in step 1 (409
-   otherwise; the binder then re-reads and tries again, ``attempts`` times in all).
-3. **Bind**: ``POST pods/{name}/binding`` (kubernetes-interfaces.md 4.1) with the UID and the
-   resourceVersion returned by the patch as preconditions, so the node is set only on the pod
-   that carries *these* annotations: a concurrent bind of the same pod that annotated it in
-   between makes this one fail rather than bind the pod under someone else's annotations.
-   Success is HTTP 201 with a ``Status`` body; lightkube 1.0.1's ``PodBinding`` would decode
-   that ``Status`` as a ``Binding`` and raise after a successful bind, so the binding goes
-   through a dict-typed subresource (:class:`_BindingRequest`) that accepts any reply.
+A 409 (already bound, recreated under another UID, being deleted) is explained by reading the
+pod once: ``ALREADY_BOUND`` with ``bound_node`` (so a caller can treat a retried bind to the
+same node as done), ``NOT_FOUND`` (recreated, deleted or being deleted); a pod still unbound
+and the same is bound again, ``attempts`` times in all. Success is HTTP 201 with a ``Status``
+body; lightkube 1.0.1's ``PodBinding`` would decode that ``Status`` as a ``Binding`` and raise
+after a successful bind, so the binding goes through a dict-typed subresource
+(:class:`_BindingRequest`) that accepts any reply.
 
 Every failure is a :class:`~gpushare.kube.errors.BindError`: ``failure`` says what to do
-(``CONFLICT``: temporary, the pod changed; ``ALREADY_BOUND``: permanent, ``bound_node`` says
-where, so a caller can treat a retried bind to the same node as done; ``NOT_FOUND``: the pod is
-gone, recreated or being deleted; ``FORBIDDEN``: RBAC; ``SERVER``/``UNREACHABLE``/``THROTTLED``:
-temporary). A failed bind may leave the annotations on the still unbound pod; they mean
-nothing until ``spec.nodeName`` is set, and the next bind overwrites them.
+(``CONFLICT``: temporary; ``ALREADY_BOUND``: permanent, ``bound_node`` says where;
+``NOT_FOUND``: the pod is gone, recreated or being deleted; ``FORBIDDEN``: RBAC;
+``SERVER``/``UNREACHABLE``/``THROTTLED``: temporary).
 
-RBAC: ``pods`` ``get`` and ``patch``, ``pods/binding`` ``create``.
+RBAC: ``pods/binding`` ``create``; ``pods`` ``get`` (explaining a conflict).
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from lightkube import AsyncClient
 from lightkube.core import resource as lightkube_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
-from lightkube.types import PatchType
 
 from gpushare.kube.errors import CLIENT_ERRORS, BindError, BindStage, Failure, classify
 from gpushare.kube.refs import PodRef
@@ -68,20 +65,18 @@ class _BindingRequest(dict[str, Any], lightkube_resource.NamespacedSubResource):
 
 @dataclass(frozen=True, slots=True)
 class BindResult:
-    """A successful bind: ``pod`` is bound to ``node`` and carries ``annotations``;
-    ``resource_version`` is the pod's after the annotation patch."""
+    """A successful bind: ``pod`` is bound to ``node`` and carries ``annotations``."""
 
     pod: PodRef
     node: str
     annotations: Mapping[str, str]
-    resource_version: str
 
 
 class Binder:
-    """Annotates and binds pods through ``client`` (owned by the caller).
+    """Binds pods, with their annotations, through ``client`` (owned by the caller).
 
-    ``attempts`` (>= 1) is how many times a bind re-reads and retries after the pod changed
-    under it (a 409 on the patch or the binding) before giving up with ``CONFLICT``.
+    ``attempts`` (>= 1) is how many times a bind is tried when a 409 leaves the pod unbound and
+    unchanged in identity, before giving up with ``CONFLICT``.
     """
 
     def __init__(self, client: AsyncClient, *, attempts: int = 3) -> None:
@@ -91,34 +86,24 @@ class Binder:
         self._attempts = attempts
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> BindResult:
-        """Record ``annotations`` on ``pod``, then bind it to ``node``; raises ``BindError``."""
+        """Bind ``pod`` to ``node`` and merge ``annotations`` into it, atomically; raises
+        ``BindError``."""
         if not node:
             raise ValueError(f"bind {pod.key}: empty node name")
         wanted = dict(annotations)
         conflict: BindError | None = None
         for _ in range(self._attempts):
-            current = await self._read(pod, node)
-            rv = await self._annotate(pod, node, wanted, current)
-            if rv is None:
-                continue  # changed between read and patch: read again
             try:
-                await self._post_binding(pod, node, rv)
+                await self._post_binding(pod, node, wanted)
             except BindError as exc:
                 if exc.failure is not Failure.CONFLICT:
                     raise
-                conflict = exc  # re-read: already bound, recreated, or merely changed
+                conflict = exc
+                await self._read(pod, node)  # raises when bound, recreated or being deleted
                 continue
-            return BindResult(pod=pod, node=node, annotations=wanted, resource_version=rv)
-        if conflict is not None:
-            raise conflict
-        raise BindError(
-            pod.key,
-            node,
-            BindStage.ANNOTATE,
-            Failure.CONFLICT,
-            f"the pod changed during each of {self._attempts} attempts",
-            status_code=409,
-        )
+            return BindResult(pod=pod, node=node, annotations=wanted)
+        assert conflict is not None
+        raise conflict
 
     async def _read(self, pod: PodRef, node: str) -> dict[str, Any]:
         """The pod as a dict, checked to be this incarnation, alive and unbound."""
@@ -147,29 +132,7 @@ class Binder:
             raise BindError(pod.key, node, BindStage.READ, Failure.NOT_FOUND, detail)
         return current
 
-    async def _annotate(
-        self, pod: PodRef, node: str, annotations: dict[str, str], current: dict[str, Any]
-    ) -> str | None:
-        """Merge-patch the annotations; the new resourceVersion, or ``None`` on a 409."""
-        rv = current["metadata"].get("resourceVersion")
-        patch = {"metadata": {"resourceVersion": rv, "annotations": annotations}}
-        try:
-            patched = await self._client.patch(
-                Pod, pod.name, patch, namespace=pod.namespace, patch_type=PatchType.MERGE
-            )
-        except CLIENT_ERRORS as exc:
-            error = self._error(pod, node, BindStage.ANNOTATE, exc)
-            if error.failure is Failure.CONFLICT:
-                return None
-            raise error from exc
-        meta = patched.metadata
-        new_rv = meta.resourceVersion if meta is not None else None
-        if not new_rv:
-            detail = "the patched pod came back without a resourceVersion"
-            raise BindError(pod.key, node, BindStage.ANNOTATE, Failure.SERVER, detail)
-        return new_rv
-
-    async def _post_binding(self, pod: PodRef, node: str, resource_version: str) -> None:
+    async def _post_binding(self, pod: PodRef, node: str, annotations: dict[str, str]) -> None:
         binding = _BindingRequest(
             {
                 "apiVersion": "v1",
@@ -178,7 +141,7 @@ class Binder:
                     "name": pod.name,
                     "namespace": pod.namespace,
                     "uid": pod.uid,
-                    "resourceVersion": resource_version,
+                    "annotations": annotations,
                 },
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node},
             }

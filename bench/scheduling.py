@@ -1,0 +1,161 @@
+"""Scheduling throughput through kube-scheduler with the extender (design.md §6: at least 0.8×
+the same scheduler on pods without GPU memory).
+
+Run: ``make bench-scheduling`` (or ``.venv/bin/python bench/scheduling.py [--nodes 1000]
+[--pods 1000] [--rounds 2]``). Needs the test control plane (``make controlplane``).
+
+Set-up: a real control plane, ``--nodes`` kwok nodes with eight 16 GiB GPUs each, and
+``gpushare extender --kubeconfig`` as its own process (default options: binpack, the handshake
+rule on). One kube-scheduler configured with the extender (``nodeCacheCapable``, filter, prioritize,
+bind for ``aliyun.com/gpu-mem``), exactly as deployed: pods that ask no GPU memory never reach
+the extender, so the same scheduler is its own baseline.
+
+Each round creates ``--pods`` pods first, with the scheduler stopped, then starts it and times
+the first to the last binding (``spec.nodeName`` set), so pod creation and scheduler start-up
+are not counted: (1) pods without GPU memory (100m CPU), (2) pods asking 2 GiB of
+``aliyun.com/gpu-mem`` each (bound by the extender). Reports pods/s per round, the medians and
+the ratio gpu/plain. Prints progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from lightkube import Client
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Pod
+
+from gpushare.kube.codec import GPU_MEM
+from gpushare.testing.controlplane import (
+    Binaries,
+    ControlPlane,
+    ManagedProcess,
+    free_ports,
+    gpushare_extender,
+    wait_until,
+)
+from gpushare.testing.live_extender import http_get
+from gpushare.testing.nodes import create_nodes, gpu_node
+
+SCHEDULER = "gpushare-bench"
+
+
+def pods(namespace: str, count: int, gpu_mem: int | None) -> Iterator[Pod]:
+    limits = {"cpu": "100m", "memory": "64Mi"}
+    if gpu_mem is not None:
+        limits[GPU_MEM] = str(gpu_mem)
+    for i in range(count):
+        yield Pod(
+            metadata=ObjectMeta(name=f"p{i}", namespace=namespace),
+            spec=PodSpec(
+                schedulerName=SCHEDULER,
+                containers=[
+                    Container(
+                        name="main",
+                        image="registry.invalid/gpushare/bench:0",
+                        resources=ResourceRequirements(limits=limits, requests=limits),
+                    )
+                ],
+            ),
+        )
+
+
+def bound_times(kube: Client, namespace: str, count: int, timeout_s: float) -> list[float]:
+    """Poll until ``count`` pods of ``namespace`` are bound; the time each was first seen bound
+    (monotonic seconds, 0.2 s resolution)."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(seen)}/{count} pods bound after {timeout_s:g} s")
+        now = time.monotonic()
+        for pod in kube.list(Pod, namespace=namespace):
+            name = pod.metadata.name if pod.metadata else None
+            if name and name not in seen and pod.spec is not None and pod.spec.nodeName:
+                seen[name] = now
+        time.sleep(0.2)
+    return sorted(seen.values())
+
+
+def one_round(
+    plane: ControlPlane, kube: Client, url_prefix: str, what: tuple[int, int | None], tag: str
+) -> float:
+    """Create ``what`` = (count, GiB or None) pods, start the scheduler, return pods/s from the
+    first to the last binding."""
+    count, gpu_mem = what
+    namespace = f"bench-{tag}-{time.time_ns()}"
+    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    for pod in pods(namespace, count, gpu_mem):
+        kube.create(pod)
+    with plane.scheduler(
+        f"kube-scheduler-{tag}",
+        profiles=[{"schedulerName": SCHEDULER}],
+        extenders=[gpushare_extender(url_prefix)],
+    ):
+        times = bound_times(kube, namespace, count, timeout_s=600)
+    rate = (count - 1) / max(times[-1] - times[0], 1e-9)
+    for pod in kube.list(Pod, namespace=namespace):  # free the nodes for the next round
+        if pod.metadata is not None and pod.metadata.name:
+            kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
+    return rate
+
+
+def measure(
+    plane: ControlPlane, kube: Client, url_prefix: str, count: int, rounds: int
+) -> dict[str, list[float]]:
+    """pods/s per round, for pods without GPU memory ("plain") and with 2 GiB ("gpu")."""
+    rates: dict[str, list[float]] = {"plain": [], "gpu": []}
+    for r in range(rounds):
+        for tag, gpu_mem in (("plain", None), ("gpu", 2)):
+            rate = one_round(plane, kube, url_prefix, (count, gpu_mem), tag)
+            rates[tag].append(rate)
+            print(f"round {r + 1}/{rounds} {tag:<5} {rate:7.1f} pods/s", flush=True)
+    return rates
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    print("starting the test control plane ...", flush=True)
+    with ControlPlane(Binaries.locate()) as plane, plane.client() as kube:
+        print(f"creating {args.nodes} kwok nodes (8 x 16 GiB) ...", flush=True)
+        started = time.monotonic()
+        create_nodes(
+            kube,
+            [gpu_node(f"bench-{i:04d}", [16] * 8, unit="GiB") for i in range(args.nodes)],
+            timeout=600,
+        )
+        print(f"  {time.monotonic() - started:.0f} s", flush=True)
+        (port,) = free_ports(1)
+        argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", "extender"]
+        argv += ["--kubeconfig", str(plane.kubeconfig), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--log-level", "warning"]
+        url = f"http://127.0.0.1:{port}"
+        with tempfile.TemporaryDirectory() as workdir:
+            extender = ManagedProcess("gpushare-extender", argv, Path(workdir)).start()
+            try:
+                wait_until(
+                    "extender ready", lambda: http_get(f"{url}/readyz")[0] == 200, 120,
+                    processes=[extender],
+                )  # fmt: skip
+                rates = measure(plane, kube, f"{url}/gpushare-scheduler", args.pods, args.rounds)
+            finally:
+                extender.stop()
+    plain, gpu = statistics.median(rates["plain"]), statistics.median(rates["gpu"])
+    print(f"median: pods without GPU memory {plain:.1f} pods/s, GPU-memory pods {gpu:.1f} pods/s")
+    print(f"ratio {gpu / plain:.2f} (budget >= 0.8: {'met' if gpu >= 0.8 * plain else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
