@@ -73,10 +73,13 @@ def to_priorities(values: Mapping[str, float], candidates: list[str]) -> dict[st
     if not finite:
         return scores
     lo, hi = min(finite.values()), max(finite.values())
-    for name, value in finite.items():
-        if hi == lo:
-            scores[name] = MAX_PRIORITY
-        else:
-            scaled = math.floor(MAX_PRIORITY * (value - lo) / (hi - lo))
-            scores[name] = max(MIN_PRIORITY, min(MAX_PRIORITY, int(scaled)))
+    if hi == lo:
+        scores.update(dict.fromkeys(finite, MAX_PRIORITY))
+        return scores
+    span, floor = hi - lo, math.floor
+    # ⌊10·(v − lo)/(hi − lo)⌋, kept within 0..10 against rounding at v == hi.
+    scores.update(
+        (name, min(MAX_PRIORITY, floor(MAX_PRIORITY * (value - lo) / span)))
+        for name, value in finite.items()
+    )
     return scores
