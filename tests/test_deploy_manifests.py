@@ -449,6 +449,20 @@ def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None
 # ---- image ---------------------------------------------------------------------------------
 
 
+def test_the_grafana_dashboard_ships_as_a_sidecar_configmap(helm: Path) -> None:
+    objects = render_objects(
+        {"grafanaDashboard": {"enabled": True, "namespace": "monitoring"}}, helm=helm
+    )
+    (configmap,) = [o for o in objects if o["metadata"]["name"] == "gpushare-grafana-dashboard"]
+    assert configmap["kind"] == "ConfigMap"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(configmap["data"]["gpushare-dashboard.json"])
+    source = CHART_DIR / "dashboards" / "gpushare-dashboard.json"
+    assert shipped == json.loads(source.read_text(encoding="utf-8"))
+    assert not [o for o in render_objects(helm=helm) if "grafana" in o["metadata"]["name"]]
+
+
 def test_dockerfile_structure() -> None:
     """No docker daemon in the test environment: the Dockerfile is checked for its shape."""
     text = (REPO_ROOT / "Dockerfile").read_text(encoding="utf-8")

@@ -1,5 +1,5 @@
-"""``deploy/grafana/gpushare-dashboard.json``, checked structurally against what Grafana needs and
-against the series gpushare really exposes.
+"""``deploy/helm/gpushare/dashboards/gpushare-dashboard.json``, checked structurally against what
+Grafana needs and against the series gpushare really exposes.
 
 There is no Grafana (nor Prometheus) here, so the dashboard is never rendered and its queries
 never run. What is checked instead:
@@ -41,7 +41,10 @@ from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.testing.extender import node_json, seed_bound_pods
 from gpushare.testing.nvml import FakeDevice, FakeNvml
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "gpushare-dashboard.json"
+DASHBOARD = (
+    Path(__file__).resolve().parents[1]
+    / "deploy" / "helm" / "gpushare" / "dashboards" / "gpushare-dashboard.json"
+)  # fmt: skip
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PANEL_TYPES = frozenset(
     {"row", "timeseries", "stat", "gauge", "table", "heatmap", "bargauge", "text", "piechart"}

@@ -115,6 +115,7 @@ EVERY_OPTION: Obj = {  # a render with every branch of the templates taken
             "priorityClassName": "system-cluster-critical",
         },
     },
+    "grafanaDashboard": {"enabled": True},
 }
 
 
