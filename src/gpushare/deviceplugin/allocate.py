@@ -249,18 +249,22 @@ class HandshakeAllocator:
             await asyncio.gather(*self._emitting, return_exceptions=True)
 
     def _match(self, units: int, pods: Sequence[Json]) -> Match:
-        pending = []
+        """Match ``units`` among ``pods``; refreshes the UIDs (for Events) and forgets the
+        steps answered for pods that are gone, in the same pass."""
+        pending, uids, present = [], {}, set()
         for pod in pods:
+            try:
+                key = pod_key(pod)
+            except CodecError:
+                continue
+            present.add(key)
+            uid = (pod.get("metadata") or {}).get("uid")
+            if uid:
+                uids[key] = str(uid)
             found = self._pending(pod)
             if found is not None:
                 pending.append(found)
-        present = _keys(pods)
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            if isinstance(meta, Mapping) and meta.get("uid"):
-                self._uids[f"{meta.get('namespace')}/{meta.get('name')}"] = str(meta["uid"])
-        for gone in [k for k in self._uids if k not in present]:
-            del self._uids[gone]
+        self._uids = uids
         for answered in [k for k in self._done if k[0] not in present]:
             del self._done[answered]  # the pod is gone
         return match_allocate(units, pending)
@@ -307,13 +311,3 @@ class HandshakeAllocator:
                 await asyncio.sleep(delay_s)
                 delay_s *= 2
         self._done[(pod.key, pod.assume_time_ns)] = done
-
-
-def _keys(pods: Sequence[Json]) -> set[str]:
-    keys = set()
-    for pod in pods:
-        try:
-            keys.add(pod_key(pod))
-        except CodecError:
-            continue
-    return keys

@@ -16,9 +16,9 @@ from gpushare.extender.outcomes import (
     NOT_SYNCED,
     UNKNOWN_NODE,
     _without,
+    apply_pin,
     describe_fit,
     not_gpushare,
-    pinned_fit,
 )
 from gpushare.extender.state import (
     Binder,
@@ -89,14 +89,14 @@ class _BindMixin:
         if own is not None and not self.state.ledger.is_assumed(key):
             return f"gpushare: pod {key} already holds GPUs on node {own.node}"
         base = _without(state, own)
-        pending = tuple(p for p in self.state.pending(node) if p.key != key)
-        fit = pinned_fit(base, pod, check_fit(base, pod), pending)
+        rule = pin(pod, self.state.pending(node))  # the pod's own entry never pins it
+        fit = apply_pin(base, pod, check_fit(base, pod), rule)
         if not fit.fits:
             why = describe_fit(fit, info)
             if fit.reason is Reason.HANDSHAKE:
-                why = f"{why}: {pin(pod, pending).describe()}"
+                why = f"{why}: {rule.describe()}"
             return f"gpushare: pod {key} does not fit node {node} now: {why}"
-        forced = pin(pod, pending).status is PinStatus.FORCED
+        forced = rule.status is PinStatus.FORCED
         containers = fit.assignment if forced else self.policy.choose_gpus(base, pod)
         allocation = Allocation(pod=key, node=node, containers=containers)
         if own is not None:

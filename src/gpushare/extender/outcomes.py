@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpushare.core.fit import FitResult, FitStatus, Reason
-from gpushare.core.handshake import PendingPod, PinStatus, forced_fit, pin, waiting
+from gpushare.core.handshake import PendingPod, Pin, PinStatus, forced_fit, pin, waiting
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.kube.codec import NodeInfo
 
@@ -51,14 +51,18 @@ def pinned_fit(
     state: NodeState, pod: PodRequest, result: FitResult, pending: tuple[PendingPod, ...]
 ) -> FitResult:
     """``result`` (``check_fit`` of ``pod`` on ``state``) under the handshake rule
-    (``gpushare.core.handshake.pin``): a pod that must wait does not fit now; a pod pinned to
-    an equal pending pod's GPUs fits only there (``FitResult.assignment`` says where)."""
+    (``gpushare.core.handshake.pin``) for the node's ``pending`` pods (``apply_pin``)."""
     if not pending or result.status is FitStatus.CAN_NEVER_FIT:
         return result
-    rule = pin(pod, pending)
+    return apply_pin(state, pod, result, pin(pod, pending))
+
+
+def apply_pin(state: NodeState, pod: PodRequest, result: FitResult, rule: Pin) -> FitResult:
+    """``result`` under ``rule``: a pod that must wait does not fit now; a pod pinned to an
+    equal pending pod's GPUs fits only there (``FitResult.assignment`` says where)."""
+    if result.status is FitStatus.CAN_NEVER_FIT or rule.status is PinStatus.FREE:
+        return result
     if rule.status is PinStatus.WAIT:
         return waiting(state, pod)
-    if rule.status is PinStatus.FORCED:
-        forced = forced_fit(state, pod, rule.assignment)
-        return forced if forced.fits else replace(forced, reason=Reason.HANDSHAKE)
-    return result
+    forced = forced_fit(state, pod, rule.assignment)
+    return forced if forced.fits else replace(forced, reason=Reason.HANDSHAKE)

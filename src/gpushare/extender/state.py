@@ -229,9 +229,10 @@ class ExtenderState:
             self._pods.pop(key, None)
             return self.release(key)
         allocation = pod_allocation(pod)
-        pending = pending_pod(pod) if allocation is not None and pod_node_name(pod) else None
+        node = pod_node_name(pod)
+        pending = pending_pod(pod, allocation) if allocation is not None and node else None
         self._pods[key] = dict(pod)
-        if allocation is None or not pod_node_name(pod):
+        if allocation is None or not node:
             return None
         for node in self._pending.put(allocation.node, pending, key):
             self._bump(node)

@@ -16,24 +16,45 @@ A pod with a recorded allocation and ``ASSIGNED`` not ``"true"`` is *pending*: a
 from __future__ import annotations
 
 from gpushare.core.handshake import PendingPod, steps_of
-from gpushare.kube.codec.common import ALIYUN_ASSIGNED, CodecError, Json, annotations_of, pod_key
-from gpushare.kube.codec.pods import alibaba_annotations, pod_allocation, pod_request
+from gpushare.core.model import Allocation
+from gpushare.kube.codec.common import (
+    ALIYUN_ASSIGNED,
+    CodecError,
+    Json,
+    annotations_of,
+    mapping,
+    pod_key,
+)
+from gpushare.kube.codec.pods import alibaba_annotations, pod_allocation
 
 __all__ = ["ASSIGNED_CONTAINERS", "handshake_annotations", "pending_pod"]
 
 ASSIGNED_CONTAINERS = "gpushare.io/assigned-containers"
 
 
-def pending_pod(pod: Json) -> PendingPod | None:
+class _Unread:
+    """The default of ``pending_pod``'s ``allocation``: not read by the caller."""
+
+
+UNREAD = _Unread()
+
+
+def pending_pod(pod: Json, allocation: Allocation | _Unread | None = UNREAD) -> PendingPod | None:
     """The handshake state of ``pod`` (module doc), or ``None`` when it records no allocation
-    or every GPU container has been given its GPUs. ``CodecError`` on garbage."""
-    if alibaba_annotations(pod).assigned:
+    or every GPU container has been given its GPUs. ``allocation`` is ``pod_allocation(pod)``
+    when the caller has it already (it is not read again). ``CodecError`` on garbage."""
+    alibaba = alibaba_annotations(pod)
+    if alibaba.assigned:
         return None
-    allocation = pod_allocation(pod)
+    if isinstance(allocation, _Unread):
+        allocation = pod_allocation(pod)
     if allocation is None or not allocation.containers:
         return None
     key = pod_key(pod)
-    order = [c.name for c in pod_request(pod).gpu_containers]
+    placed = {c.container for c in allocation.containers}
+    containers = mapping(pod.get("spec"), f"pod {key}", "spec").get("containers") or []
+    names = [c.get("name") for c in containers if isinstance(c, dict)]
+    order = [name for name in names if isinstance(name, str) and name in placed]
     try:
         steps = steps_of(allocation, order)
     except ValueError as error:  # pod_allocation checks names; kept for a clear message
@@ -44,7 +65,7 @@ def pending_pod(pod: Json) -> PendingPod | None:
             f"pod {key}", f"annotation {ASSIGNED_CONTAINERS}", raw, "not a count of its GPU "
             "containers", f"a decimal integer 0..{len(steps)}",
         )  # fmt: skip
-    return PendingPod(key, steps, alibaba_annotations(pod).assume_time_ns or 0, int(raw))
+    return PendingPod(key, steps, alibaba.assume_time_ns or 0, int(raw))
 
 
 def handshake_annotations(pod: PendingPod, done: int) -> dict[str, str]:
