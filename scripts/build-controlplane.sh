@@ -31,14 +31,8 @@ die() {
     exit 1
 }
 
-# The pinned version of a module, read from the `require` line of a go.mod file.
-pinned() {
-    local modfile="$1" module="$2" version
-    version="$(awk -v m="$module" '($1 == m || ($1 == "require" && $2 == m)) && !/=>/ {
-        print ($1 == "require" ? $3 : $2); exit }' "$modfile")"
-    [[ -n "$version" ]] || die "cannot find the pinned version of $module in $modfile"
-    printf '%s' "$version"
-}
+# shellcheck source=lib/gobuild.sh
+source "$ROOT/scripts/lib/gobuild.sh"
 
 K8S_VERSION="$(pinned "$MODS/kubernetes/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(pinned "$MODS/etcd/go.mod" go.etcd.io/etcd/server/v3)"
@@ -56,7 +50,7 @@ fi
 # What the stamp records: the versions, this script and the exact pinning files.
 fingerprint() {
     printf '%s\n' "$KEY"
-    (cat "${BASH_SOURCE[0]}" && cd "$MODS" && cat kubernetes/go.mod kubernetes/go.sum kubernetes/tools.go \
+    (cat "${BASH_SOURCE[0]}" "$ROOT/scripts/lib/gobuild.sh" && cd "$MODS" && cat kubernetes/go.mod kubernetes/go.sum kubernetes/tools.go \
         etcd/go.mod etcd/go.sum etcd/tools.go kwok/go.mod kwok/go.sum kwok/tools.go) \
         | sha256sum | cut -d' ' -f1
 }
@@ -78,51 +72,13 @@ if cached; then
 fi
 
 # ---- preconditions: a Go toolchain that can build the pinned modules --------------------
-command -v go >/dev/null 2>&1 \
-    || die "Go is not installed (no 'go' on PATH). Install Go >= 1.26 (https://go.dev/dl/) and rerun."
-GO_NEED="$(awk '$1 == "go" { print $2; exit }' "$MODS/kubernetes/go.mod")"
-GO_HAVE="$(go env GOVERSION)"
-GO_HAVE="${GO_HAVE#go}"
-if [[ "$(printf '%s\n%s\n' "$GO_NEED" "$GO_HAVE" | sort -V | head -1)" != "$GO_NEED" ]]; then
-    case "$(go env GOTOOLCHAIN)" in
-        local*) die "Go $GO_HAVE is too old: these modules need Go >= $GO_NEED and GOTOOLCHAIN=local \
-forbids fetching a newer toolchain. Install Go >= $GO_NEED or set GOTOOLCHAIN=auto." ;;
-        *) say "Go $GO_HAVE < $GO_NEED: the go command will fetch a newer toolchain through the proxy" ;;
-    esac
-fi
-say "using $(go version) (GOPROXY=$(go env GOPROXY))"
-
-mkdir -p "$BIN_DIR"
-# One build at a time per cache directory (concurrent `make test` runs).
-if command -v flock >/dev/null 2>&1; then
-    exec 9>"$BIN_DIR/.lock"
-    flock 9
-    if cached; then
-        say "another build finished the binaries meanwhile; nothing to build"
-        exit 0
-    fi
-fi
-PARTIAL="$(mktemp -d "$BIN_DIR/.partial.XXXXXX")"
-trap 'rm -rf "$PARTIAL"' EXIT
-
-START=$SECONDS
-step() { say "$1 (t+$((SECONDS - START))s)"; }
+require_go "$MODS/kubernetes/go.mod" "these modules"
+lock_build_dir "$BIN_DIR"
 
 # ---- download (no-op when the module cache already holds everything) --------------------
-download() {
-    local dir="$1" log
-    log="$(mktemp)"
-    if ! (cd "$MODS/$dir" && go mod download) >"$log" 2>&1; then
-        cat "$log" >&2
-        rm -f "$log"
-        die "cannot download the Go modules for testenv/controlplane/$dir from GOPROXY=$(go env GOPROXY). \
-The Go module proxy must be reachable (or the modules already in $(go env GOMODCACHE))."
-    fi
-    rm -f "$log"
-}
 for d in kubernetes etcd kwok; do
     step "downloading modules for $d"
-    download "$d"
+    go_download "$MODS/$d" "testenv/controlplane/$d"
 done
 
 # ---- build -------------------------------------------------------------------------------

@@ -27,9 +27,10 @@ die() {
     exit 1
 }
 
-HELM_VERSION="$(awk '($1 == "helm.sh/helm/v4" || ($1 == "require" && $2 == "helm.sh/helm/v4")) {
-    print ($1 == "require" ? $3 : $2); exit }' "$MOD/go.mod")"
-[[ -n "$HELM_VERSION" ]] || die "cannot find the pinned version of helm.sh/helm/v4 in $MOD/go.mod"
+# shellcheck source=lib/gobuild.sh
+source "$ROOT/scripts/lib/gobuild.sh"
+
+HELM_VERSION="$(pinned "$MOD/go.mod" helm.sh/helm/v4)"
 BIN_DIR="${GPUSHARE_HELM_CACHE:-${HOME}/.cache/gpushare/helm/${HELM_VERSION}}"
 
 if [[ "${1:-}" == "--print-path" ]]; then
@@ -41,7 +42,7 @@ fi
 
 fingerprint() {
     printf '%s\n' "$HELM_VERSION"
-    (cat "${BASH_SOURCE[0]}" && cd "$MOD" && cat go.mod go.sum tools.go) | sha256sum | cut -d' ' -f1
+    (cat "${BASH_SOURCE[0]}" "$ROOT/scripts/lib/gobuild.sh" && cd "$MOD" && cat go.mod go.sum tools.go) | sha256sum | cut -d' ' -f1
 }
 WANT="$(fingerprint)"
 STAMP="$BIN_DIR/.stamp"
@@ -55,45 +56,11 @@ if cached; then
 fi
 
 # ---- preconditions: a Go toolchain that can build the pinned module ----------------------
-command -v go >/dev/null 2>&1 \
-    || die "Go is not installed (no 'go' on PATH). Install Go >= 1.26 (https://go.dev/dl/) and rerun."
-GO_NEED="$(awk '$1 == "go" { print $2; exit }' "$MOD/go.mod")"
-GO_HAVE="$(go env GOVERSION)"
-GO_HAVE="${GO_HAVE#go}"
-if [[ "$(printf '%s\n%s\n' "$GO_NEED" "$GO_HAVE" | sort -V | head -1)" != "$GO_NEED" ]]; then
-    case "$(go env GOTOOLCHAIN)" in
-        local*) die "Go $GO_HAVE is too old: testenv/helm needs Go >= $GO_NEED and GOTOOLCHAIN=local \
-forbids fetching a newer toolchain. Install Go >= $GO_NEED or set GOTOOLCHAIN=auto." ;;
-        *) say "Go $GO_HAVE < $GO_NEED: the go command will fetch a newer toolchain through the proxy" ;;
-    esac
-fi
-say "using $(go version) (GOPROXY=$(go env GOPROXY))"
-
-mkdir -p "$BIN_DIR"
-# One build at a time per cache directory (concurrent `make test` runs).
-if command -v flock >/dev/null 2>&1; then
-    exec 9>"$BIN_DIR/.lock"
-    flock 9
-    if cached; then
-        say "another build finished helm meanwhile; nothing to build"
-        exit 0
-    fi
-fi
-PARTIAL="$(mktemp -d "$BIN_DIR/.partial.XXXXXX")"
-trap 'rm -rf "$PARTIAL"' EXIT
-
-START=$SECONDS
-step() { say "$1 (t+$((SECONDS - START))s)"; }
+require_go "$MOD/go.mod" "testenv/helm"
+lock_build_dir "$BIN_DIR"
 
 step "downloading modules for testenv/helm"
-LOG="$(mktemp)"
-if ! (cd "$MOD" && go mod download) >"$LOG" 2>&1; then
-    cat "$LOG" >&2
-    rm -f "$LOG"
-    die "cannot download the Go modules for testenv/helm from GOPROXY=$(go env GOPROXY). \
-The Go module proxy must be reachable (or the modules already in $(go env GOMODCACHE))."
-fi
-rm -f "$LOG"
+go_download "$MOD" "testenv/helm"
 
 # The same stamps as helm's own Makefile for a tagged release.
 PKG=helm.sh/helm/v4/internal/version
