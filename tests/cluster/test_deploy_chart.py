@@ -44,7 +44,6 @@ from lightkube.types import PatchType
 
 from gpushare.cli.deviceplugin import device_plugin
 from gpushare.extender.live import LiveOptions
-from gpushare.kube import nodes
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -519,9 +518,7 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         argv += ["--kubeconfig", str(installed.kubeconfigs[DEVICE_PLUGIN])]
         plugin = ManagedProcess("gpushare-device-plugin-chart", argv, tmp_path).start()
         stack.callback(plugin.stop)
-        view = kubelet.call(
-            kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S)
-        )
+        kubelet.call(kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S))
 
         def inventory_published() -> Node | None:
             node = kube.get(Node, NODE)
@@ -535,14 +532,7 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             WAIT_S,
             processes=[plugin],
         )
-        kube.patch(  # kubelet's node-status sync: aliyun.com/gpu-mem from the device list
-            Node.Status, NODE, [
-                {"op": "add", "path": f"/status/capacity/{nodes.json_pointer_key(GPU_MEM)}",
-                 "value": str(view.capacity)},
-                {"op": "add", "path": f"/status/allocatable/{nodes.json_pointer_key(GPU_MEM)}",
-                 "value": str(view.allocatable)},
-            ], patch_type=PatchType.JSON,
-        )  # fmt: skip
+        kubelet.sync_node_status(kube, NODE)  # kubelet's node-status sync
 
         # The extender: the Deployment's options and the chart's identity.
         ext = flag_values(only_container(chart, "Deployment", EXTENDER)["args"])

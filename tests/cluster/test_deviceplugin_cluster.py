@@ -34,7 +34,6 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
-from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.extender.live import LiveOptions
@@ -131,7 +130,7 @@ def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterat
         stack.callback(_delete_pods, kube, namespace)
         kubelet = stack.enter_context(KubeletThread(socket_dir))
         kubeconfig = control_plane.service_account_kubeconfig(
-            "gpushare-device-plugin", "kube-system", PLUGIN_RULES
+            "gpushare-device-plugin-e2e", "kube-system", PLUGIN_RULES
         )
         argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()"]
         argv += ["device-plugin", "--node-name", node, "--fake-gpus", "2x16GiB:T4"]
@@ -140,18 +139,8 @@ def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterat
         argv += ["--metrics-port", str(metrics_port)]
         plugin = ManagedProcess("gpushare-device-plugin", argv, tmp_path).start()
         stack.callback(plugin.stop)
-        view = kubelet.call(
-            kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S)
-        )
-        # kubelet's node-status sync: aliyun.com/gpu-mem from the device list (spec 2.4 step 6)
-        kube.patch(
-            Node.Status, node, [
-                {"op": "add", "path": f"/status/capacity/{nodes.json_pointer_key(GPU_MEM)}",
-                 "value": str(view.capacity)},
-                {"op": "add", "path": f"/status/allocatable/{nodes.json_pointer_key(GPU_MEM)}",
-                 "value": str(view.allocatable)},
-            ], patch_type=PatchType.JSON,
-        )  # fmt: skip
+        kubelet.call(kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S))
+        kubelet.sync_node_status(kube, node)  # kubelet's node-status sync
         options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
         extender = stack.enter_context(ExtenderThread(control_plane.kubeconfig, options))
         wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)

@@ -7,8 +7,9 @@
 2. The node's GPU-memory pods are listed and watched (``gpushare.kube.nodepods``): Allocate
    reads them (``gpushare.deviceplugin.allocate``).
 3. The node's inventory and ``aliyun.com/gpu-count`` are published (``gpushare.kube.nodes``):
-   at start, after every registration with kubelet (a restarted kubelet may have reset the
-   node's extended resources), and on every health change.
+   at start, again after every re-registration with kubelet (a restarted kubelet may have
+   reset the node's extended resources), and on every health change; a publish that would
+   write what was last written sends nothing.
 4. The gRPC server is served, then registered with kubelet, and re-registered when kubelet
    restarts (``gpushare.deviceplugin.lifecycle``).
 5. With NVML and health checking on, critical XIDs mark a GPU's devices unhealthy in
@@ -142,15 +143,17 @@ class DevicePluginDaemon:
             self.options.node_name, self.options.unit.value, gpus, force=force
         )
 
-    async def _republish(self) -> None:
+    async def _republish(self, *, force: bool = False) -> None:
         try:
-            await self.publish(force=True)
+            await self.publish(force=force)
         except KubeError as error:
             log.error("publishing the GPU inventory of node %s: %s", self.options.node_name, error)
 
     async def _registered(self) -> None:
+        """After a registration: publish again, unconditionally after a kubelet restart (it may
+        have reset the node's extended resources); the first one follows ``run``'s publish."""
         self.metrics.observe_registration()
-        await self._republish()
+        await self._republish(force=self.runner.registrations > 1)
 
     async def _health_changed(self, index: int, healthy: bool) -> None:
         await self.service.set_health(index, healthy)

@@ -70,6 +70,3 @@ class PendingBook:
         for key in old:
             changed |= self.drop(key)
         return changed
-
-    def __len__(self) -> int:
-        return len(self._node_of)

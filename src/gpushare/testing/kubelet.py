@@ -33,9 +33,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from grpc import aio
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
 
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.inventory import HEALTHY, UNHEALTHY
+from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.nodes import json_pointer_key
 
 if TYPE_CHECKING:
     from gpushare.deviceplugin._proto.api_pb2_grpc import DevicePluginAsyncStub
@@ -338,3 +343,19 @@ class KubeletThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+    def sync_node_status(self, kube: Client, node: str, resource: str = GPU_MEM) -> ResourceView:
+        """What kubelet's node-status sync does (spec 2.4 step 6): ``resource``'s capacity (all
+        devices) and allocatable (healthy ones) from the registered plugin's device list, on
+        node ``node``. ``KubeletError`` when nothing registered ``resource``."""
+        view = self.kubelet.resource(resource)
+        if view is None:
+            raise KubeletError(f"no device plugin registered {resource}")
+        key = json_pointer_key(resource)
+        kube.patch(
+            Node.Status, node, [
+                {"op": "add", "path": f"/status/capacity/{key}", "value": str(view.capacity)},
+                {"op": "add", "path": f"/status/allocatable/{key}", "value": str(view.allocatable)},
+            ], patch_type=PatchType.JSON,
+        )  # fmt: skip
+        return view
