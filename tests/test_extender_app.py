@@ -168,18 +168,41 @@ def test_filter_nodes_returns_the_node_objects_as_received() -> None:
     assert set(result["FailedNodes"]) == {N1, N2}
 
 
-def test_filter_nodes_mode_learns_nodes_from_the_request() -> None:
+def test_filter_nodes_mode_learns_nodes_from_the_request_only_in_memory() -> None:
     state = ExtenderState()
     state.mark_synced()
     body = filter_body()
     body["NodeNames"] = None
     body["Nodes"] = {"metadata": {}, "items": [node_json(N3, [GPU, GPU]), plain_node_json("cpu")]}
-    result = post(app_for(state), "filter", body).json()
+    result = post(app_for(state, nodes_from_requests=True), "filter", body).json()
     assert [item["metadata"]["name"] for item in result["Nodes"]["items"]] == [N3]
     assert result["FailedAndUnresolvableNodes"] == {
         "cpu": "gpushare: not a GPU-share node (no label gpushare=true)"
     }
     assert state.node(N3) is not None
+
+
+def test_filter_nodes_request_never_changes_node_state() -> None:
+    """Issue 11, defect 1: a ``Nodes`` body claiming N2 has 8 x 80 GiB changes nothing; the
+    nodes are candidates by name, judged on what the state (the API server) says."""
+    state = design_state()
+    before = (snapshot(state), state.node(N2), state.nodes())
+    forged = node_json(N2, [80 * 1024] * 8)
+    body = filter_body()
+    body["NodeNames"] = None
+    body["Nodes"] = {"metadata": {}, "items": [forged, node_json("forged-new", [GPU]), {}]}
+    app = app_for(state)
+    result = post(app, "filter", body).json()
+    assert (snapshot(state), state.node(N2), state.nodes()) == before
+    assert result["Nodes"]["items"] == []
+    assert result["FailedNodes"][N2].startswith("gpushare: no GPU has enough free")
+    assert result["FailedAndUnresolvableNodes"] == {
+        "forged-new": "gpushare: node unknown to the extender (not in its node cache)",
+        "Nodes.items[2]": "gpushare: node without metadata.name",
+    }
+    prioritized = post(app, "prioritize", body).json()
+    assert prioritized == [{"Host": N2, "Score": 0}, {"Host": "forged-new", "Score": 0}]
+    assert (snapshot(state), state.node(N2), state.nodes()) == before
 
 
 UNRESOLVABLE = [
@@ -499,6 +522,17 @@ BAD_BODIES: list[tuple[str, str, bytes, str]] = [
     ("bind, empty body", "bind", b"", "malformed JSON"),
     ("bind, missing PodUID", "bind", b'{"PodName": "a", "PodNamespace": "b", "Node": "n"}',
      "missing required field `PodUID`"),
+    # Issue 11, defect 4: these were 200 "internal error" with a traceback.
+    ("filter, invalid UTF-8 in the pod", "filter",
+     b'{"Pod": {"metadata": {"name": "p\xff\xfe"}}, "NodeNames": ["a"]}', "not valid UTF-8"),
+    ("bind, invalid UTF-8 in a name", "bind",
+     b'{"PodName": "\xc3", "PodNamespace": "b", "PodUID": "u", "Node": "n"}', "not valid UTF-8"),
+    ("filter, JSON nested 50,000 deep in the pod", "filter",
+     b'{"Pod": {"spec": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b'}, "NodeNames": []}',
+     "nested too deep"),
+    ("prioritize, JSON nested 50,000 deep", "prioritize",
+     b'{"Pod": {"x": ' + b"[" * 50_000 + b"]" * 50_000 + b'}, "NodeNames": []}',
+     "nested too deep"),
 ]  # fmt: skip
 
 
@@ -512,6 +546,7 @@ def test_bad_bodies_are_400_with_the_reason(verb: str, body: bytes, message: str
         response = client.post(f"{PREFIX}/{verb}", content=body)
     assert response.status_code == 400
     assert message in response.json()["Error"]
+    assert "internal error" not in response.json()["Error"]
     assert snapshot(state) == before
 
 
@@ -556,7 +591,7 @@ def test_garbage_node_in_nodes_request_is_unresolvable() -> None:
     body = filter_body()
     body["NodeNames"] = None
     body["Nodes"] = {"metadata": {}, "items": [broken, {"metadata": {}}]}
-    result = post(app_for(state), "filter", body).json()
+    result = post(app_for(state, nodes_from_requests=True), "filter", body).json()
     assert result["FailedAndUnresolvableNodes"]["broken"].startswith(
         "gpushare: node broken: annotation gpushare.io/gpu-inventory="
     )

@@ -159,7 +159,11 @@ def extender(
     if in_memory:
         state = build_state(nodes_file, assume_ttl_s, handshake_timeout_s)
         app = create_app(
-            state, prefix=prefix, policy=live_policy(policy, gpu_unit), gpu_unit=gpu_unit
+            state,
+            prefix=prefix,
+            policy=live_policy(policy, gpu_unit),
+            gpu_unit=gpu_unit,
+            nodes_from_requests=True,
         )
         uvicorn.run(app, host=host, port=port, log_config=None, ws="none", **tls)
         return

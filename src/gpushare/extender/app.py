@@ -88,6 +88,7 @@ def create_app(
     clock_ns: Callable[[], int] = time.time_ns,
     version: str = __version__,
     registry: CollectorRegistry | None = None,
+    nodes_from_requests: bool = False,
 ) -> Starlette:
     """The extender app over ``state``.
 
@@ -95,12 +96,19 @@ def create_app(
     for ``fgd``/``fgd-cpu``); ``binder`` creates Bindings (default: ``UnwiredBinder``, which
     refuses); ``events`` records bind outcomes; ``expire_interval_s`` ``None`` turns the expiry
     task off (tests call ``state.expire()``); ``registry`` holds the metrics (default: a fresh
-    ``CollectorRegistry``). The ``Scheduler`` is ``app.state.scheduler``, the
+    ``CollectorRegistry``); ``nodes_from_requests``: let ``Nodes`` requests add or change nodes
+    (``--in-memory`` only; never with an API server, see ``gpushare.extender.scheduler``). The
+    ``Scheduler`` is ``app.state.scheduler``, the
     ``ExtenderMetrics`` ``app.state.metrics``.
     """
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
     scheduler = Scheduler(
-        state, chosen, binder or UnwiredBinder(), events=events, clock_ns=clock_ns
+        state,
+        chosen,
+        binder or UnwiredBinder(),
+        events=events,
+        clock_ns=clock_ns,
+        nodes_from_requests=nodes_from_requests,
     )
     metrics = ExtenderMetrics(state, registry)
     base = "/" + prefix.strip("/") if prefix.strip("/") else ""

@@ -1,5 +1,11 @@
 """The extender's decisions: filter, prioritize and bind over an ``ExtenderState``. No HTTP.
 
+* **where node state comes from** — the ``ExtenderState`` alone (on a cluster: the API server's
+  watch). A ``Nodes`` request (``nodeCacheCapable: false``) names the candidates by
+  ``metadata.name`` only; the node objects in the body are never read into the state, so no
+  request can change what a GPU holds (issue 11, defect 1). Only ``nodes_from_requests=True``
+  (``gpushare extender --in-memory``, a test and benchmark mode with no API server and no binder)
+  learns nodes from the body.
 * **filter** — per candidate node, ``gpushare.core.fit.check_fit`` of the pod on the node with
   everything allocated there, assumed allocations included: passes (``NodeNames`` or ``Nodes``,
   matching the request), ``FailedNodes`` (does not fit now) or ``FailedAndUnresolvableNodes``
@@ -77,7 +83,9 @@ __all__ = [
 
 class Scheduler(_BindMixin):
     """Filter, prioritize and bind (module doc). ``clock_ns`` gives the wall-clock nanoseconds
-    written as ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``; ``events`` records bind outcomes."""
+    written as ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``; ``events`` records bind outcomes;
+    ``nodes_from_requests`` lets ``Nodes`` requests add or change nodes (``--in-memory`` only;
+    never on a cluster, where the API server is the only source of node state)."""
 
     def __init__(
         self,
@@ -87,8 +95,10 @@ class Scheduler(_BindMixin):
         *,
         events: EventSink | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        nodes_from_requests: bool = False,
     ) -> None:
         self.state = state
+        self.nodes_from_requests = nodes_from_requests
         self.policy = policy
         self.binder = binder
         self.events = events
@@ -118,6 +128,13 @@ class Scheduler(_BindMixin):
         names: list[str] = []
         broken: dict[str, str] = {}
         for i, item in enumerate(args.nodes.items or ()):
+            if not self.nodes_from_requests:  # the name only: state comes from the API server
+                name = _item_name(item)
+                if name is None:
+                    broken[f"Nodes.items[{i}]"] = "gpushare: node without metadata.name"
+                else:
+                    names.append(name)
+                continue
             try:
                 info = node_info(item)
             except CodecError as error:

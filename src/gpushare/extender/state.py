@@ -8,8 +8,9 @@ each GPU pod. It is fed in two ways:
   ``observe_pod`` / ``forget_pod`` / ``mark_synced`` — one call per watch event, after the
   initial list; the ledger is thus rebuilt purely from pods and nodes (design.md, "Source of
   truth");
-* by the scheduler itself: pods seen in filter requests (``remember_pod``), nodes sent in
-  ``Nodes`` requests, allocations assumed at bind (``assume`` / ``release`` / ``expire``).
+* by the scheduler itself: pods seen in filter requests (``remember_pod``), allocations
+  assumed at bind (``assume`` / ``release`` / ``expire``) — and, with ``--in-memory`` only (no
+  API server), nodes sent in ``Nodes`` requests; on a cluster a request never changes a node.
 
 All calls must happen on the event loop that serves the extender (the ledger is not
 thread-safe): a feeder running in a thread hands its events over with

@@ -4,7 +4,8 @@ Source: ``shared/spec/kubernetes-interfaces.md`` §1.2. The top-level keys are t
 in PascalCase (``Pod``, ``NodeNames``, ``FailedAndUnresolvableNodes``, ``PodUID``...); nested
 Kubernetes objects (the Pod, the Nodes) stay plain JSON dicts, read by ``gpushare.kube.codec``.
 No field is omitted on encoding: ``None`` is written as ``null``, as Go does. ``decode`` turns any
-malformed body into ``RequestError`` (the HTTP layer answers 400 with its text).
+malformed body into ``RequestError`` (the HTTP layer answers 400 with its text): JSON syntax,
+a shape mismatch, a string that is not UTF-8, nesting deeper than the decoder's recursion limit.
 """
 
 from __future__ import annotations
@@ -86,6 +87,17 @@ def decode(body: bytes, kind: type[T], verb: str) -> T:
         raise RequestError(f"invalid {verb} request: {error}") from None
     except msgspec.DecodeError as error:
         raise RequestError(f"invalid {verb} request: malformed JSON: {error}") from None
+    except UnicodeDecodeError as error:  # msgspec decodes strings lazily, after the syntax
+        raise RequestError(
+            f"invalid {verb} request: a string is not valid UTF-8 "
+            f"(byte {error.object[error.start : error.start + 1]!r} at offset {error.start} of "
+            f"the string): JSON text must be UTF-8 (RFC 8259 section 8.1)"
+        ) from None
+    except RecursionError:
+        raise RequestError(
+            f"invalid {verb} request: JSON nested too deep for the decoder (a Kubernetes Pod "
+            "nests about 10 levels)"
+        ) from None
 
 
 def encode(value: object) -> bytes:
