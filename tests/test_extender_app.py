@@ -692,3 +692,56 @@ def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
     state.upsert_node(node)
     assert state.ledger.allocation("default/early") == allocation
     assert state.ledger.state("late").gpu_free == (GPU, GPU - 4069)
+
+
+# -- log noise (issue 11, defect 5): one line each, no traceback ------------------------------
+
+
+def test_client_disconnect_mid_body_is_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    state = design_state()
+    before = snapshot(state)
+    app = app_for(state)
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b'{"Pod": {"metadata": ', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": f"{PREFIX}/filter", "raw_path": f"{PREFIX}/filter".encode(),
+        "root_path": "", "query_string": b"", "headers": [(b"content-length", b"5000")],
+        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 12345),
+    }  # fmt: skip
+    with caplog.at_level("INFO", logger="gpushare"):
+        asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 400
+    records = [r for r in caplog.records if r.name.startswith("gpushare")]
+    assert [r.getMessage() for r in records] == [
+        "filter from 127.0.0.1:40000: the client disconnected before sending the whole body "
+        "(pod unknown: the body was not complete)"
+    ]
+    assert all(r.exc_info is None for r in caplog.records)
+    assert snapshot(state) == before
+
+
+def test_bind_with_the_api_server_down_is_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    state = design_state()
+    binder = RecordingBinder(error=ConnectionRefusedError(111, "Connection refused"))
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        with caplog.at_level("INFO", logger="gpushare"):
+            result = client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()
+    assert "outcome unknown" in result["Error"]
+    records = [r for r in caplog.records if r.name.startswith("gpushare")]
+    assert [r.getMessage() for r in records] == [
+        f"binding pod wiring/gpu-a to node {N3}: outcome unknown, GPUs kept assumed: "
+        "ConnectionRefusedError: [Errno 111] Connection refused"
+    ]
+    assert all(r.exc_info is None for r in caplog.records)

@@ -20,8 +20,9 @@ HTTP 200 so that kube-scheduler shows the text. An unexpected exception in filte
 ``Error`` text too (logged with its traceback); in prioritize it is a 500. Handlers are
 ``async`` and run on the event loop, where every state change happens (``ExtenderState``).
 Each POST is counted and timed by verb and outcome (``ok``; ``error``: an ``Error`` text or a
-500; ``bad_request``: a 400) in ``ExtenderMetrics``, on the given ``CollectorRegistry`` or a
-fresh one (never the global default registry).
+500; ``bad_request``: a 400, or a client that disconnected before the end of its body, which
+is logged as one line without a traceback) in ``ExtenderMetrics``, on the given
+``CollectorRegistry`` or a fresh one (never the global default registry).
 A background task expires assumed allocations every ``expire_interval_s`` seconds.
 """
 
@@ -35,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -122,7 +123,18 @@ def create_app(
             started = time.perf_counter()
             outcome = "error"
             try:
-                body = await request.body()
+                try:
+                    body = await request.body()
+                except ClientDisconnect:  # nobody is left to answer: one line, no traceback
+                    outcome = "bad_request"
+                    peer = f"{request.client.host}:{request.client.port}" if request.client else "?"
+                    log.info(
+                        "%s from %s: the client disconnected before sending the whole body "
+                        "(pod unknown: the body was not complete)",
+                        verb,
+                        peer,
+                    )
+                    return _error(400, f"client disconnected before the end of the {verb} body")
                 try:
                     result = await handle(body)
                 except RequestError as error:

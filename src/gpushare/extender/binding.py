@@ -157,8 +157,13 @@ class _BindMixin:
         binding = Binding(namespace, name, args.pod_uid or pod_uid(pod), args.node, annotations)
         try:
             failure = await self.binder.bind(binding)
-        except Exception as error:
-            log.exception("binding pod %s to node %s: outcome unknown", key, args.node)
+        except Exception as error:  # the binder's "outcome unknown" (a timeout, no API server)
+            log.warning(
+                "binding pod %s to node %s: outcome unknown, GPUs kept assumed: %s",
+                key,
+                args.node,
+                _one_line(error),
+            )
             return (
                 f"gpushare: binding pod {key} to node {args.node}: outcome unknown: {error!r}",
                 None,
@@ -169,6 +174,12 @@ class _BindMixin:
             return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None
         self.state.record_bound(key, args.node, annotations)
         return "", allocation
+
+
+def _one_line(error: BaseException) -> str:
+    """``error`` as one log line: its type and its text with whitespace runs collapsed."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _describe_allocation(
