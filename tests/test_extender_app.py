@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -705,12 +706,12 @@ def test_client_disconnect_mid_body_is_one_line(caplog: pytest.LogCaptureFixture
         {"type": "http.request", "body": b'{"Pod": {"metadata": ', "more_body": True},
         {"type": "http.disconnect"},
     ]
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return messages.pop(0)
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {
