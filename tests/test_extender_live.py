@@ -108,18 +108,21 @@ def test_pods_bound_before_their_node_arrives_count_once_it_does() -> None:
     assert used(feeder.state, "n1") == (0, 100)
 
 
-def test_garbage_is_logged_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+def test_garbage_is_logged_and_blocks_the_node(caplog: pytest.LogCaptureFixture) -> None:
     pod = bound_pod("a", "n1", 1, 8138)
     feeder = fed(pod)
     garbage = {**pod, "metadata": {**pod["metadata"], "annotations": {ALLOCATION: "{oops"}}}
     feeder.on_pod(upsert("Pod", "default/a", garbage, pod))
-    assert used(feeder.state, "n1") == (0, 8138)
+    assert used(feeder.state, "n1") == (0, 8138)  # the ledger keeps what it had
+    node_state = feeder.state.node_state("n1")  # and the unreadable pod blocks the node
+    assert node_state is not None
+    assert node_state.gpu_free == (0, -8138)
     broken = node_json("n1", [GPU, GPU])
     broken["metadata"]["annotations"]["gpushare.io/gpu-inventory"] = '{"unit": "KiB"}'
     feeder.on_node(upsert("Node", "n1", broken))
     assert feeder.state.node("n1") is None  # unknown now: filter says so, the log says why
     assert feeder.errors == 2
-    assert "pod default/a cannot be read" in caplog.text
+    assert "pod default/a on node n1: allocation cannot be read" in caplog.text
     assert "node n1 cannot be read" in caplog.text
 
 
@@ -127,7 +130,7 @@ def test_overcommitted_cluster_is_reported(caplog: pytest.LogCaptureFixture) -> 
     feeder = fed(bound_pod("a", "n1", 0, 10000))
     feeder.on_pod(upsert("Pod", "default/b", bound_pod("b", "n1", 0, 10000)))
     assert feeder.errors == 1
-    assert "pod default/b records an allocation the ledger refuses" in caplog.text
+    assert "pod default/b on node n1: allocation does not fit the GPU" in caplog.text
 
 
 def test_deleted_nodes_are_forgotten() -> None:

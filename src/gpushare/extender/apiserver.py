@@ -24,7 +24,9 @@ or the assumption expires, so no GPU is given twice meanwhile.
 :class:`ApiEventSink` records each bind's outcome as an Event on the pod through
 :class:`gpushare.kube.events.EventRecorder`: reason ``GPUAssigned`` (``Normal``, the message
 names node, container(s) and GPU index(es)) or ``FailedBinding`` (``Warning``, the bind's error
-text). Events are best effort: a failure or a timeout is logged, never raised.
+text); and, for a bound pod the ledger skipped (``gpushare.extender.state``, "Skipped pods"),
+``GPUAllocationSkipped`` (``Warning``, why and what it is counted as). Events are best effort:
+a failure or a timeout is logged, never raised.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from gpushare.extender.state import BindEvent, Binding
+from gpushare.extender.state import BindEvent, Binding, SkippedPod
 from gpushare.kube.binder import BindResult
 from gpushare.kube.codec import ALLOCATION
 from gpushare.kube.errors import BindError, BindStage, Failure, KubeError
@@ -47,6 +49,8 @@ ASSIGNED_REASON = "GPUAssigned"
 """Event reason of a successful bind."""
 FAILED_REASON = "FailedBinding"
 """Event reason of a failed bind."""
+SKIPPED_REASON = "GPUAllocationSkipped"
+"""Event reason (``Warning``) on a bound pod whose allocation the ledger could not record."""
 _UNKNOWN_WHILE_BINDING = frozenset({Failure.SERVER, Failure.UNREACHABLE})
 
 
@@ -145,5 +149,31 @@ class ApiEventSink:
         except (KubeError, TimeoutError) as error:
             self.failed += 1
             log.warning("recording Event %s on pod %s failed: %s", reason, key, error or "timeout")
+            return
+        self.emitted += 1
+
+    async def skipped(self, skipped: SkippedPod, uid: str) -> None:
+        """A ``Warning`` ``GPUAllocationSkipped`` Event on the skipped pod (UID ``uid``) saying
+        why and what it is counted as; never raises for API trouble."""
+        namespace, _, name = skipped.pod.partition("/")
+        if not uid:
+            log.warning("no Event for pod %s: it has no UID (%s)", skipped.pod, skipped.reason)
+            return
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._recorder.pod_event(
+                    PodRef(namespace, name, uid),
+                    SKIPPED_REASON,
+                    "gpushare: " + skipped.describe(),
+                    EventType.WARNING,
+                )
+        except (KubeError, TimeoutError) as error:
+            self.failed += 1
+            log.warning(
+                "recording Event %s on pod %s failed: %s",
+                SKIPPED_REASON,
+                skipped.pod,
+                error or "timeout",
+            )
             return
         self.emitted += 1

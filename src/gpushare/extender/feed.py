@@ -18,20 +18,23 @@ every ``ExtenderState`` change must happen — so no hand-over is needed.
   pods (the cache lists nodes first, so every bound pod's node is known when the pod arrives)
   and calls ``mark_synced``: ``/readyz`` turns 200 and GPU pods are filtered and bound.
 
-Garbage on a pod (annotations that cannot be read) leaves the state as it was and is logged;
-an allocation on a bound pod that the ledger refuses (the cluster already holds more than a GPU
-has) is logged as an error and shows in ``/inspect`` as a violation.
+Garbage on a pod that is not bound (annotations that cannot be read) leaves the state as it was
+and is logged. A *bound* pod whose allocation cannot be read, names a GPU the node lacks, or does
+not fit (the cluster already holds more than a GPU has) is a skipped pod
+(``gpushare.extender.state``, "Skipped pods"): still counted, conservatively; one warning line
+each time it is skipped anew, and ``on_skip`` (the live extender's Warning Event on the pod).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from gpushare.core.ledger import LedgerOutcome, LedgerResult
-from gpushare.extender.state import ExtenderState, pod_uid
+from gpushare.extender.state import ExtenderState, SkippedPod, pod_uid
 from gpushare.kube.cache import CacheStats, ClusterCache
-from gpushare.kube.codec import CodecError
+from gpushare.kube.codec import CodecError, Json
 from gpushare.kube.watch import Action, Change
 
 log = logging.getLogger(__name__)
@@ -52,11 +55,28 @@ class SyncSource(Protocol):
 
 class StateFeeder:
     """Applies cache changes to ``state`` (module doc). ``errors`` counts the changes that
-    could not be applied (garbage, refused allocations), for tests and logs."""
+    could not be applied (garbage, refused allocations), for tests and logs; ``on_skip`` is
+    called with each newly skipped pod and its object (``None`` when no longer known)."""
 
-    def __init__(self, state: ExtenderState) -> None:
+    def __init__(
+        self,
+        state: ExtenderState,
+        on_skip: Callable[[SkippedPod, Json | None], None] | None = None,
+    ) -> None:
         self.state = state
         self.errors = 0
+        self.on_skip = on_skip
+
+    def _report_skips(self) -> int:
+        """Log (and hand to ``on_skip``) the pods skipped since the last call; how many."""
+        skips = self.state.drain_new_skips()
+        for skipped in skips:
+            log.warning(
+                "GPU pod skipped by the ledger, counted conservatively: %s", skipped.describe()
+            )
+            if self.on_skip is not None:
+                self.on_skip(skipped, self.state.pod(skipped.pod))
+        return len(skips)
 
     def attach(self, cache: ClusterCache) -> None:
         """Register on ``cache`` (before it starts, to see the initial lists)."""
@@ -74,6 +94,7 @@ class StateFeeder:
             self.errors += 1
             log.warning("node %s cannot be read and is left out: %s", change.key, error)
             self.state.remove_node(change.key)
+        self._report_skips()
 
     def on_pod(self, change: Change) -> None:
         """A GPU-memory pod was added, changed, finished or deleted."""
@@ -82,6 +103,7 @@ class StateFeeder:
             released = self.state.forget_pod(key)
             if released is not None:
                 log.info("pod %s is gone: released its GPUs on %s", key, released.node)
+            self._report_skips()
             return
         previous = change.previous
         if previous is not None and pod_uid(previous) != pod_uid(change.obj):
@@ -90,7 +112,8 @@ class StateFeeder:
             result = self.state.observe_pod(change.obj)
         except CodecError as error:
             self.errors += 1
-            log.warning("pod %s cannot be read; its GPUs are counted as before: %s", key, error)
+            if not self._report_skips():
+                log.warning("pod %s cannot be read; left as it was: %s", key, error)
             return
         if (
             isinstance(result, LedgerResult)
@@ -98,7 +121,7 @@ class StateFeeder:
             and result.outcome is not LedgerOutcome.UNKNOWN_NODE
         ):
             self.errors += 1
-            log.error("pod %s records an allocation the ledger refuses: %s", key, result.describe())
+        self._report_skips()
 
     async def mark_when_synced(self, cache: SyncSource, *, log_every_s: float = 30.0) -> None:
         """Wait until ``cache`` has listed nodes and pods, then ``mark_synced``; logs while it

@@ -5,7 +5,8 @@
 * a :class:`~gpushare.kube.cache.ClusterCache` (list+watch of every Node and of the pods that
   ask ``aliyun.com/gpu-mem``) feeding an :class:`~gpushare.extender.state.ExtenderState`
   through a :class:`~gpushare.extender.feed.StateFeeder`, which marks the state synced once
-  nodes and then pods are listed (``/readyz`` 503 → 200);
+  nodes and then pods are listed (``/readyz`` 503 → 200), and leaves a ``Warning`` Event on each
+  bound pod the ledger skips (``ApiEventSink.skipped``);
 * the starlette app of :func:`~gpushare.extender.app.create_app` with an
   :class:`~gpushare.extender.apiserver.ApiBinder` and an
   :class:`~gpushare.extender.apiserver.ApiEventSink` on the same lightkube client;
@@ -36,11 +37,12 @@ import uvicorn
 from gpushare.extender.apiserver import ApiBinder, ApiEventSink
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
-from gpushare.extender.state import ExtenderState
+from gpushare.extender.state import ExtenderState, SkippedPod, pod_uid
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import Binder as KubeBinder
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import AsyncClient
+from gpushare.kube.codec import Json
 from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
 from gpushare.kube.watch import Backoff
 
@@ -137,8 +139,9 @@ class LiveExtender:
         self.cache = ClusterCache(
             client, backoff=options.backoff, watch_timeout_s=options.watch_timeout_s
         )
-        self.feeder = StateFeeder(self.state)
+        self.feeder = StateFeeder(self.state, on_skip=self._on_skip)
         self.feeder.attach(self.cache)
+        self._event_tasks: set[asyncio.Task[None]] = set()
         self.events = ApiEventSink(
             EventRecorder(
                 client,
@@ -173,6 +176,14 @@ class LiveExtender:
                 **uvicorn_tls(options.tls_cert, options.tls_key, options.tls_client_ca),
             )
         )
+
+    def _on_skip(self, skipped: SkippedPod, pod: Json | None) -> None:
+        """A Warning Event on a pod the ledger skipped (called on the loop, by the feeder)."""
+        task = asyncio.get_running_loop().create_task(
+            self.events.skipped(skipped, pod_uid(pod) if pod is not None else "")
+        )
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
 
     @property
     def started(self) -> bool:

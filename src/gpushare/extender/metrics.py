@@ -23,7 +23,16 @@ gpushare_gpu_healthy                         gauge      node, gpu, model   1 hea
 gpushare_gpu_pods                            gauge      node, gpu, model   pods holding memory on
                                                                            the GPU
 gpushare_extender_synced                     gauge                         1 once the caches synced
+gpushare_extender_skipped_pods               gauge      node, kind         bound pods the ledger
+                                                                           could not record, now
+gpushare_extender_skipped_pods_recorded      counter    kind               times a pod was skipped
+_total                                                                     (anew or changed)
 ===========================================  =========  =================  =========================
+
+``kind`` is ``SkipKind``'s text (``allocation cannot be read``, ``allocation names a GPU the
+node does not have``, ``allocation does not fit the GPU``); skipped pods are counted on their
+node conservatively (``gpushare.extender.state``, "Skipped pods") and their charges are part
+of ``gpushare_gpu_memory_allocated_bytes``; a whole-node block is not (it is no memory).
 
 ``gpu`` is the device index on the node, ``model`` the product name (``""`` when unknown). Only
 GPU-share nodes (``NodeInfo.gpushare``) are exported.
@@ -52,11 +61,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from gpushare.extender.state import ExtenderState
+from gpushare.extender.state import ExtenderState, SkipKind
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -111,13 +120,33 @@ class StateCollector(Collector):
         families = self._families()
         capacity, allocated, pending, healthy, pods, synced = families
         synced.add_metric([], 1.0 if self._state.synced else 0.0)
+        skipped = GaugeMetricFamily(
+            "gpushare_extender_skipped_pods",
+            "Bound GPU pods the ledger could not record (counted conservatively), by node and why.",
+            labels=["node", "kind"],
+        )
+        current: dict[tuple[str, str], int] = {}
+        for skip in self._state.skipped():
+            current[(skip.node, str(skip.kind))] = current.get((skip.node, str(skip.kind)), 0) + 1
+        for (node_name, kind), count in sorted(current.items()):
+            skipped.add_metric([node_name, kind], float(count))
+        recorded = CounterMetricFamily(
+            "gpushare_extender_skipped_pods_recorded",
+            "Times a bound GPU pod was skipped by the ledger (anew or changed), by why.",
+            labels=["kind"],
+        )
+        for skip_kind in SkipKind:
+            recorded.add_metric(
+                [str(skip_kind)], float(self._state.skips_recorded.get(skip_kind, 0))
+            )
         ledger = self._state.ledger
         for info in self._state.nodes():
             if not info.gpushare:
                 continue
             node = info.node
             scale = unit_bytes(info.unit)
-            used = ledger.state(node.name).gpu_used
+            held = self._state.held(node.name)
+            used = tuple(u + h for u, h in zip(ledger.state(node.name).gpu_used, held, strict=True))
             holders: dict[int, int] = {}
             for allocation in ledger.allocations(node.name):
                 for index, amount in allocation.per_gpu().items():
@@ -135,7 +164,7 @@ class StateCollector(Collector):
                 pending.add_metric(labels, float(waiting.get(gpu.index, 0) * scale))
                 healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
                 pods.add_metric(labels, float(holders.get(gpu.index, 0)))
-        return list(families)
+        return [*families, skipped, recorded]
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:

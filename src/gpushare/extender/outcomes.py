@@ -10,6 +10,7 @@ from dataclasses import replace
 from gpushare.core.fit import FitResult, FitStatus, Reason
 from gpushare.core.handshake import PendingPod, Pin, PinStatus, forced_fit, pin, waiting
 from gpushare.core.model import Allocation, NodeState, PodRequest
+from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import NodeInfo
 
 NOT_SYNCED = "gpushare: the extender has not finished listing nodes and pods yet"
@@ -27,6 +28,15 @@ def describe_fit(result: FitResult, info: NodeInfo) -> str:
     """``<reason>; <numbers>[; unit <unit>]`` for a rejected fit (``FitResult.describe``)."""
     unit = f"; unit {info.unit}" if info.unit else ""
     return f"{result.describe()}{unit}"
+
+
+def skipped_note(state: ExtenderState, node: str) -> str:
+    """``; counted too, not in the ledger: <SkippedPod.describe>, ...`` for the skipped pods on
+    ``node`` (``""`` when none): a refusal caused by them says so, with their numbers."""
+    skipped = state.skipped(node)
+    if not skipped:
+        return ""
+    return "; counted too, not in the ledger: " + " | ".join(s.describe() for s in skipped)
 
 
 def _without(state: NodeState, own: Allocation | None) -> NodeState:

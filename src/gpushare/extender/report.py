@@ -4,7 +4,12 @@ Keys follow Alibaba gpushare's ``pkg/scheduler/gpushare-inspect.go`` (``nodes``,
 ``totalGPU``, ``usedGPU``, ``devs``, ``id``, ``pods``, ``namespace``, ``usedGPU``), so their
 tooling keeps working, with gpushare's additions (``unit``, ``source``, per GPU ``model``,
 ``uuid``, ``healthy``; per pod ``containers`` and ``assumed``). Amounts are in the node's unit.
-``violations`` lists broken ledger invariants (empty when all is well). ``gpushare`` is the
+``violations`` lists broken ledger invariants (empty when all is well) and what the *skipped*
+pods break (``ExtenderState``, "Skipped pods": bound pods the ledger could not record: over
+capacity counting them, a GPU index the node lacks, an allocation that cannot be read);
+``skipped`` lists those pods with what they are counted as, per node too (``blocked``: pods
+that block the whole node); per GPU ``usedGPU`` includes their charges and ``pods`` names them
+(``skipped``: why). ``gpushare`` is the
 report that ``kubectl inspect gpushare -o json`` prints (``gpushare.inspect.render.report_json``),
 built from the same nodes and pods the extender holds: per GPU allocated, assumed (bound but not
 yet started by the device plugin) and free, health, pending GPU pods with the reason they fit
@@ -15,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpushare.extender.state import ExtenderState
+from gpushare.core.ledger import ViolationKind
+from gpushare.extender.state import ExtenderState, SkipKind, SkippedPod
 from gpushare.inspect.render import report_json
 from gpushare.inspect.report import Snapshot, build_report
 from gpushare.kube.codec import NodeInfo
@@ -30,11 +36,21 @@ def shared_report(state: ExtenderState, node: str | None = None) -> dict[str, An
 def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
     """One node: its GPUs, what each holds and for which pods."""
     node = info.node
-    used = state.ledger.state(node.name).gpu_used
+    held = state.held(node.name)
+    used = tuple(u + h for u, h in zip(state.ledger.state(node.name).gpu_used, held, strict=True))
     allocations = state.ledger.allocations(node.name)
+    skipped = state.skipped(node.name)
     devs: list[dict[str, Any]] = []
     for position, gpu in enumerate(node.gpus):
         pods: list[dict[str, Any]] = []
+        for pod in skipped:
+            amount = dict(pod.charges).get(gpu.index, 0)
+            if amount:
+                namespace, _, name = pod.pod.partition("/")
+                pods.append(
+                    {"name": name, "namespace": namespace, "usedGPU": amount, "assumed": False,
+                     "containers": [], "skipped": str(pod.kind)}
+                )  # fmt: skip
         for allocation in allocations:
             amount = allocation.per_gpu().get(gpu.index, 0)
             if not amount:
@@ -70,23 +86,77 @@ def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
         "totalGPU": sum(gpu.capacity for gpu in node.gpus),
         "usedGPU": sum(used),
         "devs": devs,
+        "blocked": [pod.pod for pod in skipped if pod.whole_node],
+        "skipped": [skipped_json(pod) for pod in skipped],
     }
+
+
+def skipped_json(pod: SkippedPod) -> dict[str, Any]:
+    """One skipped pod (``ExtenderState``, "Skipped pods") as JSON."""
+    return {
+        "pod": pod.pod,
+        "node": pod.node,
+        "kind": str(pod.kind),
+        "reason": pod.reason,
+        "wholeNode": pod.whole_node,
+        "charges": [{"gpu": index, "amount": amount} for index, amount in pod.charges],
+        "text": pod.describe(),
+    }
+
+
+def violations(state: ExtenderState) -> list[dict[str, Any]]:
+    """The ledger's broken invariants, with what the skipped pods break: a GPU over capacity
+    counting the pods that name it (as ``gpushare inspect`` counts; the conservative spread of a
+    pod on a missing GPU index over every GPU is in ``usedGPU``, not here), a GPU index a node
+    lacks, an allocation that cannot be read. Sorted by node, then GPU (``None`` last)."""
+    found: dict[tuple[str, int | None, str], dict[str, Any]] = {}
+    for v in state.ledger.check_invariants():
+        found[(v.node, v.gpu_index, str(v.kind))] = {
+            "kind": str(v.kind), "node": v.node, "gpu": v.gpu_index, "used": v.used,
+            "capacity": v.capacity, "pods": list(v.pods),
+        }  # fmt: skip
+    over = str(ViolationKind.OVER_CAPACITY)
+    for name in sorted({pod.node for pod in state.skipped()}):
+        info = state.node(name)
+        gpus = info.node.gpus if info is not None else ()
+        ledger_used = state.ledger.state(name).gpu_used if info is not None else ()
+        named = [p for p in state.skipped(name) if p.kind is SkipKind.OVER_CAPACITY]
+        for position, gpu in enumerate(gpus):
+            naming = [p.pod for p in named if dict(p.charges).get(gpu.index)]
+            total = ledger_used[position] + sum(dict(p.charges).get(gpu.index, 0) for p in named)
+            if total <= gpu.capacity:
+                continue
+            holders = {a.pod for a in state.ledger.allocations(name) if gpu.index in a.per_gpu()}
+            holders |= set(naming)
+            found[(name, gpu.index, over)] = {
+                "kind": over, "node": name, "gpu": gpu.index, "used": total,
+                "capacity": gpu.capacity, "pods": sorted(holders),
+            }  # fmt: skip
+    for pod in state.skipped():
+        if pod.kind is SkipKind.UNREADABLE:
+            found[(pod.node, None, pod.pod)] = {
+                "kind": str(pod.kind), "node": pod.node, "gpu": None, "used": 0, "capacity": 0,
+                "pods": [pod.pod],
+            }  # fmt: skip
+        for index, amount in pod.missing:
+            kind = str(ViolationKind.UNKNOWN_GPU)
+            entry = found.setdefault(
+                (pod.node, index, kind),
+                {"kind": kind, "node": pod.node, "gpu": index, "used": 0, "capacity": 0,
+                 "pods": []},
+            )  # fmt: skip
+            entry["used"] += amount
+            entry["pods"] = sorted({*entry["pods"], pod.pod})
+    return [
+        found[key] for key in sorted(found, key=lambda k: (k[0], k[1] is None, k[1] or 0, k[2]))
+    ]
 
 
 def cluster_report(state: ExtenderState) -> dict[str, Any]:
     """Every GPU-share node (sorted by name) and the ledger's broken invariants."""
     return {
         "nodes": [node_report(state, info) for info in state.nodes() if info.gpushare],
-        "violations": [
-            {
-                "kind": str(v.kind),
-                "node": v.node,
-                "gpu": v.gpu_index,
-                "used": v.used,
-                "capacity": v.capacity,
-                "pods": list(v.pods),
-            }
-            for v in state.ledger.check_invariants()
-        ],
+        "violations": violations(state),
+        "skipped": [skipped_json(pod) for pod in state.skipped()],
         "gpushare": shared_report(state),
     }

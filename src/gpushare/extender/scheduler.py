@@ -10,8 +10,10 @@
   everything allocated there, assumed allocations included: passes (``NodeNames`` or ``Nodes``,
   matching the request), ``FailedNodes`` (does not fit now) or ``FailedAndUnresolvableNodes``
   (can never fit: not a GPU-share node, unknown to the extender, request larger than any GPU,
-  model excluded). Reasons carry the numbers. Reserves nothing. A pod asking no GPU passes
-  everywhere.
+  model excluded). Reasons carry the numbers. Bound pods the ledger skipped count too
+  (``ExtenderState``, "Skipped pods"): a GPU over capacity shows a negative free and takes
+  nothing, and the reason names the skipped pods and what they are counted as. Reserves
+  nothing. A pod asking no GPU passes everywhere.
 * **prioritize** — the policy's node half on the nodes the pod fits, mapped to 0–10
   (``gpushare.extender.scoring``).
 * **the handshake rule** (``gpushare.core.handshake``): on a node where a bound pod waits for the
@@ -57,6 +59,7 @@ from gpushare.extender.outcomes import (
     describe_fit,
     not_gpushare,
     pinned_fit,
+    skipped_note,
 )
 from gpushare.extender.scoring import policy_value, to_priorities
 from gpushare.extender.state import Binder, EventSink, ExtenderState
@@ -258,9 +261,8 @@ class Scheduler(_BindMixin):
             return _NEVER, UNKNOWN_NODE if info is None else not_gpushare(info)
         if result.status is FitStatus.FITS:
             return _PASS, ""
-        if result.status is FitStatus.DOES_NOT_FIT_NOW:
-            return _FAIL, f"gpushare: {describe_fit(result, info)}"
-        return _NEVER, f"gpushare: {describe_fit(result, info)}"
+        why = f"gpushare: {describe_fit(result, info)}{skipped_note(self.state, name)}"
+        return (_FAIL if result.status is FitStatus.DOES_NOT_FIT_NOW else _NEVER), why
 
     def _node_value(self, name: str, pod: PodRequest, own: Allocation | None) -> float | None:
         """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit."""

@@ -17,12 +17,37 @@ thread-safe): a feeder running in a thread hands its events over with
 ``loop.call_soon_threadsafe``. Every change bumps the node's ``version`` so that per-node results
 can be cached.
 
+**Skipped pods** (issue 11, defect 2). A bound pod holds *something* on its node even when the
+ledger cannot record it, so its GPUs are never taken as free on a guess. ``SkippedPod`` records
+what it is charged with, on top of the ledger, in every ``node_state`` (so in filter, prioritize
+and bind):
+
+=====================================  ============================================================
+the pod's allocation                   what it is charged with
+=====================================  ============================================================
+cannot be read (``CodecError``: e.g.   the **whole node**: every GPU is charged its capacity, the
+``ALIYUN_COM_GPU_MEM_POD`` negative    node takes no new GPU pods until the pod is fixed, finishes
+or not a number, garbage JSON)         or goes (which GPU and how much are unknown)
+names a GPU index the node lacks       its amount on **every** GPU of the node (it may be on any)
+(index 7 on a 2-GPU node)
+does not fit (50 GiB on a 40 GiB       its amounts on the GPUs it names: the GPU is then over
+GPU, or a GPU already full)            capacity, free is negative and it takes no new pods
+=====================================  ============================================================
+
+Units the ledger holds on a GPU index the node no longer has (the node shrank) are charged to
+every GPU too. A skipped pod is retried when its node changes and, for over-capacity ones, when
+a pod on the node goes; it leaves the list when it is recorded, finishes or goes.
+``skipped`` lists them (``/inspect``, ``/metrics``); ``drain_new_skips`` hands each new or
+changed one to the feeder once (a log line and a Warning Event).
+
 ``Binder`` and ``EventSink`` are the protocols ``gpushare.kube`` implements: create the
 ``pods/binding`` subresource (spec §4.1) and record Kubernetes Events.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,7 +57,7 @@ from gpushare.core.handshake import PendingPod, steps_of
 from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult
 from gpushare.core.model import Allocation, NodeState
 from gpushare.extender.pending import PendingBook
-from gpushare.kube.codec import Json, NodeInfo, node_info, pod_allocation, pod_key
+from gpushare.kube.codec import CodecError, Json, NodeInfo, node_info, pod_allocation, pod_key
 from gpushare.kube.codec.handshake import pending_pod
 
 FINISHED_PHASES = ("Succeeded", "Failed")
@@ -49,6 +74,39 @@ class Binding:
     uid: str
     node: str
     annotations: Mapping[str, str]
+
+
+class SkipKind(enum.StrEnum):
+    """Why a bound pod's allocation is not in the ledger (module doc, "Skipped pods")."""
+
+    UNREADABLE = "allocation cannot be read"
+    UNKNOWN_GPU = "allocation names a GPU the node does not have"
+    OVER_CAPACITY = "allocation does not fit the GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedPod:
+    """A pod bound to ``node`` whose allocation the ledger does not hold (``kind``, ``reason``:
+    one line naming the values). ``charges`` are the units it is counted with, by GPU device
+    index (node unit); ``whole_node``: it blocks every GPU of the node instead."""
+
+    pod: str
+    node: str
+    kind: SkipKind
+    reason: str
+    charges: tuple[tuple[int, int], ...] = ()
+    whole_node: bool = False
+    missing: tuple[tuple[int, int], ...] = ()
+    """(GPU index, units) the allocation names that the node does not have."""
+
+    def describe(self) -> str:
+        """``pod ns/p on node n: <kind>: <reason>; counted as <charges>``."""
+        held = (
+            "every GPU of the node blocked"
+            if self.whole_node
+            else ", ".join(f"{amount} on GPU {index}" for index, amount in self.charges)
+        )
+        return f"pod {self.pod} on node {self.node}: {self.kind}: {self.reason}; counted as {held}"
 
 
 class Binder(Protocol):
@@ -125,6 +183,9 @@ class ExtenderState:
         self._versions: dict[str, int] = {}
         self._states: dict[str, tuple[int, NodeState]] = {}
         self._waiting: dict[str, set[str]] = {}  # node -> bound pods seen before the node
+        self._skipped: dict[str, SkippedPod] = {}  # pod key -> what it is charged with
+        self._new_skips: list[SkippedPod] = []  # not yet drained by the feeder
+        self.skips_recorded: dict[SkipKind, int] = dict.fromkeys(SkipKind, 0)
         self._synced = False
         self._epoch = 0  # bumps of any node so far
         self._log: list[str] = []  # the node of bump number _log_base + i + 1
@@ -163,6 +224,7 @@ class ExtenderState:
             pod = self._pods.get(key)
             if pod is not None and pod_node_name(pod) == name:
                 self.observe_pod(pod)  # bound before its node was known: record it now
+        self._retry_skipped(name, all_kinds=True)
 
     def remove_node(self, name: str) -> None:
         """Forget node ``name``; allocations on it stay until their pods go (``Ledger``)."""
@@ -196,9 +258,83 @@ class ExtenderState:
         cached = self._states.get(name)
         if cached is not None and cached[0] == version:
             return cached[1]
-        state = self.ledger.state(name)
+        state = self._charged(self.ledger.state(name))
         self._states[name] = (version, state)
         return state
+
+    def _charged(self, state: NodeState) -> NodeState:
+        """``state`` plus what skipped pods and units on missing GPU indices are charged with
+        (module doc, "Skipped pods")."""
+        gpus = state.node.gpus
+        extra = list(self.held(state.node.name, gpus=[g.index for g in gpus]))
+        everywhere = 0
+        indices = {gpu.index for gpu in gpus}
+        for allocation in self.ledger.allocations(state.node.name):
+            everywhere += sum(a for i, a in allocation.per_gpu().items() if i not in indices)
+        if any(s.whole_node for s in self.skipped(state.node.name)):
+            everywhere += max((gpu.capacity for gpu in gpus), default=0)
+        if not everywhere and not any(extra):
+            return state
+        used = tuple(u + e + everywhere for u, e in zip(state.gpu_used, extra, strict=True))
+        return NodeState(
+            node=state.node,
+            gpu_used=used,
+            cpu_used_milli=state.cpu_used_milli,
+            memory_used_mib=state.memory_used_mib,
+        )
+
+    def held(self, name: str, *, gpus: list[int] | None = None) -> tuple[int, ...]:
+        """Units skipped pods are charged with on node ``name``, per GPU (``gpus``: device
+        indices in position order; default: the node's), whole-node blocks left out."""
+        if gpus is None:
+            info = self._nodes.get(name)
+            gpus = [] if info is None else [gpu.index for gpu in info.node.gpus]
+        charged = dict.fromkeys(gpus, 0)
+        for skipped in self.skipped(name):
+            for index, amount in skipped.charges:
+                if index in charged:
+                    charged[index] += amount
+        return tuple(charged[index] for index in gpus)
+
+    def skipped(self, node: str | None = None) -> list[SkippedPod]:
+        """The bound pods the ledger does not hold (on ``node``, or all), by pod key."""
+        return [
+            self._skipped[key]
+            for key in sorted(self._skipped)
+            if node is None or self._skipped[key].node == node
+        ]
+
+    def drain_new_skips(self) -> list[SkippedPod]:
+        """The skipped pods recorded or changed since the last call, in order."""
+        new, self._new_skips = self._new_skips, []
+        return new
+
+    def _skip(self, skipped: SkippedPod) -> None:
+        if self._skipped.get(skipped.pod) == skipped:
+            return
+        self._unskip(skipped.pod)
+        self._skipped[skipped.pod] = skipped
+        self._new_skips.append(skipped)
+        self.skips_recorded[skipped.kind] += 1
+        self._bump(skipped.node)
+
+    def _unskip(self, key: str) -> None:
+        skipped = self._skipped.pop(key, None)
+        if skipped is not None:
+            self._bump(skipped.node)
+
+    def _retry_skipped(self, node: str, *, all_kinds: bool) -> None:
+        """Observe again the pods skipped on ``node`` (all, or the over-capacity ones after a
+        pod there went): they may fit the ledger now."""
+        for skipped in self.skipped(node):
+            if not all_kinds and skipped.kind is not SkipKind.OVER_CAPACITY:
+                continue
+            pod = self._pods.get(skipped.pod)
+            if pod is None:
+                self._unskip(skipped.pod)
+                continue
+            with contextlib.suppress(CodecError):  # still unreadable: still skipped
+                self.observe_pod(pod)
 
     # -- pods ------------------------------------------------------------------------------
 
@@ -227,13 +363,20 @@ class ExtenderState:
         """
         key = pod_key(pod)
         if pod_phase(pod) in FINISHED_PHASES:
-            self._pods.pop(key, None)
-            return self.release(key)
-        allocation = pod_allocation(pod)
+            return self.forget_pod(key)
         node = pod_node_name(pod)
-        pending = pending_pod(pod, allocation) if allocation is not None and node else None
+        try:
+            allocation = pod_allocation(pod)
+            pending = pending_pod(pod, allocation) if allocation is not None and node else None
+        except CodecError as error:
+            if node:  # bound: it holds something we cannot read; block the node
+                self._pods[key] = dict(pod)
+                reason = " ".join(str(error).split()).removeprefix(f"pod {key}: ")
+                self._skip(SkippedPod(key, node, SkipKind.UNREADABLE, reason, whole_node=True))
+            raise
         self._pods[key] = dict(pod)
         if allocation is None or not node:
+            self._unskip(key)
             return None
         for node in self._pending.put(allocation.node, pending, key):
             self._bump(node)
@@ -245,13 +388,47 @@ class ExtenderState:
             result = self.ledger.apply(allocation, allow_unhealthy=True)
             if not result.ok and previous is not None:
                 self.ledger.assume(previous)
+        if result.ok or result.outcome is LedgerOutcome.UNKNOWN_NODE:
+            self._unskip(key)
+        else:
+            self._skip(self._skipped_pod(allocation, result))
         self._bump(allocation.node)
         return result
 
+    def _skipped_pod(self, allocation: Allocation, result: LedgerResult) -> SkippedPod:
+        """What a bound pod whose allocation the ledger refused is charged with."""
+        info = self._nodes.get(allocation.node)
+        indices = [] if info is None else [gpu.index for gpu in info.node.gpus]
+        charges = dict.fromkeys(indices, 0)
+        missing = tuple(sorted((i, a) for i, a in allocation.per_gpu().items() if i not in charges))
+        for index, amount in allocation.per_gpu().items():
+            for target in [index] if index in charges else indices:  # unknown: any of them
+                charges[target] += amount
+        kind = (
+            SkipKind.UNKNOWN_GPU
+            if result.outcome is LedgerOutcome.UNKNOWN_GPU
+            else SkipKind.OVER_CAPACITY
+        )
+        return SkippedPod(
+            allocation.pod,
+            allocation.node,
+            kind,
+            result.describe().partition(f" on node {allocation.node}: ")[2],
+            tuple((i, a) for i, a in charges.items() if a),
+            missing=missing,
+        )
+
     def forget_pod(self, key: str) -> Allocation | None:
-        """Pod ``namespace/name`` is gone (watch ``DELETED``): drop it and release its GPUs."""
+        """Pod ``namespace/name`` is gone (watch ``DELETED``) or finished: drop it and release
+        its GPUs (skipped pods on its node that did not fit are tried again)."""
         self._pods.pop(key, None)
-        return self.release(key)
+        skipped = self._skipped.get(key)
+        self._unskip(key)
+        released = self.release(key)
+        node = released.node if released is not None else skipped.node if skipped else None
+        if node is not None:
+            self._retry_skipped(node, all_kinds=False)
+        return released
 
     def record_bound(self, key: str, node: str, annotations: Mapping[str, str]) -> None:
         """Our bind of ``key`` to ``node`` succeeded: update the kept copy until the watch
