@@ -14,6 +14,10 @@ prints) and from ``Nodes`` requests (``nodeCacheCapable: false``); nothing can b
 ``--tls-cert FILE --tls-key FILE`` serve HTTPS (PEM files); ``--tls-client-ca FILE`` also
 requires every client to present a certificate signed by that CA. The files are checked at
 start-up: one error lists every problem.
+
+``--max-request-body-mib``, ``--request-head-timeout``, ``--request-body-timeout``,
+``--keep-alive-timeout`` and ``--max-connections`` bound what one client can make the extender
+hold (``gpushare.extender.limits``; docs/extender.md, "Limits").
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ import uvicorn
 from gpushare.cli.options import kube_options, log_level_option, setup_logging
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
+from gpushare.extender.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    MIB,
+    RequestLimits,
+    uvicorn_settings,
+)
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
 from gpushare.extender.workload import live_policy
 from gpushare.kube.client import connect
@@ -126,6 +136,47 @@ def build_state(
     type=click.Path(path_type=Path),
     help="Require client certificates signed by this PEM CA (mutual TLS).",
 )
+@click.option(
+    "--max-request-body-mib",
+    "max_request_body_mib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_MAX_BODY_BYTES / MIB,
+    show_default=True,
+    help="Largest request body accepted, in MiB (413 above it). The default fits a pod plus "
+    "5,000 NodeNames; with nodeCacheCapable: false allow ~16 KiB per node "
+    "(docs/extender.md, 'Limits').",
+)
+@click.option(
+    "--request-head-timeout",
+    "request_head_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=RequestLimits().head_timeout_s,
+    show_default=True,
+    help="Seconds a connection may take to send a whole request line and headers.",
+)
+@click.option(
+    "--request-body-timeout",
+    "request_body_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=RequestLimits().body_timeout_s,
+    show_default=True,
+    help="Seconds a request body may take after its headers (408 past it).",
+)
+@click.option(
+    "--keep-alive-timeout",
+    "keep_alive_timeout_s",
+    type=click.IntRange(min=1),
+    default=RequestLimits().keep_alive_timeout_s,
+    show_default=True,
+    help="Seconds an idle connection stays open between requests.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=RequestLimits().max_connections,
+    show_default=True,
+    help="Open connections at most; one more is closed at once.",
+)
 @log_level_option
 def extender(
     *,
@@ -144,6 +195,11 @@ def extender(
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_client_ca: Path | None,
+    max_request_body_mib: float,
+    request_head_timeout_s: float,
+    request_body_timeout_s: float,
+    keep_alive_timeout_s: int,
+    max_connections: int,
     log_level: str,
 ) -> None:
     """Serve the scheduler extender (filter, prioritize, bind, inspect) for kube-scheduler."""
@@ -155,6 +211,13 @@ def extender(
     if problems:
         raise click.UsageError("bad TLS configuration:\n  " + "\n  ".join(problems))
     tls = uvicorn_tls(tls_cert, tls_key, tls_client_ca)
+    limits = RequestLimits(
+        max_body_bytes=int(max_request_body_mib * MIB),
+        head_timeout_s=request_head_timeout_s,
+        body_timeout_s=request_body_timeout_s,
+        keep_alive_timeout_s=keep_alive_timeout_s,
+        max_connections=max_connections,
+    )
     setup_logging(log_level)
     if in_memory:
         state = build_state(nodes_file, assume_ttl_s, handshake_timeout_s)
@@ -164,8 +227,17 @@ def extender(
             policy=live_policy(policy, gpu_unit),
             gpu_unit=gpu_unit,
             nodes_from_requests=True,
+            limits=limits,
         )
-        uvicorn.run(app, host=host, port=port, log_config=None, ws="none", **tls)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            ws="none",
+            **uvicorn_settings(limits),
+            **tls,
+        )
         return
     options = LiveOptions(
         host=host,
@@ -179,6 +251,7 @@ def extender(
         tls_cert=tls_cert,
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
+        limits=limits,
     )
     try:
         client = connect(kubeconfig, context=context)

@@ -14,7 +14,9 @@ Routes (spec §1.1; Alibaba's URL layout, ``pkg/routes/routes.go``), ``P`` the p
 ``GET /metrics``           Prometheus text exposition (``gpushare.extender.metrics``)
 =========================  =======================================================================
 
-A body that is not JSON or not of the verb's shape gets **400** with ``{"Error": "<what>"}``.
+A body that is not JSON or not of the verb's shape gets **400** with ``{"Error": "<what>"}``; one
+larger than ``limits.max_body_bytes`` **413**, one not complete within ``limits.body_timeout_s``
+**408**, both closing the connection (``gpushare.extender.limits``).
 A pod or node the codec cannot read is reported in the result (``Error``, or per node), with
 HTTP 200 so that kube-scheduler shows the text. An unexpected exception in filter or bind is an
 ``Error`` text too (logged with its traceback); in prioritize it is a 500. Handlers are
@@ -42,6 +44,7 @@ from starlette.routing import Route
 
 from gpushare import __version__
 from gpushare.core.policies import Policy
+from gpushare.extender.limits import LimitError, RequestLimits, read_body
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.report import cluster_report, node_report
 from gpushare.extender.scheduler import Scheduler
@@ -66,8 +69,15 @@ def _json(value: object, status: int = 200) -> Response:
     return Response(encode(value), status_code=status, media_type="application/json")
 
 
-def _error(status: int, text: str) -> Response:
-    return _json({"Error": text}, status)
+def _error(status: int, text: str, *, close: bool = False) -> Response:
+    response = _json({"Error": text}, status)
+    if close:  # the rest of the body is not read: the connection cannot be reused
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _peer(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "?"
 
 
 async def _expire_forever(state: ExtenderState, interval_s: float) -> None:
@@ -90,6 +100,7 @@ def create_app(
     version: str = __version__,
     registry: CollectorRegistry | None = None,
     nodes_from_requests: bool = False,
+    limits: RequestLimits | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
 
@@ -98,10 +109,13 @@ def create_app(
     refuses); ``events`` records bind outcomes; ``expire_interval_s`` ``None`` turns the expiry
     task off (tests call ``state.expire()``); ``registry`` holds the metrics (default: a fresh
     ``CollectorRegistry``); ``nodes_from_requests``: let ``Nodes`` requests add or change nodes
-    (``--in-memory`` only; never with an API server, see ``gpushare.extender.scheduler``). The
+    (``--in-memory`` only; never with an API server, see ``gpushare.extender.scheduler``);
+    ``limits``: the request body's size and read time (``gpushare.extender.limits``; the
+    connection-level bounds are the server's, ``uvicorn_settings``). The
     ``Scheduler`` is ``app.state.scheduler``, the
     ``ExtenderMetrics`` ``app.state.metrics``.
     """
+    limits = limits or RequestLimits()
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
     scheduler = Scheduler(
         state,
@@ -124,15 +138,18 @@ def create_app(
             outcome = "error"
             try:
                 try:
-                    body = await request.body()
+                    body = await read_body(request.receive, request.scope["headers"], limits)
+                except LimitError as rejected:
+                    outcome = "bad_request"
+                    log.info("%s from %s: %s", verb, _peer(request), rejected.text)
+                    return _error(rejected.status, rejected.text, close=True)
                 except ClientDisconnect:  # nobody is left to answer: one line, no traceback
                     outcome = "bad_request"
-                    peer = f"{request.client.host}:{request.client.port}" if request.client else "?"
                     log.info(
                         "%s from %s: the client disconnected before sending the whole body "
                         "(pod unknown: the body was not complete)",
                         verb,
-                        peer,
+                        _peer(request),
                     )
                     return _error(400, f"client disconnected before the end of the {verb} body")
                 try:

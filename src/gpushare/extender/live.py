@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ import uvicorn
 from gpushare.extender.apiserver import ApiBinder, ApiEventSink
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
+from gpushare.extender.limits import RequestLimits, uvicorn_settings
 from gpushare.extender.state import ExtenderState, SkippedPod, pod_uid
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import Binder as KubeBinder
@@ -61,7 +62,9 @@ class LiveOptions:
     host name); ``access_log``: uvicorn's access log; ``backoff``/``watch_timeout_s``: the
     cache's retry pacing and watch length; ``graceful_shutdown_s``: how long open requests may
     finish on stop; ``tls_cert``/``tls_key``: serve HTTPS with this certificate and key (PEM);
-    ``tls_client_ca``: also require a client certificate signed by this CA (mutual TLS).
+    ``tls_client_ca``: also require a client certificate signed by this CA (mutual TLS);
+    ``limits``: request body size, read timeouts and the connection cap
+    (``gpushare.extender.limits``).
     """
 
     host: str = "0.0.0.0"
@@ -81,6 +84,7 @@ class LiveOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 def tls_problems(cert: Path | None, key: Path | None, client_ca: Path | None) -> list[str]:
@@ -162,6 +166,7 @@ class LiveExtender:
             binder=self.binder,
             events=self.events,
             gpu_unit=options.gpu_unit,
+            limits=options.limits,
         )
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -173,6 +178,7 @@ class LiveExtender:
                 log_config=None,
                 access_log=options.access_log,
                 timeout_graceful_shutdown=options.graceful_shutdown_s,
+                **uvicorn_settings(options.limits),
                 **uvicorn_tls(options.tls_cert, options.tls_key, options.tls_client_ca),
             )
         )

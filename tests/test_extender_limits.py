@@ -1,0 +1,174 @@
+"""Request limits (issue 11, defect 3), on the real server: uvicorn with the settings the
+extender runs with (``gpushare.extender.limits``), a real loopback socket, raw HTTP written
+byte by byte so that a request can be left half-sent, as a slowloris client leaves it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import uvicorn
+
+from gpushare.extender import ExtenderState, create_app
+from gpushare.extender.limits import RequestLimits, uvicorn_settings
+
+PREFIX = "/gpushare-scheduler"
+FAST = RequestLimits(
+    max_body_bytes=16 * 1024,
+    head_timeout_s=0.5,
+    body_timeout_s=0.5,
+    keep_alive_timeout_s=5,
+    max_connections=50,
+)
+WAIT_S = 5.0  # far above every timeout above: a test that reaches it has failed
+
+
+@contextmanager
+def serving(limits: RequestLimits) -> Iterator[int]:
+    """The in-memory app under ``limits`` on a free loopback port (yields the port)."""
+    state = ExtenderState()
+    state.mark_synced()
+    app = create_app(state, expire_interval_s=None, limits=limits)
+    config = uvicorn.Config(
+        app, log_config=None, ws="none", lifespan="on", **uvicorn_settings(limits)
+    )
+    server = uvicorn.Server(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive(), "server thread died"
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    with serving(FAST) as bound:
+        yield bound
+
+
+def connect(port: int) -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+    return conn
+
+
+def read_all(conn: socket.socket) -> tuple[bytes, float]:
+    """Everything until the server closes the connection, and how long that took; raises
+    ``TimeoutError`` when it stays open ``WAIT_S``."""
+    started = time.monotonic()
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    return data, time.monotonic() - started
+
+
+def post_head(length: int | None, *, path: str = f"{PREFIX}/filter") -> bytes:
+    framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+    ).encode()
+
+
+HALF_SENT = [
+    ("nothing at all", b""),
+    ("half a request line", b"POST /gpushare-scheduler/filter HTT"),
+    ("a request line, no blank line", b"POST /gpushare-scheduler/filter HTTP/1.1\r\nHost: x\r\n"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sent", [h[1] for h in HALF_SENT], ids=[h[0] for h in HALF_SENT])
+def test_a_half_sent_request_head_is_closed(port: int, sent: bytes) -> None:
+    with connect(port) as conn:
+        conn.sendall(sent)
+        data, elapsed = read_all(conn)
+    assert data == b""
+    assert elapsed < 3.0
+
+
+def test_a_half_sent_second_request_on_a_kept_alive_connection_is_closed(port: int) -> None:
+    with connect(port) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b'{"status":"ok"}'):
+            first += conn.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHo")
+        data, elapsed = read_all(conn)
+    assert data == b""
+    assert elapsed < 3.0
+
+
+def test_a_slow_body_gets_408_and_is_closed(port: int) -> None:
+    with connect(port) as conn:
+        conn.sendall(post_head(100) + b'{"Pod": ')
+        data, elapsed = read_all(conn)
+    assert data.startswith(b"HTTP/1.1 408"), data
+    assert b"connection: close" in data.lower()
+    assert b"request body not complete within 0.5s (8 bytes received" in data
+    assert elapsed < 3.0
+
+
+def test_a_declared_body_over_the_limit_gets_413_before_it_is_read(port: int) -> None:
+    with connect(port) as conn:
+        conn.sendall(post_head(100 * 1024 * 1024))  # 100 MB announced, nothing sent
+        data, elapsed = read_all(conn)
+    assert data.startswith(b"HTTP/1.1 413"), data
+    assert b"request body of 104857600 bytes (Content-Length) is larger than" in data
+    assert b"--max-request-body-mib" in data
+    assert elapsed < 3.0
+
+
+def test_a_streamed_body_over_the_limit_gets_413(port: int) -> None:
+    chunk = b"x" * 20_000  # one chunk, over the 16 KiB limit, with no length announced
+    with connect(port) as conn:
+        conn.sendall(post_head(None) + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        data, _ = read_all(conn)
+    assert data.startswith(b"HTTP/1.1 413"), data
+    assert b"larger than the extender accepts (16384 bytes" in data
+
+
+def test_a_request_head_growing_past_64_kib_is_refused(port: int) -> None:
+    with connect(port) as conn:  # no end of head in sight after 70 KB: h11 gives up
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000)
+        data, _ = read_all(conn)
+    assert data.startswith(b"HTTP/1.1 400"), data[:100]
+
+
+def test_connections_past_the_cap_are_closed_at_once() -> None:
+    limits = RequestLimits(head_timeout_s=30.0, max_connections=5)
+    with serving(limits) as bound:
+        held = [connect(bound) for _ in range(5)]
+        try:
+            time.sleep(0.2)  # let the server accept them (nothing to wait on from outside)
+            with connect(bound) as extra:
+                data, elapsed = read_all(extra)
+            assert data == b""
+            assert elapsed < 3.0
+        finally:
+            for conn in held:
+                conn.close()
+        deadline = time.monotonic() + WAIT_S
+        while True:  # the closed ones are forgotten: a new connection is served
+            with connect(bound) as conn:
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                try:
+                    data, _ = read_all(conn)
+                except ConnectionResetError:
+                    data = b""
+            if data.startswith(b"HTTP/1.1 200") or time.monotonic() > deadline:
+                break
+        assert data.startswith(b"HTTP/1.1 200"), data
