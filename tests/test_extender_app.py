@@ -24,6 +24,7 @@ from starlette.testclient import TestClient
 
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
+from gpushare.extender.state import REQUESTED_LIMIT
 from gpushare.kube.codec import (
     ALIYUN_DEV,
     ALIYUN_IDX,
@@ -746,3 +747,18 @@ def test_bind_with_the_api_server_down_is_one_line(caplog: pytest.LogCaptureFixt
         "ConnectionRefusedError: [Errno 111] Connection refused"
     ]
     assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_filter_requests_never_change_inspect() -> None:
+    """Pods seen only in requests stay out of ``/inspect`` (its pending list came from them),
+    and at most ``REQUESTED_LIMIT`` of them are kept, however many names clients invent."""
+    state = design_state()
+    with TestClient(app_for(state)) as client:
+        before = client.get(f"{PREFIX}/inspect").json()
+        for i in range(REQUESTED_LIMIT + 10):
+            body = filter_body()
+            body["Pod"]["metadata"]["name"] = f"invented-{i}"
+            assert client.post(f"{PREFIX}/filter", json=body).status_code == 200
+        assert client.get(f"{PREFIX}/inspect").json() == before
+    assert state.pod("wiring/invented-0") is None  # the oldest went first
+    assert state.pod(f"wiring/invented-{REQUESTED_LIMIT + 9}") is not None

@@ -62,6 +62,8 @@ from gpushare.kube.codec.handshake import pending_pod
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 CHANGE_LOG_LIMIT = 4096
+REQUESTED_LIMIT = 1024
+"""Pods kept from filter requests alone (``remember_pod``): bounded, whatever clients send."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +181,8 @@ class ExtenderState:
         self._wall_clock_ns = wall_clock_ns
         self._nodes: dict[str, NodeInfo] = {}
         self._node_objects: dict[str, Json] = {}  # the Node as the API server sent it
-        self._pods: dict[str, dict[str, Any]] = {}
+        self._pods: dict[str, dict[str, Any]] = {}  # from the API server (and our binds)
+        self._requested: dict[str, dict[str, Any]] = {}  # from filter requests, bounded
         self._versions: dict[str, int] = {}
         self._states: dict[str, tuple[int, NodeState]] = {}
         self._waiting: dict[str, set[str]] = {}  # node -> bound pods seen before the node
@@ -243,7 +246,8 @@ class ExtenderState:
 
     def objects(self) -> tuple[tuple[Json, ...], tuple[Json, ...]]:
         """(Node objects, GPU pods) as last seen, for ``gpushare.inspect.report.Snapshot``;
-        nodes known only from ``Nodes`` requests are left out."""
+        nodes known only from ``Nodes`` requests and pods known only from filter requests are
+        left out (no request changes what ``/inspect`` reports)."""
         return tuple(self._node_objects.values()), tuple(self._pods.values())
 
     def version(self, name: str) -> int:
@@ -339,17 +343,25 @@ class ExtenderState:
     # -- pods ------------------------------------------------------------------------------
 
     def pod(self, key: str) -> Json | None:
-        """The last copy of pod ``namespace/name``, or ``None``."""
-        return self._pods.get(key)
+        """The last copy of pod ``namespace/name`` (from the API server, or from a filter
+        request when that came later), or ``None``."""
+        asked = self._requested.get(key)
+        return asked if asked is not None else self._pods.get(key)
 
     def remember_pod(self, pod: Json) -> None:
-        """Keep the copy of a pod from a filter request (kube-scheduler's informer copy)
-        unless the kept copy of the same pod (same UID) is bound: a pod being scheduled is not.
+        """Keep the copy of a pod from a filter request (kube-scheduler's informer copy, which
+        bind reads when the watch has not brought the pod yet) unless the kept copy of the same
+        pod (same UID) is bound: a pod being scheduled is not. Request copies are kept apart
+        from the API server's: at most ``REQUESTED_LIMIT`` (the oldest go first), never in
+        ``objects`` (so never in ``/inspect``), dropped when the API server's copy arrives.
         ``CodecError`` without a name."""
         key = pod_key(pod)
         known = self._pods.get(key)
         if known is None or not pod_node_name(known) or pod_uid(known) != pod_uid(pod):
-            self._pods[key] = dict(pod)
+            self._requested.pop(key, None)
+            if len(self._requested) >= REQUESTED_LIMIT:
+                del self._requested[next(iter(self._requested))]
+            self._requested[key] = dict(pod)
 
     def observe_pod(self, pod: Json) -> LedgerResult | Allocation | None:
         """A pod from the API server (list or watch ``ADDED``/``MODIFIED``).
@@ -362,6 +374,7 @@ class ExtenderState:
         garbage annotations.
         """
         key = pod_key(pod)
+        self._requested.pop(key, None)  # the API server's copy supersedes a request's
         if pod_phase(pod) in FINISHED_PHASES:
             return self.forget_pod(key)
         node = pod_node_name(pod)
@@ -422,6 +435,7 @@ class ExtenderState:
         """Pod ``namespace/name`` is gone (watch ``DELETED``) or finished: drop it and release
         its GPUs (skipped pods on its node that did not fit are tried again)."""
         self._pods.pop(key, None)
+        self._requested.pop(key, None)
         skipped = self._skipped.get(key)
         self._unskip(key)
         released = self.release(key)
@@ -433,9 +447,10 @@ class ExtenderState:
     def record_bound(self, key: str, node: str, annotations: Mapping[str, str]) -> None:
         """Our bind of ``key`` to ``node`` succeeded: update the kept copy until the watch
         brings the API server's."""
-        pod = self._pods.get(key)
+        pod = self.pod(key)
         if pod is None:
             return
+        self._requested.pop(key, None)
         meta = dict(pod.get("metadata") or {})
         meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
         self._pods[key] = {
