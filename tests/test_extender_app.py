@@ -762,3 +762,17 @@ def test_filter_requests_never_change_inspect() -> None:
         assert client.get(f"{PREFIX}/inspect").json() == before
     assert state.pod("wiring/invented-0") is None  # the oldest went first
     assert state.pod(f"wiring/invented-{REQUESTED_LIMIT + 9}") is not None
+
+
+def test_a_filter_claiming_the_pod_is_bound_cannot_fake_a_bind() -> None:
+    """kube-scheduler filters only unbound pods: a request copy with ``nodeName`` set is
+    forged, and must not make a later bind answer "bound" without creating the Binding."""
+    state = design_state()
+    binder = RecordingBinder()
+    forged = filter_body()
+    forged["Pod"]["spec"]["nodeName"] = N3
+    with TestClient(app_for(state, binder)) as client:
+        client.post(f"{PREFIX}/filter", json=filter_body())
+        client.post(f"{PREFIX}/filter", json=forged)
+        assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
+    assert len(binder.calls) == 1

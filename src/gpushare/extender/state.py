@@ -353,9 +353,11 @@ class ExtenderState:
         bind reads when the watch has not brought the pod yet) unless the kept copy of the same
         pod (same UID) is bound: a pod being scheduled is not. Request copies are kept apart
         from the API server's: at most ``REQUESTED_LIMIT`` (the oldest go first), never in
-        ``objects`` (so never in ``/inspect``), dropped when the API server's copy arrives.
-        ``CodecError`` without a name."""
+        ``objects`` (so never in ``/inspect``), dropped when the API server's copy arrives; a
+        copy that claims to be bound is ignored. ``CodecError`` without a name."""
         key = pod_key(pod)
+        if pod_node_name(pod):
+            return  # kube-scheduler filters only unbound pods: a "bound" copy is forged
         known = self._pods.get(key)
         if known is None or not pod_node_name(known) or pod_uid(known) != pod_uid(pod):
             self._requested.pop(key, None)
