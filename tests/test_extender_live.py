@@ -18,6 +18,7 @@ from gpushare.extender.apiserver import ApiBinder, ApiEventSink
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
+from gpushare.extender.state import SkippedPod
 from gpushare.extender.wire import ExtenderArgs, ExtenderBindingArgs
 from gpushare.kube.binder import BindResult
 from gpushare.kube.cache import CacheStats
@@ -348,3 +349,28 @@ def test_events_need_a_uid(caplog: pytest.LogCaptureFixture) -> None:
     run(ApiEventSink(recorder).emit(BindEvent("ns", "p", "", "n3", False, "unknown pod")))
     assert recorder.calls == []
     assert "no Event for pod ns/p" in caplog.text
+
+
+def test_a_skipped_pod_gets_a_warning_event_once() -> None:
+    """Issue 11, defect 2: the feeder hands each newly skipped pod to ``on_skip`` (the live
+    extender's ``ApiEventSink.skipped``), which records a Warning naming why."""
+    recorder = FakeRecorder()
+    sink = ApiEventSink(recorder)
+    seen: list[tuple[str, str]] = []
+
+    def on_skip(skipped: SkippedPod, pod: Mapping[str, Any] | None) -> None:
+        seen.append((skipped.pod, pod["metadata"]["uid"] if pod else ""))
+        run(sink.skipped(skipped, pod["metadata"]["uid"] if pod else ""))
+
+    feeder = StateFeeder(ExtenderState(), on_skip=on_skip)
+    feeder.on_node(upsert("Node", "n1", node_json("n1", [GPU, GPU])))
+    bad = bound_pod("a", "n1", 1, 8138, uid="uid-a")
+    bad["metadata"]["annotations"][ALLOCATION] = "{oops"
+    feeder.on_pod(upsert("Pod", "default/a", bad))
+    feeder.on_pod(upsert("Pod", "default/a", bad, bad))  # the same again: no second Event
+    assert seen == [("default/a", "uid-a")]
+    ((ref, reason, message, kind),) = recorder.calls
+    assert (ref, reason, kind) == (PodRef("default", "a", "uid-a"), "GPUAllocationSkipped",
+                                   EventType.WARNING)  # fmt: skip
+    assert message.startswith("gpushare: pod default/a on node n1: allocation cannot be read: ")
+    assert message.endswith("counted as every GPU of the node blocked")
