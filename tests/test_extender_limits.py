@@ -5,16 +5,15 @@ byte by byte so that a request can be left half-sent, as a slowloris client leav
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-import uvicorn
 
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
+from gpushare.testing.extender import serve_in_thread
 
 PREFIX = "/gpushare-scheduler"
 FAST = RequestLimits(
@@ -33,26 +32,8 @@ def serving(limits: RequestLimits) -> Iterator[int]:
     state = ExtenderState()
     state.mark_synced()
     app = create_app(state, expire_interval_s=None, limits=limits)
-    config = uvicorn.Config(
-        app, log_config=None, ws="none", lifespan="on", **uvicorn_settings(limits)
-    )
-    server = uvicorn.Server(config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive(), "server thread died"
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
+    with serve_in_thread(app, **uvicorn_settings(limits)) as port:
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -7,23 +7,20 @@ answers; bad flag combinations exit non-zero with one clear message and no trace
 from __future__ import annotations
 
 import shutil
-import socket
 import ssl
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
-import uvicorn
 from click.testing import CliRunner
 
 from gpushare.cli.main import main
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.live import tls_problems, uvicorn_tls
+from gpushare.testing.extender import serve_in_thread
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -71,24 +68,8 @@ def _serve(pki: Pki, *, client_ca: bool) -> Iterator[int]:
     state = ExtenderState()
     state.mark_synced()
     tls = uvicorn_tls(pki.cert, pki.key, pki.ca if client_ca else None)
-    config = uvicorn.Config(create_app(state), log_config=None, ws="none", lifespan="on", **tls)
-    server = uvicorn.Server(config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive(), "server thread died"
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
+    with serve_in_thread(create_app(state), **tls) as port:
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Fakes for the extender's component tests: pod and node JSON, a recording binder and event sink.
+"""Fakes for the extender's component tests: pod and node JSON, a recording binder and event sink,
+and :func:`serve_in_thread` (an ASGI app under a real uvicorn server on a loopback port).
 
 Pods and nodes are the plain dicts kube-scheduler sends (``ExtenderArgs.Pod``, ``Nodes.items``);
 GPU nodes come from :func:`gpushare.testing.nodes.gpu_node`, so they carry the same
@@ -8,10 +9,16 @@ GPU nodes come from :func:`gpushare.testing.nodes.gpu_node`, so they carry the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import uvicorn
 
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender.state import BindEvent, Binding, ExtenderState
@@ -136,3 +143,31 @@ def seed_bound_pods(state: ExtenderState, node: str, used: Sequence[int]) -> Non
             assert result is not None
             assert not isinstance(result, Allocation)
             assert result.ok
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, *, start_timeout_s: float = 10.0, **config: Any) -> Iterator[int]:
+    """Serve ``app`` with uvicorn (``config``: more ``uvicorn.Config`` keywords, e.g. TLS or
+    ``gpushare.extender.limits.uvicorn_settings``) in a daemon thread on a free loopback port;
+    yields the port, stops the server on exit."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_config=None, ws="none", lifespan="on", **config)
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the uvicorn thread died during start-up")
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"uvicorn did not start within {start_timeout_s:g}s")
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
