@@ -135,8 +135,8 @@ class ExtenderThread:
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, Any]:
-    """``GET url`` without any proxy: (HTTP status, decoded JSON body), or (0, None) when
-    nothing answers."""
+    """``GET url`` without any proxy: (HTTP status, decoded JSON body; ``None`` for an error
+    body that is not JSON), or (0, None) when nothing answers."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
     try:
@@ -144,6 +144,9 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, Any]:
             return int(response.status), json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         with error:
-            return error.code, json.loads(error.read() or b"null")
+            try:
+                return error.code, json.loads(error.read() or b"null")
+            except ValueError:  # uvicorn's own answers (503 past the connection cap) are text
+                return error.code, None
     except OSError:
         return 0, None
