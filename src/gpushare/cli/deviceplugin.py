@@ -28,7 +28,7 @@ from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME
 from gpushare.deviceplugin.metrics import DEFAULT_METRICS_PORT
 from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
-from gpushare.kube.client import ConfigError, connect
+from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.errors import KubeError
 
 
@@ -169,6 +169,8 @@ def device_plugin(
     )
     try:
         client = connect(kubeconfig, context=context)
+    except KubeconfigError as error:
+        raise click.ClickException(str(error)) from None
     except ConfigError as error:
         raise click.ClickException(f"no Kubernetes configuration: {error}") from None
     try:
