@@ -168,6 +168,15 @@ def test_message_size_refusal_names_numbers() -> None:
         DevicePluginService(gpus, MemoryUnit.MIB)
 
 
+def test_largest_declaration_is_refused_without_listing_every_device() -> None:
+    """256 GPUs of 1 TiB in MiB are 2^28 devices: the check stops at kubelet's limit."""
+    gpus = parse_fake_gpus("256x1024GiB:X")
+    with pytest.raises(DeviceListTooLargeError) as err:
+        check_message_size(gpus, MemoryUnit.MIB)
+    assert err.value.devices == 256 * 1024 * 1024
+    assert "at least" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
@@ -194,11 +203,24 @@ def test_fake_spec_parses(spec: str, expected: list[tuple[int, str, int]]) -> No
         ("", "empty --fake-gpus"),
         ("two T4s", "bad --fake-gpus group 'two T4s'"),
         ("2x16GB:T4", "COUNTxSIZE(GiB|MiB)"),
-        ("0x16GiB:T4", "GPU count must be >= 1"),
-        ("2x0GiB:T4", "memory must be >= 1"),
+        ("0x16GiB:T4", "GPU count 0 is out of range; accepted 1 to 256"),
+        ("2x0GiB:T4", "memory in GiB 0 is out of range; accepted 1 to 1024"),
         ("2x16GiB:", "model must be 1 to 64 characters"),
         ("2x16GiB:T4,", "bad --fake-gpus group ''"),
+        (
+            "99999999x16GiB:T4",
+            "bad --fake-gpus group '99999999x16GiB:T4': GPU count 99999999 is out of range; "
+            "accepted 1 to 256",
+        ),
+        (
+            "1x99999999999999999999GiB:X",
+            "memory in GiB 99999999999999999999 is out of range; accepted 1 to 1024",
+        ),
+        ("1x1048577MiB:X", "memory in MiB 1048577 is out of range; accepted 1 to 1048576"),
+        ("200x16GiB:A,57x16GiB:B", "'57x16GiB:B': 257 GPUs in all; accepted at most 256"),
+        ("9" * 5000 + "x1GiB", "GPU count 999"),
     ],
+    ids=lambda v: v[:40] if isinstance(v, str) else None,
 )
 def test_fake_spec_errors(spec: str, fragment: str) -> None:
     with pytest.raises(FakeGpuSpecError) as err:
