@@ -35,3 +35,16 @@ def test_absurd_fake_gpus_end_at_once_in_one_line(
     assert len(errors) == 1, result.output
     assert flag in errors[0]
     assert message in errors[0]
+
+
+def test_mps_managed_needs_real_gpus(tmp_path: Path) -> None:
+    args = ["device-plugin", "--node-name", "n1", "--device-plugin-dir", str(tmp_path)]
+    result = CliRunner().invoke(main, [*args, "--fake-gpus", "1x16GiB", "--mps-managed"])
+    assert result.exit_code == 2
+    assert "--mps-managed needs real GPUs" in result.output
+
+
+def test_help_names_the_mps_options() -> None:
+    result = CliRunner().invoke(main, ["device-plugin", "--help"])
+    for option in ("--mps-managed", "--mps-root", "--mps-control", "/run/gpushare/mps"):
+        assert option in result.output

@@ -10,6 +10,7 @@ where it lands: kubelet's device list and the Node object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import tempfile
 import time
@@ -19,13 +20,19 @@ from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient, Client
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Event, Node
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
-from gpushare.deviceplugin.nvml import NvmlInventory
+from gpushare.deviceplugin.mps import MPS_DOWN, MPS_RESTARTED, MpsPaths
+from gpushare.deviceplugin.nvml import (
+    COMPUTE_MODE_DEFAULT,
+    COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    NvmlInventory,
+)
 from gpushare.kube.client import connect
 from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, NodeInfo, node_info
+from gpushare.testing import mps_control
 from gpushare.testing.controlplane import ControlPlane
 from gpushare.testing.kubelet import FakeKubelet
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
@@ -131,4 +138,64 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
     try:
         asyncio.run(asyncio.wait_for(scenario(), 90))
     finally:
+        delete_nodes(kube, [name])
+
+
+def test_managed_mps_crash_makes_gpus_unhealthy_posts_events_and_stop_restores(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    """``--mps-managed`` (issue 16): the daemon starts the MPS control daemon (the protocol fake)
+    before serving; killing it turns every device Unhealthy at kubelet and on the node with a
+    Warning Event, the restart brings them back with a Normal one; stopping the plugin quits
+    the daemon and restores the compute modes."""
+    name = f"dp-mps-{next(_names)}-{int(time.time())}"
+    create_nodes(kube, [plain_node(name, labels={GPUSHARE_LABEL: "true"})])
+    socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-mps-dp-", dir="/tmp"))
+    nvml = FakeNvml([FakeDevice(f"GPU-{name}-{i}", i, "Tesla-T4", 16 * GIB) for i in range(2)])
+    paths = MpsPaths(socket_dir / "mps")
+
+    def reasons() -> list[tuple[str, str]]:
+        events = kube.list(Event, namespace="default", fields={"involvedObject.name": name})
+        return [(e.reason or "", e.type or "") for e in events]
+
+    async def scenario() -> None:
+        client = connect(control_plane.kubeconfig, trust_env=False)
+        kubelet = FakeKubelet(socket_dir)
+        await kubelet.start()
+        options = DaemonOptions(
+            node_name=name,
+            socket_dir=socket_dir,
+            health=False,
+            metrics_port=None,
+            mps_managed=True,
+            mps_root=paths.root,
+            mps_control=str(mps_control.install(socket_dir / "bin")),
+            mps_check_interval_s=0.1,
+        )
+        daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
+        stop = asyncio.Event()
+        running = asyncio.create_task(daemon.run(stop))
+        try:
+            await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
+            assert nvml.compute_modes == [COMPUTE_MODE_EXCLUSIVE_PROCESS] * 2
+            mps_control.kill_daemon(paths.pipe_dir)
+            view = await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 0, WAIT_S)
+            assert view.capacity == 32
+            await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
+            info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
+            assert [g.healthy for g in info.node.gpus] == [True, True]
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, WAIT_S)
+            await kubelet.stop()
+            await client.close()
+        assert nvml.compute_modes == [COMPUTE_MODE_DEFAULT] * 2
+        assert mps_control.daemon_pid(paths.pipe_dir) is None  # quit
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 90))
+        assert {(MPS_DOWN, "Warning"), (MPS_RESTARTED, "Normal")} <= set(reasons())
+    finally:
+        with contextlib.suppress(ProcessLookupError, RuntimeError):
+            mps_control.kill_daemon(paths.pipe_dir)
         delete_nodes(kube, [name])
