@@ -15,7 +15,7 @@ import itertools
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -76,6 +76,28 @@ def gpu_count(node: Node) -> tuple[str | None, str | None]:
     return capacity.get(GPU_COUNT), allocatable.get(GPU_COUNT)
 
 
+@contextlib.asynccontextmanager
+async def running(
+    plane: ControlPlane, nvml: FakeNvml, options: DaemonOptions
+) -> AsyncIterator[tuple[DevicePluginDaemon, FakeKubelet, AsyncClient]]:
+    """The daemon running over ``NvmlInventory(nvml)`` with the kubelet stand-in in
+    ``options.socket_dir``; stopped (and its socket checked gone) on exit."""
+    client = connect(plane.kubeconfig, trust_env=False)
+    kubelet = FakeKubelet(options.socket_dir)
+    await kubelet.start()
+    daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    try:
+        yield daemon, kubelet, client
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, WAIT_S)
+        await kubelet.stop()
+        await client.close()
+    assert not daemon.runner.socket_path.exists()
+
+
 def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
     control_plane: ControlPlane, kube: Client
 ) -> None:
@@ -85,9 +107,6 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
     nvml = FakeNvml([FakeDevice(f"GPU-{name}-{i}", i, "Tesla-T4", 16 * GIB) for i in range(2)])
 
     async def scenario() -> None:
-        client = connect(control_plane.kubeconfig, trust_env=False)
-        kubelet = FakeKubelet(socket_dir)
-        await kubelet.start()
         options = DaemonOptions(
             node_name=name,
             socket_dir=socket_dir,
@@ -95,10 +114,7 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
             metrics_host="127.0.0.1",
             metrics_port=0,
         )
-        daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
-        stop = asyncio.Event()
-        running = asyncio.create_task(daemon.run(stop))
-        try:
+        async with running(control_plane, nvml, options) as (daemon, kubelet, client):
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
             info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
             await daemon.runner.wait_registered()
@@ -128,12 +144,6 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
             info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
             assert [g.healthy for g in info.node.gpus] == [True, True]
-        finally:
-            stop.set()
-            await asyncio.wait_for(running, WAIT_S)
-            await kubelet.stop()
-            await client.close()
-        assert not daemon.runner.socket_path.exists()
 
     try:
         asyncio.run(asyncio.wait_for(scenario(), 90))
@@ -153,15 +163,14 @@ def test_managed_mps_crash_makes_gpus_unhealthy_posts_events_and_stop_restores(
     socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-mps-dp-", dir="/tmp"))
     nvml = FakeNvml([FakeDevice(f"GPU-{name}-{i}", i, "Tesla-T4", 16 * GIB) for i in range(2)])
     paths = MpsPaths(socket_dir / "mps")
+    binary = mps_control.install(socket_dir / "bin")
+    hidden = binary.with_name("hidden")
 
     def reasons() -> list[tuple[str, str]]:
         events = kube.list(Event, namespace="default", fields={"involvedObject.name": name})
         return [(e.reason or "", e.type or "") for e in events]
 
     async def scenario() -> None:
-        client = connect(control_plane.kubeconfig, trust_env=False)
-        kubelet = FakeKubelet(socket_dir)
-        await kubelet.start()
         options = DaemonOptions(
             node_name=name,
             socket_dir=socket_dir,
@@ -169,26 +178,20 @@ def test_managed_mps_crash_makes_gpus_unhealthy_posts_events_and_stop_restores(
             metrics_port=None,
             mps_managed=True,
             mps_root=paths.root,
-            mps_control=str(mps_control.install(socket_dir / "bin")),
+            mps_control=str(binary),
             mps_check_interval_s=0.1,
         )
-        daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
-        stop = asyncio.Event()
-        running = asyncio.create_task(daemon.run(stop))
-        try:
+        async with running(control_plane, nvml, options) as (_, kubelet, client):
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
             assert nvml.compute_modes == [COMPUTE_MODE_EXCLUSIVE_PROCESS] * 2
+            binary.rename(hidden)  # restarts fail until it is back: the outage is observable
             mps_control.kill_daemon(paths.pipe_dir)
             view = await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 0, WAIT_S)
             assert view.capacity == 32
+            hidden.rename(binary)
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
             info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
             assert [g.healthy for g in info.node.gpus] == [True, True]
-        finally:
-            stop.set()
-            await asyncio.wait_for(running, WAIT_S)
-            await kubelet.stop()
-            await client.close()
         assert nvml.compute_modes == [COMPUTE_MODE_DEFAULT] * 2
         assert mps_control.daemon_pid(paths.pipe_dir) is None  # quit
 
