@@ -97,5 +97,5 @@ def test_bad_kubeconfig(tmp_path: Path, text: str, context: str | None) -> None:
     args = ["extender", "--kubeconfig", str(path), "--port", "1"]
     result = CliRunner().invoke(main, args + (["--context", context] if context else []))
     assert result.exit_code == 1
-    assert f"--kubeconfig {path}: " in result.output
+    assert f"Error: kubeconfig {path}: " in result.output
     assert "Traceback" not in result.output

@@ -172,6 +172,8 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ({"scheduler": {"httpTimeout": 30}}, "httpTimeout"),
         ({"scheduler": {"urlPrefix": "10.0.0.1:12345"}}, "urlPrefix"),
         ({"devicePlugin": {"devicePluginDir": "relative/dir"}}, "devicePluginDir"),
+        ({"devicePlugin": {"mpsManaged": {"root": "run/mps"}}}, "root"),
+        ({"devicePlugin": {"mpsManaged": {"enable": True}}}, "enable"),
         ({"nodeSelector": {"gpushare": True}}, "nodeSelector"),
         ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
     ],
@@ -444,6 +446,37 @@ def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None
         "device-plugins",
         "tmp",
     ]
+
+
+def test_device_plugin_with_managed_mps(helm: Path, default_objects: list[Obj]) -> None:
+    """``devicePlugin.mpsManaged`` (issue 16): the flags, SYS_ADMIN for the compute mode, the
+    driver's compute capability for the MPS binaries, the host directory and its shm/ as
+    /dev/shm; off by default; refused with fake GPUs."""
+    default = container(find(default_objects, "DaemonSet", "gpushare-device-plugin"))
+    assert not any(a.startswith("--mps") for a in _args(default))
+    assert "add" not in default["securityContext"]["capabilities"]
+
+    values = {"devicePlugin": {"mpsManaged": {"enabled": True, "root": "/run/mps"}}}
+    daemonset = find(render_objects(values, helm=helm), "DaemonSet", "gpushare-device-plugin")
+    main = container(daemonset)
+    args = _args(main)
+    assert {"--mps-managed", "--mps-root=/run/mps"} <= set(args)
+    assert _flag_names(args) <= flags(device_plugin)
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert (mounts["mps-root"], mounts["mps-shm"]) == ("/run/mps", "/dev/shm")
+    volumes = {
+        v["name"]: v.get("hostPath") for v in daemonset["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["mps-root"] == {"path": "/run/mps", "type": "DirectoryOrCreate"}
+    assert volumes["mps-shm"] == {"path": "/run/mps/shm", "type": "DirectoryOrCreate"}
+
+    with pytest.raises(HelmError, match=r"mpsManaged\.enabled needs real GPUs"):
+        render_objects(
+            {"devicePlugin": {"fakeGpus": "1x16GiB", "mpsManaged": {"enabled": True}}}, helm=helm
+        )
 
 
 # ---- image ---------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
@@ -24,6 +24,7 @@ from gpushare.deviceplugin.inventory import (
     Gpu,
     MemoryUnit,
     check_message_size,
+    device_id,
     gpu_of_device,
     list_and_watch_response,
     parse_fake_gpus,
@@ -128,20 +129,167 @@ def test_allocate_refuses_until_handshake(tmp_path: Path) -> None:
 
 
 def test_preferred_allocation(tmp_path: Path) -> None:
+    gpus = parse_fake_gpus("1x4GiB")
+    a, b, c, d = (device_id(gpus[0], n) for n in range(4))
+
     async def scenario(stub: DevicePluginAsyncStub, _: DevicePluginService) -> None:
         request = api_pb2.PreferredAllocationRequest(
             container_requests=[
                 api_pb2.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=["a", "b", "c", "d"],
-                    must_include_deviceIDs=["c"],
+                    available_deviceIDs=[a, b, c, d],
+                    must_include_deviceIDs=[c],
                     allocation_size=3,
                 )
             ]
         )
         response = await stub.GetPreferredAllocation(request)
-        assert [list(r.deviceIDs) for r in response.container_responses] == [["c", "a", "b"]]
+        assert [list(r.deviceIDs) for r in response.container_responses] == [[c, a, b]]
 
-    _run(tmp_path, parse_fake_gpus("1x2GiB"), MemoryUnit.GIB, scenario)
+    _run(tmp_path, gpus, MemoryUnit.GIB, scenario)
+
+
+def _preferred(
+    available: Sequence[str], must: Sequence[str] = (), size: int = 1
+) -> api_pb2.PreferredAllocationRequest:
+    return api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size
+            )
+        ]
+    )
+
+
+FOUR = [device_id(parse_fake_gpus("1x4GiB")[0], n) for n in range(4)]
+REFUSED_PREFERRED = {
+    "more IDs than twice the devices": (
+        _preferred(FOUR * 2, FOUR[:1], 1),
+        "lists 9 device IDs over 1 container request(s); this plugin has 4 devices",
+    ),
+    "an ID never advertised": (
+        _preferred([*FOUR[:3], "GPU-other-_-0"]),
+        "device ID 'GPU-other-_-0' is not a device this plugin advertised",
+    ),
+    "allocation size past the devices": (
+        _preferred(FOUR, size=5),
+        "allocation_size 5 is out of range; accepted 0 to 4 devices",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"), REFUSED_PREFERRED.values(), ids=REFUSED_PREFERRED.keys()
+)
+def test_preferred_allocation_refuses_what_kubelet_never_sends(
+    tmp_path: Path, request_: api_pb2.PreferredAllocationRequest, message: str
+) -> None:
+    async def scenario(stub: DevicePluginAsyncStub, _: DevicePluginService) -> None:
+        with pytest.raises(aio.AioRpcError) as err:
+            await stub.GetPreferredAllocation(request_)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in (err.value.details() or "")
+
+    _run(tmp_path, parse_fake_gpus("1x4GiB"), MemoryUnit.GIB, scenario)
+
+
+class _Immediate:
+    """An allocator that answers at once (the handshake is tested elsewhere)."""
+
+    async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
+        return api_pb2.AllocateResponse(
+            container_responses=[
+                api_pb2.ContainerAllocateResponse(envs={"N": str(len(c.devices_ids))})
+                for c in request.container_requests
+            ]
+        )
+
+
+def _allocate(ids: Sequence[str], containers: int = 1) -> api_pb2.AllocateRequest:
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)] * containers
+    )
+
+
+HUGE_PREFERRED = {
+    # issue 11, defect 7: 100,000 IDs (short, so that they fit gRPC's 4 MiB) held the loop 30 s
+    "100,000 IDs never advertised": (
+        lambda ids: _preferred([f"d{n}" for n in range(100_000)], size=60_000),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    # the largest legitimate request: every device of a 40 GiB GPU counted in MiB
+    "every device of a 40960-device node": (
+        lambda ids: _preferred(ids[::-1], ids[:20_000], size=len(ids)),
+        grpc.StatusCode.OK,
+    ),
+}
+
+
+@pytest.mark.parametrize(("make", "code"), HUGE_PREFERRED.values(), ids=HUGE_PREFERRED.keys())
+def test_huge_preferred_allocation_leaves_allocates_answered(
+    tmp_path: Path,
+    make: Callable[[list[str]], api_pb2.PreferredAllocationRequest],
+    code: grpc.StatusCode,
+) -> None:
+    """A huge GetPreferredAllocation, then 500 Allocates at once: every Allocate is answered
+    within a generous 20 s deadline, and the huge request gets its answer or INVALID_ARGUMENT."""
+    gpus = parse_fake_gpus("1x40GiB:A100")
+    ids = [device_id(gpus[0], n) for n in range(gpus[0].units(MemoryUnit.MIB))]
+
+    async def main() -> None:
+        service = DevicePluginService(gpus, MemoryUnit.MIB, allocator=_Immediate())
+        server = await serve(service, tmp_path, "gpushare-test.sock")
+        try:
+            async with aio.insecure_channel(server.address) as channel:
+                stub = api_pb2_grpc.DevicePluginStub(channel)
+                huge = asyncio.ensure_future(stub.GetPreferredAllocation(make(ids), timeout=120))
+                await asyncio.sleep(0)
+                allocates = [stub.Allocate(_allocate(ids[:2]), timeout=20) for _ in range(500)]
+                answers = await asyncio.gather(*allocates, return_exceptions=True)
+                failed = [a for a in answers if not isinstance(a, api_pb2.AllocateResponse)]
+                assert failed == [], f"{len(failed)} of 500 Allocates failed: {failed[:1]}"
+                outcome = (await asyncio.gather(huge, return_exceptions=True))[0]
+                if code is grpc.StatusCode.OK:
+                    assert isinstance(outcome, api_pb2.PreferredAllocationResponse), outcome
+                    (chosen,) = outcome.container_responses
+                    assert list(chosen.deviceIDs[:20_000]) == ids[:20_000]
+                    assert sorted(chosen.deviceIDs) == sorted(ids)
+                else:
+                    assert isinstance(outcome, aio.AioRpcError), outcome
+                    assert outcome.code() == code
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (_allocate(FOUR[:1], containers=17), "17 container requests; accepted at most 16"),
+        (_allocate(FOUR + FOUR[:1]), "asks for 5 devices; this plugin has 4"),
+    ],
+    ids=["17 containers", "more devices than the plugin has"],
+)
+def test_allocate_refuses_what_kubelet_never_sends(
+    tmp_path: Path, request_: api_pb2.AllocateRequest, message: str
+) -> None:
+    async def main() -> None:
+        service = DevicePluginService(parse_fake_gpus("1x4GiB"), allocator=_Immediate())
+        server = await serve(service, tmp_path, "gpushare-test.sock")
+        try:
+            async with aio.insecure_channel(server.address) as channel:
+                stub = api_pb2_grpc.DevicePluginStub(channel)
+                with pytest.raises(aio.AioRpcError) as err:
+                    await stub.Allocate(request_)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert message in (err.value.details() or "")
+                assert (await stub.Allocate(_allocate(FOUR[:2]))).container_responses[0].envs == {
+                    "N": "2"
+                }
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("spec", ["1x1GiB", "2x16GiB:T4", "3x13GiB:X"])
@@ -166,6 +314,15 @@ def test_message_size_refusal_names_numbers() -> None:
     assert "--memory-unit GiB" in message
     with pytest.raises(DeviceListTooLargeError):
         DevicePluginService(gpus, MemoryUnit.MIB)
+
+
+def test_largest_declaration_is_refused_without_listing_every_device() -> None:
+    """256 GPUs of 1 TiB in MiB are 2^28 devices: the check stops at kubelet's limit."""
+    gpus = parse_fake_gpus("256x1024GiB:X")
+    with pytest.raises(DeviceListTooLargeError) as err:
+        check_message_size(gpus, MemoryUnit.MIB)
+    assert err.value.devices == 256 * 1024 * 1024
+    assert "at least" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -194,11 +351,24 @@ def test_fake_spec_parses(spec: str, expected: list[tuple[int, str, int]]) -> No
         ("", "empty --fake-gpus"),
         ("two T4s", "bad --fake-gpus group 'two T4s'"),
         ("2x16GB:T4", "COUNTxSIZE(GiB|MiB)"),
-        ("0x16GiB:T4", "GPU count must be >= 1"),
-        ("2x0GiB:T4", "memory must be >= 1"),
+        ("0x16GiB:T4", "GPU count 0 is out of range; accepted 1 to 256"),
+        ("2x0GiB:T4", "memory in GiB 0 is out of range; accepted 1 to 1024"),
         ("2x16GiB:", "model must be 1 to 64 characters"),
         ("2x16GiB:T4,", "bad --fake-gpus group ''"),
+        (
+            "99999999x16GiB:T4",
+            "bad --fake-gpus group '99999999x16GiB:T4': GPU count 99999999 is out of range; "
+            "accepted 1 to 256",
+        ),
+        (
+            "1x99999999999999999999GiB:X",
+            "memory in GiB 99999999999999999999 is out of range; accepted 1 to 1024",
+        ),
+        ("1x1048577MiB:X", "memory in MiB 1048577 is out of range; accepted 1 to 1048576"),
+        ("200x16GiB:A,57x16GiB:B", "'57x16GiB:B': 257 GPUs in all; accepted at most 256"),
+        ("9" * 5000 + "x1GiB", "GPU count 999"),
     ],
+    ids=lambda v: v[:40] if isinstance(v, str) else None,
 )
 def test_fake_spec_errors(spec: str, fragment: str) -> None:
     with pytest.raises(FakeGpuSpecError) as err:

@@ -10,7 +10,8 @@ only), pods bound to a kwok node with the allocation the extender records.
   asks as much as its second container first;
 * nothing pending of that size: FAILED_PRECONDITION naming the amount, the node and the pods;
 * a restarted plugin reads what was assigned from the pods and never answers a step twice;
-* MPS mode adds the pinned memory limit and the thread percentage;
+* MPS mode adds the pinned memory limit and the thread percentage, a managed daemon its
+  directories (variables and mounts);
 * with a ServiceAccount that lacks ``patch`` on pods, Allocate fails and says so.
 """
 
@@ -39,6 +40,7 @@ from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.daemon import EVENT_COMPONENT
 from gpushare.deviceplugin.inventory import Gpu, MemoryUnit, device_id, parse_fake_gpus
+from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import DevicePluginService, serve
 from gpushare.kube.client import connect
 from gpushare.kube.codec import (
@@ -108,6 +110,7 @@ async def plugin(
     gpus: list[Gpu],
     *,
     mps: bool = False,
+    mps_paths: MpsPaths | None = None,
     kubeconfig: Path | None = None,
 ) -> AsyncIterator[DevicePluginAsyncStub]:
     """The device plugin for ``node`` (pods cache, handshake allocator, gRPC server on a fresh
@@ -120,7 +123,7 @@ async def plugin(
         await pods.wait_synced(30)
         events = EventRecorder(client, component=EVENT_COMPONENT)
         allocator = HandshakeAllocator(
-            node, lambda: gpus, MemoryUnit.GIB, pods, mps=mps, events=events
+            node, lambda: gpus, MemoryUnit.GIB, pods, mps=mps, mps_paths=mps_paths, events=events
         )
         server = await serve(DevicePluginService(gpus, MemoryUnit.GIB, allocator), socket_dir)
         try:
@@ -331,6 +334,36 @@ def test_mps_mode_adds_the_memory_limit_and_thread_percentage(
     envs = run(scenario())
     assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+def test_managed_mps_gives_the_daemon_directories_mounts_and_limits(
+    control_plane: ControlPlane, kube: Client, node: str, namespace: str
+) -> None:
+    """With a managed daemon (``--mps-managed``), every container also gets the daemon's pipe and
+    log directories (variables and mounts) and its shared memory at /dev/shm (issue 16)."""
+    bound_pod(kube, namespace, node, "mps-managed", [("main", (0,), 4)], assume_ns=1)
+    paths = MpsPaths(Path("/run/gpushare/mps"))
+
+    async def scenario() -> api_pb2.ContainerAllocateResponse:
+        async with plugin(control_plane, node, GPUS, mps_paths=paths) as stub:
+            ids = [device_id(GPUS[0], n) for n in range(4)]
+            request = api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
+            )
+            (answer,) = (await stub.Allocate(request)).container_responses
+            return answer
+
+    answer = run(scenario())
+    envs = dict(answer.envs)
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert envs["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpushare/mps/pipe"
+    assert envs["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpushare/mps/log"
+    assert [(m.container_path, m.host_path, m.read_only) for m in answer.mounts] == [
+        ("/run/gpushare/mps/pipe", "/run/gpushare/mps/pipe", False),
+        ("/run/gpushare/mps/log", "/run/gpushare/mps/log", True),
+        ("/dev/shm", "/run/gpushare/mps/shm", False),
+    ]
 
 
 def test_without_patch_permission_allocate_fails_and_says_so(

@@ -10,22 +10,29 @@ where it lands: kubelet's device list and the Node object.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from lightkube import AsyncClient, Client
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Event, Node
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
-from gpushare.deviceplugin.nvml import NvmlInventory
+from gpushare.deviceplugin.mps import MPS_DOWN, MPS_RESTARTED, MpsPaths
+from gpushare.deviceplugin.nvml import (
+    COMPUTE_MODE_DEFAULT,
+    COMPUTE_MODE_EXCLUSIVE_PROCESS,
+    NvmlInventory,
+)
 from gpushare.kube.client import connect
 from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, NodeInfo, node_info
+from gpushare.testing import mps_control
 from gpushare.testing.controlplane import ControlPlane
 from gpushare.testing.kubelet import FakeKubelet
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
@@ -69,6 +76,28 @@ def gpu_count(node: Node) -> tuple[str | None, str | None]:
     return capacity.get(GPU_COUNT), allocatable.get(GPU_COUNT)
 
 
+@contextlib.asynccontextmanager
+async def running(
+    plane: ControlPlane, nvml: FakeNvml, options: DaemonOptions
+) -> AsyncIterator[tuple[DevicePluginDaemon, FakeKubelet, AsyncClient]]:
+    """The daemon running over ``NvmlInventory(nvml)`` with the kubelet stand-in in
+    ``options.socket_dir``; stopped (and its socket checked gone) on exit."""
+    client = connect(plane.kubeconfig, trust_env=False)
+    kubelet = FakeKubelet(options.socket_dir)
+    await kubelet.start()
+    daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    try:
+        yield daemon, kubelet, client
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, WAIT_S)
+        await kubelet.stop()
+        await client.close()
+    assert not daemon.runner.socket_path.exists()
+
+
 def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
     control_plane: ControlPlane, kube: Client
 ) -> None:
@@ -78,9 +107,6 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
     nvml = FakeNvml([FakeDevice(f"GPU-{name}-{i}", i, "Tesla-T4", 16 * GIB) for i in range(2)])
 
     async def scenario() -> None:
-        client = connect(control_plane.kubeconfig, trust_env=False)
-        kubelet = FakeKubelet(socket_dir)
-        await kubelet.start()
         options = DaemonOptions(
             node_name=name,
             socket_dir=socket_dir,
@@ -88,10 +114,7 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
             metrics_host="127.0.0.1",
             metrics_port=0,
         )
-        daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
-        stop = asyncio.Event()
-        running = asyncio.create_task(daemon.run(stop))
-        try:
+        async with running(control_plane, nvml, options) as (daemon, kubelet, client):
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
             info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
             await daemon.runner.wait_registered()
@@ -121,14 +144,61 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
             info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
             assert [g.healthy for g in info.node.gpus] == [True, True]
-        finally:
-            stop.set()
-            await asyncio.wait_for(running, WAIT_S)
-            await kubelet.stop()
-            await client.close()
-        assert not daemon.runner.socket_path.exists()
 
     try:
         asyncio.run(asyncio.wait_for(scenario(), 90))
     finally:
+        delete_nodes(kube, [name])
+
+
+def test_managed_mps_crash_makes_gpus_unhealthy_posts_events_and_stop_restores(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    """``--mps-managed`` (issue 16): the daemon starts the MPS control daemon (the protocol fake)
+    before serving; killing it turns every device Unhealthy at kubelet and on the node with a
+    Warning Event, the restart brings them back with a Normal one; stopping the plugin quits
+    the daemon and restores the compute modes."""
+    name = f"dp-mps-{next(_names)}-{int(time.time())}"
+    create_nodes(kube, [plain_node(name, labels={GPUSHARE_LABEL: "true"})])
+    socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-mps-dp-", dir="/tmp"))
+    nvml = FakeNvml([FakeDevice(f"GPU-{name}-{i}", i, "Tesla-T4", 16 * GIB) for i in range(2)])
+    paths = MpsPaths(socket_dir / "mps")
+    binary = mps_control.install(socket_dir / "bin")
+    hidden = binary.with_name("hidden")
+
+    def reasons() -> list[tuple[str, str]]:
+        events = kube.list(Event, namespace="default", fields={"involvedObject.name": name})
+        return [(e.reason or "", e.type or "") for e in events]
+
+    async def scenario() -> None:
+        options = DaemonOptions(
+            node_name=name,
+            socket_dir=socket_dir,
+            health=False,
+            metrics_port=None,
+            mps_managed=True,
+            mps_root=paths.root,
+            mps_control=str(binary),
+            mps_check_interval_s=0.1,
+        )
+        async with running(control_plane, nvml, options) as (_, kubelet, client):
+            await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
+            assert nvml.compute_modes == [COMPUTE_MODE_EXCLUSIVE_PROCESS] * 2
+            binary.rename(hidden)  # restarts fail until it is back: the outage is observable
+            mps_control.kill_daemon(paths.pipe_dir)
+            view = await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 0, WAIT_S)
+            assert view.capacity == 32
+            hidden.rename(binary)
+            await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
+            info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
+            assert [g.healthy for g in info.node.gpus] == [True, True]
+        assert nvml.compute_modes == [COMPUTE_MODE_DEFAULT] * 2
+        assert mps_control.daemon_pid(paths.pipe_dir) is None  # quit
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 90))
+        assert {(MPS_DOWN, "Warning"), (MPS_RESTARTED, "Normal")} <= set(reasons())
+    finally:
+        with contextlib.suppress(ProcessLookupError, RuntimeError):
+            mps_control.kill_daemon(paths.pipe_dir)
         delete_nodes(kube, [name])

@@ -26,9 +26,10 @@ from gpushare.deviceplugin.inventory import (
 )
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME
 from gpushare.deviceplugin.metrics import DEFAULT_METRICS_PORT
+from gpushare.deviceplugin.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_ROOT
 from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
-from gpushare.kube.client import ConfigError, connect
+from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.errors import KubeError
 
 
@@ -109,6 +110,27 @@ async def _serve(daemon: DevicePluginDaemon) -> None:
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for their share (needs an MPS daemon on the node).",
 )
 @click.option(
+    "--mps-managed",
+    is_flag=True,
+    help="Run and supervise the CUDA MPS control daemon for this node's GPUs (compute mode "
+    "EXCLUSIVE_PROCESS, restored on exit; GPUs unhealthy while it is down) and give containers "
+    "its directories and their limits (implies --mps; needs NVML).",
+)
+@click.option(
+    "--mps-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_MPS_ROOT,
+    show_default=True,
+    help="Host directory of the managed MPS daemon's pipe/, log/ and shm/ (mounted at the same "
+    "path in the plugin's pod).",
+)
+@click.option(
+    "--mps-control",
+    default=DEFAULT_MPS_CONTROL,
+    show_default=True,
+    help="The nvidia-cuda-mps-control binary (a path, or a name on $PATH).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=DEFAULT_METRICS_PORT,
@@ -136,6 +158,9 @@ def device_plugin(
     recovery_s: float,
     ignored_xids: tuple[int, ...],
     mps: bool,
+    mps_managed: bool,
+    mps_root: Path,
+    mps_control: str,
     metrics_port: int,
     proc_root: Path,
     kubeconfig: Path | None,
@@ -149,6 +174,11 @@ def device_plugin(
             f"{device_plugin_dir} is not a directory (mount the host's "
             "/var/lib/kubelet/device-plugins into the plugin's pod)",
             param_hint="--device-plugin-dir",
+        )
+    if mps_managed and fake_gpus is not None:
+        raise click.UsageError(
+            "--mps-managed needs real GPUs (NVML sets their compute mode); it cannot be used "
+            "with --fake-gpus"
         )
     inventory, nvml = _inventory(fake_gpus)
     try:
@@ -164,11 +194,16 @@ def device_plugin(
         recovery_s=recovery_s,
         ignored_xids=ignored_xids,
         mps=mps,
+        mps_managed=mps_managed,
+        mps_root=mps_root,
+        mps_control=mps_control,
         metrics_port=metrics_port or None,
         proc_root=proc_root,
     )
     try:
         client = connect(kubeconfig, context=context)
+    except KubeconfigError as error:
+        raise click.ClickException(str(error)) from None
     except ConfigError as error:
         raise click.ClickException(f"no Kubernetes configuration: {error}") from None
     try:

@@ -41,7 +41,7 @@ from gpushare.extender.limits import (
 )
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
 from gpushare.extender.workload import live_policy
-from gpushare.kube.client import connect
+from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import CodecError
 
 
@@ -255,8 +255,9 @@ def extender(
     )
     try:
         client = connect(kubeconfig, context=context)
-    except Exception as error:  # lightkube's ConfigError; only gpushare.kube may name it
-        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the Kubernetes configuration"
-        raise click.ClickException(f"{where}: {error}") from error
+    except KubeconfigError as error:
+        raise click.ClickException(str(error)) from None
+    except ConfigError as error:
+        raise click.ClickException(f"no Kubernetes configuration: {error}") from None
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(client, options))

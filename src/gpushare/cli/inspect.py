@@ -41,7 +41,7 @@ import click
 
 from gpushare.inspect.render import render_detail, render_summary, report_json
 from gpushare.inspect.report import Snapshot, build_report
-from gpushare.kube.client import ConfigError, connect
+from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import GPUSHARE_LABEL
 from gpushare.kube.errors import ApiCallError, Failure, KubeError
 from gpushare.kube.snapshot import LIST_NODES, ClusterObjects, read_cluster, server_url
@@ -166,6 +166,8 @@ async def _read(
 ) -> ClusterObjects:
     try:
         client = connect(source.path, context=context, timeout_s=timeout_s)
+    except KubeconfigError as error:
+        raise InspectError(_one_line(str(error))) from error
     except ConfigError as error:
         if source.path is None:
             raise InspectError(NO_KUBECONFIG) from error

@@ -19,7 +19,10 @@ formats; several GPUs comma-separated in index order):
 * with ``mps`` on (opt-in): ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M[,1=...]``, one
   entry per visible GPU, CUDA's ordinal inside the container) and
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the share of the GPU, rounded up, 1-100), from NVIDIA's
-  MPS documentation (``nvidia-cuda-mps-control``, section "Environment variables").
+  MPS documentation (``nvidia-cuda-mps-control``, section "Environment variables");
+* with a managed MPS daemon (``mps_paths``, ``--mps-managed``): also
+  ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY``, and the mounts of the daemon's
+  pipe, log and shared-memory directories (``gpushare.deviceplugin.mps.MpsPaths``).
 
 Then the step is recorded on the pod (``gpushare.io/assigned-containers``, and
 ``ALIYUN_COM_GPU_MEM_ASSIGNED: "true"`` with the last one). A record that cannot be written for
@@ -49,6 +52,7 @@ import grpc
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, Gpu, MemoryUnit
+from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
 from gpushare.kube.codec import CodecError, Json, pod_key
 from gpushare.kube.codec.handshake import handshake_annotations, pending_pod
@@ -128,6 +132,7 @@ class HandshakeAllocator:
 
     ``gpus`` returns the node's current GPUs; ``unit`` the node's memory unit; ``pods`` the
     node's pods (listed again when the cache has no match); ``mps`` adds the MPS variables;
+    ``mps_paths`` (a managed daemon) adds them too, with its directories and mounts;
     ``events`` records Events; ``observe(outcome, seconds)`` is called once per call with
     ``ok``, ``rejected`` or ``error`` (metrics); ``patch_attempts`` bounds the tries of one
     annotation patch (``retry_s`` apart, doubling).
@@ -141,6 +146,7 @@ class HandshakeAllocator:
         pods: PodSource,
         *,
         mps: bool = False,
+        mps_paths: MpsPaths | None = None,
         patch_attempts: int = 3,
         retry_s: float = 0.1,
         events: AllocateEvents | None = None,
@@ -150,7 +156,8 @@ class HandshakeAllocator:
         self._gpus = gpus
         self._unit = unit
         self._pods = pods
-        self._mps = mps
+        self._mps = mps or mps_paths is not None
+        self._mps_paths = mps_paths
         self._patch_attempts = max(1, patch_attempts)
         self._retry_s = retry_s
         self._lock = asyncio.Lock()
@@ -219,7 +226,10 @@ class HandshakeAllocator:
             f"GPU {envs['ALIYUN_COM_GPU_MEM_IDX']} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
             f"{step.share} {self._unit.value} each",
         )
-        return api_pb2.ContainerAllocateResponse(envs=envs)
+        if self._mps_paths is None:
+            return api_pb2.ContainerAllocateResponse(envs=envs)
+        envs.update(self._mps_paths.envs())
+        return api_pb2.ContainerAllocateResponse(envs=envs, mounts=self._mps_paths.mounts())
 
     def _pod_event(
         self, key: str, reason: str, message: str, type: EventType = EventType.NORMAL

@@ -15,7 +15,11 @@
 5. With NVML and health checking on, critical XIDs mark a GPU's devices unhealthy in
    ListAndWatch and in the node inventory; a recovered GPU comes back
    (``gpushare.deviceplugin.health``).
-6. ``/metrics`` on its own port (``gpushare.deviceplugin.metrics``): inventory, Allocate
+6. With ``mps_managed`` (``--mps-managed``), the MPS control daemon of the node's GPUs is
+   started before serving, supervised, and stopped (compute mode restored) at the end
+   (``gpushare.deviceplugin.mps``); while it is down every GPU is unhealthy, whatever the XIDs
+   say, and Allocate gives containers its directories and limits.
+7. ``/metrics`` on its own port (``gpushare.deviceplugin.metrics``): inventory, Allocate
    outcomes and latency, registrations, and with NVML used memory and utilisation per GPU and
    per process (mapped to its pod).
 
@@ -44,13 +48,20 @@ from gpushare.deviceplugin.metrics import (
     pods_by_uid,
     serve_metrics,
 )
+from gpushare.deviceplugin.mps import (
+    DEFAULT_MPS_CONTROL,
+    DEFAULT_MPS_ROOT,
+    MpsControl,
+    MpsPaths,
+    MpsSupervisor,
+)
 from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.codec import InventoryGpu
 from gpushare.kube.errors import KubeError
-from gpushare.kube.events import EventRecorder
+from gpushare.kube.events import EventRecorder, EventType
 from gpushare.kube.nodepods import NodePods
 from gpushare.kube.nodes import NodePublisher
 
@@ -71,7 +82,10 @@ class DaemonOptions:
     never mark a GPU unhealthy (besides the application XIDs); ``mps``: add the MPS variables;
     ``sync_timeout_s``: bound on the first list of the node's pods; ``metrics_host`` and
     ``metrics_port`` where ``/metrics`` is served (``None``: not served); ``proc_root`` the
-    host's ``/proc`` (GPU processes are mapped to pods through their cgroups).
+    host's ``/proc`` (GPU processes are mapped to pods through their cgroups);
+    ``mps_managed``: run and supervise the MPS control daemon (needs NVML), with its
+    directories under ``mps_root``, the binary ``mps_control`` and a liveness check every
+    ``mps_check_interval_s``.
     """
 
     node_name: str
@@ -86,6 +100,10 @@ class DaemonOptions:
     metrics_host: str = DEFAULT_METRICS_HOST
     metrics_port: int | None = DEFAULT_METRICS_PORT
     proc_root: Path = Path("/proc")
+    mps_managed: bool = False
+    mps_root: Path = DEFAULT_MPS_ROOT
+    mps_control: str = DEFAULT_MPS_CONTROL
+    mps_check_interval_s: float = 5.0
 
 
 def inventory_gpus(gpus: list[Gpu], unit: MemoryUnit) -> list[InventoryGpu]:
@@ -118,17 +136,36 @@ class DevicePluginDaemon:
             pods=lambda: pods_by_uid(self.pods.pods()),
             proc_root=options.proc_root,
         )
-        events = EventRecorder(client, component=EVENT_COMPONENT, instance=options.node_name)
+        self.events = events = EventRecorder(
+            client, component=EVENT_COMPONENT, instance=options.node_name
+        )
+        mps_paths = MpsPaths(options.mps_root) if options.mps_managed else None
+        if mps_paths is not None and nvml is None:
+            raise ValueError("mps_managed needs NVML (compute mode), not a declared fake")
         self.allocator = HandshakeAllocator(
             options.node_name,
             lambda: self.service.gpus,
             options.unit,
             self.pods,
             mps=options.mps,
+            mps_paths=mps_paths,
             events=events,
             observe=self.metrics.observe_allocate,
         )
         self.service = DevicePluginService(inventory.gpus(), options.unit, self.allocator)
+        self._xid_healthy = {gpu.index: gpu.healthy for gpu in self.service.gpus}
+        self._mps_healthy = True
+        self.mps: MpsSupervisor | None = None
+        if mps_paths is not None and nvml is not None:
+            gpus = self.service.gpus
+            self.mps = MpsSupervisor(
+                MpsControl(mps_paths, [g.uuid for g in gpus], binary=options.mps_control),
+                nvml,
+                gpus,
+                self._mps_health_changed,
+                events=self._mps_event,
+                check_interval_s=options.mps_check_interval_s,
+            )
         self.runner = PluginRunner(
             self.service,
             socket_dir=options.socket_dir,
@@ -156,14 +193,31 @@ class DevicePluginDaemon:
         await self._republish(force=self.runner.registrations > 1)
 
     async def _health_changed(self, index: int, healthy: bool) -> None:
-        await self.service.set_health(index, healthy)
+        """An XID transition of GPU ``index``; the GPU is healthy when MPS is too."""
+        self._xid_healthy[index] = healthy
+        await self.service.set_health(index, healthy and self._mps_healthy)
         await self._republish()
+
+    async def _mps_health_changed(self, healthy: bool) -> None:
+        """The managed MPS daemon went down (every GPU unhealthy) or came back."""
+        self._mps_healthy = healthy
+        for index, xid_healthy in self._xid_healthy.items():
+            await self.service.set_health(index, healthy and xid_healthy)
+        await self._republish()
+
+    async def _mps_event(self, reason: str, message: str, warning: bool) -> None:
+        kind = EventType.WARNING if warning else EventType.NORMAL
+        try:
+            await self.events.node_event(self.options.node_name, reason, message, kind)
+        except KubeError as error:
+            log.warning("recording the MPS event %s failed: %s", reason, error)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (module doc)."""
         options = self.options
         self.pods.start()
         health: asyncio.Task[None] | None = None
+        mps: asyncio.Task[None] | None = None
         try:
             if options.metrics_port is not None:  # 0: any free port (tests)
                 self.metrics_server = metrics = await serve_metrics(
@@ -177,6 +231,9 @@ class DevicePluginDaemon:
                 if not error.temporary:
                     raise
                 log.error("publishing the GPU inventory (will retry): %s", error)
+            if self.mps is not None:
+                await self.mps.start()
+                mps = asyncio.create_task(self.mps.run(), name="gpushare-mps")
             await self.runner.start()
             if self._nvml is not None and options.health:
                 watcher = HealthWatcher(
@@ -196,11 +253,14 @@ class DevicePluginDaemon:
             )  # fmt: skip
             await stop.wait()
         finally:
-            if health is not None:
-                health.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await health
+            for task in (health, mps):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await self.runner.stop()
+            if self.mps is not None:
+                await self.mps.stop()
             await self.allocator.drain_events()
             await self.pods.stop()
             if self.metrics_server is not None:

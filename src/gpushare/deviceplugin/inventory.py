@@ -24,6 +24,8 @@ from gpushare.kube.codec import GPU_MEM
 __all__ = [
     "HEALTHY",
     "KUBELET_MAX_MESSAGE_BYTES",
+    "MAX_FAKE_GPUS",
+    "MAX_GPU_MEMORY_MIB",
     "RESOURCE_GPU_MEM",
     "UNHEALTHY",
     "DeviceListTooLargeError",
@@ -48,6 +50,12 @@ UNHEALTHY = "Unhealthy"
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """kubelet's default gRPC receive limit for one ListAndWatch message (4 MiB)."""
 
+MAX_FAKE_GPUS = 256
+"""Most GPUs a `--fake-gpus` declaration may hold in all (real nodes have up to 16)."""
+MAX_GPU_MEMORY_MIB = 1024 * 1024
+"""Most memory of one declared GPU: 1 TiB (the largest GPUs today have under 300 GB)."""
+
+_MAX_DIGITS = 12
 _ID_SEPARATOR = "-_-"
 _MAX_DEVICE_ID_CHARS = 63
 
@@ -110,7 +118,9 @@ def parse_fake_gpus(spec: str) -> list[Gpu]:
     """Parse a `--fake-gpus` declaration into GPUs with deterministic fake UUIDs.
 
     Groups are comma-separated `COUNTxSIZE<GiB|MiB>[:MODEL]`; COUNT defaults to 1 and MODEL to
-    "FakeGPU". Indices (and minor numbers) run on across groups in order.
+    "FakeGPU". Indices (and minor numbers) run on across groups in order. At most
+    `MAX_FAKE_GPUS` GPUs in all, each of at most `MAX_GPU_MEMORY_MIB`: the bounds are checked
+    before any GPU is made (issue 11, defect 6: `99999999x16GiB` used to run forever).
     """
     if not spec.strip():
         raise FakeGpuSpecError(f"empty --fake-gpus declaration; {_SPEC_HELP}")
@@ -120,18 +130,20 @@ def parse_fake_gpus(spec: str) -> list[Gpu]:
         match = _GROUP.match(group)
         if match is None:
             raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}; {_SPEC_HELP}")
-        count = int(match["count"]) if match["count"] is not None else 1
-        size = int(match["size"])
+        count = _bounded(group, match["count"] or "1", "GPU count", 1, MAX_FAKE_GPUS)
+        memory_mib = _bounded(
+            group, match["size"], f"memory in {match['unit']}", 1, _per_unit(match["unit"])
+        ) * (1024 if match["unit"] == "GiB" else 1)
         model = "FakeGPU" if match["model"] is None else match["model"].strip()
-        if count < 1:
-            raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}: GPU count must be >= 1")
-        if size < 1:
-            raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}: memory must be >= 1")
+        if len(gpus) + count > MAX_FAKE_GPUS:
+            raise FakeGpuSpecError(
+                f"bad --fake-gpus group {group!r}: {len(gpus) + count} GPUs in all; accepted "
+                f"at most {MAX_FAKE_GPUS}"
+            )
         if not model or len(model) > 64:
             raise FakeGpuSpecError(
                 f"bad --fake-gpus group {group!r}: model must be 1 to 64 characters"
             )
-        memory_mib = size * (1024 if match["unit"] == "GiB" else 1)
         for _ in range(count):
             index = len(gpus)
             gpus.append(
@@ -144,6 +156,22 @@ def parse_fake_gpus(spec: str) -> list[Gpu]:
                 )
             )
     return gpus
+
+
+def _per_unit(unit: str) -> int:
+    return MAX_GPU_MEMORY_MIB // 1024 if unit == "GiB" else MAX_GPU_MEMORY_MIB
+
+
+def _bounded(group: str, digits: str, what: str, low: int, high: int) -> int:
+    """`digits` as an int within `[low, high]`, else `FakeGpuSpecError` naming the group, the
+    value and the accepted range (long digit strings are refused unconverted)."""
+    value = int(digits) if len(digits) <= _MAX_DIGITS else None
+    if value is None or not low <= value <= high:
+        raise FakeGpuSpecError(
+            f"bad --fake-gpus group {group!r}: {what} {digits} is out of range; accepted "
+            f"{low} to {high}"
+        )
+    return value
 
 
 class FakeInventory:
@@ -224,7 +252,7 @@ class DeviceListTooLargeError(ValueError):
         )
         super().__init__(
             f"refusing to start: the {RESOURCE_GPU_MEM} device list ({gpus} GPU(s), {devices} "
-            f"devices of 1 {unit.value}) serialises to {size} bytes, over kubelet's "
+            f"devices of 1 {unit.value}) serialises to at least {size} bytes, over kubelet's "
             f"{limit}-byte gRPC message limit (4 MiB = {KUBELET_MAX_MESSAGE_BYTES}); {fix}"
         )
 
@@ -245,15 +273,15 @@ def check_message_size(
     """Serialised size of the worst-case ListAndWatch message; raise if it exceeds `limit`.
 
     The worst case has every device "Unhealthy" (the longer health string). The size is computed
-    from the protobuf wire format without building the message (fast for ~10^6 devices).
+    from the protobuf wire format without building the message, and the count stops once it
+    passes `limit` (bounded work for any GPU list: the reported size is then a lower bound).
     """
-    size = sum(
-        _device_entry_bytes(device_id(gpu, n), UNHEALTHY)
-        for gpu in gpus
-        for n in range(gpu.units(unit))
-    )
-    if size > limit:
-        raise DeviceListTooLargeError(
-            len(gpus), sum(g.units(unit) for g in gpus), size, unit, limit
-        )
+    size = 0
+    for gpu in gpus:
+        for n in range(gpu.units(unit)):
+            size += _device_entry_bytes(device_id(gpu, n), UNHEALTHY)
+            if size > limit:
+                raise DeviceListTooLargeError(
+                    len(gpus), sum(g.units(unit) for g in gpus), size, unit, limit
+                )
     return size

@@ -24,6 +24,9 @@ from typing import Any, NewType, Protocol
 from gpushare.deviceplugin.inventory import Gpu
 
 __all__ = [
+    "COMPUTE_MODE_DEFAULT",
+    "COMPUTE_MODE_EXCLUSIVE_PROCESS",
+    "COMPUTE_MODE_NAMES",
     "ERROR_DRIVER_NOT_LOADED",
     "ERROR_GPU_IS_LOST",
     "ERROR_INVALID_ARGUMENT",
@@ -55,6 +58,14 @@ ERROR_TIMEOUT = 10
 ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_GPU_IS_LOST = 15
 ERROR_UNKNOWN = 999
+
+COMPUTE_MODE_DEFAULT = 0
+"""`NVML_COMPUTEMODE_DEFAULT`: any number of contexts per device."""
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
+"""`NVML_COMPUTEMODE_EXCLUSIVE_PROCESS`: one context per device (the MPS server's), what MPS
+needs so that every CUDA process goes through it (NVIDIA MPS documentation, section 2.3)."""
+COMPUTE_MODE_NAMES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
+"""`nvmlComputeMode_t` names, as `nvidia-smi -c` spells them."""
 
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 """`nvmlEventTypeXidCriticalError`: the event's data is the XID number."""
@@ -170,6 +181,15 @@ class Nvml(Protocol):
         report it (`NVML_VALUE_NOT_AVAILABLE`) (metrics)."""
         ...
 
+    def device_compute_mode(self, device: DeviceHandle) -> int:
+        """`nvmlDeviceGetComputeMode`: a `COMPUTE_MODE_*` value."""
+        ...
+
+    def device_set_compute_mode(self, device: DeviceHandle, mode: int) -> None:
+        """`nvmlDeviceSetComputeMode` (needs root; not persistent across reboots or driver
+        reloads)."""
+        ...
+
     def event_set_create(self) -> EventSet:
         """`nvmlEventSetCreate`."""
         ...
@@ -255,6 +275,12 @@ class PynvmlBackend:
             (int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
             for p in processes
         ]
+
+    def device_compute_mode(self, device: DeviceHandle) -> int:
+        return int(self._call("nvmlDeviceGetComputeMode", device))
+
+    def device_set_compute_mode(self, device: DeviceHandle, mode: int) -> None:
+        self._call("nvmlDeviceSetComputeMode", device, mode)
 
     def event_set_create(self) -> EventSet:
         return EventSet(self._call("nvmlEventSetCreate"))

@@ -6,6 +6,13 @@ health change), GetPreferredAllocation, Allocate and PreStartContainer. Allocate
 FAILED_PRECONDITION: it never hands out a made-up device. `PluginServer` only serves; registration
 with kubelet and its restarts are `gpushare.deviceplugin.lifecycle`'s job.
 
+Every call does bounded work, so that one request cannot hold the event loop that answers
+kubelet's other calls (issue 11, defect 7: 100,000 IDs in one GetPreferredAllocation blocked it
+for 30 s and Allocates timed out). GetPreferredAllocation checks its IDs against the advertised
+device set (a set lookup each) and refuses, with INVALID_ARGUMENT naming the count or the ID, a
+request that lists more IDs than the plugin has devices or an ID it never advertised; its answer
+is then linear in the request.
+
 `DevicePluginService.stop` ends the ListAndWatch streams open at that moment; the same service can
 then be served again (a re-registration after a kubelet restart) and new streams work.
 """
@@ -29,15 +36,19 @@ from gpushare.deviceplugin.inventory import (
     Gpu,
     MemoryUnit,
     check_message_size,
+    device_id,
     list_and_watch_response,
 )
 
 __all__ = [
     "ALLOCATE_NOT_READY",
+    "MAX_ALLOCATE_CONTAINERS",
     "AllocateError",
     "Allocator",
     "DevicePluginService",
     "PluginServer",
+    "PreferredAllocationError",
+    "preferred_allocation",
     "serve",
 ]
 
@@ -54,6 +65,74 @@ class AllocateError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class PreferredAllocationError(ValueError):
+    """A GetPreferredAllocation request this plugin refuses (INVALID_ARGUMENT)."""
+
+
+def preferred_allocation(
+    request: api_pb2.PreferredAllocationRequest, known_ids: frozenset[str]
+) -> api_pb2.PreferredAllocationResponse:
+    """Prefer must-include IDs, then the available IDs in the order kubelet gave them.
+
+    ``known_ids`` are the advertised device IDs. Raises ``PreferredAllocationError`` for a
+    request listing more IDs in all than twice the devices (available and must-include), an
+    ``allocation_size`` outside 0..devices, or an ID not advertised. Work is linear in the
+    request, which is itself bounded by ``known_ids`` (kubelet only offers advertised IDs).
+    """
+    devices = len(known_ids)
+    listed = sum(
+        len(r.available_deviceIDs) + len(r.must_include_deviceIDs)
+        for r in request.container_requests
+    )
+    if listed > 2 * devices:
+        raise PreferredAllocationError(
+            f"GetPreferredAllocation lists {listed} device IDs over "
+            f"{len(request.container_requests)} container request(s); this plugin has "
+            f"{devices} devices (accepted: at most {2 * devices} IDs, available and "
+            "must-include together)"
+        )
+    responses = []
+    for n, req in enumerate(request.container_requests):
+        if not 0 <= req.allocation_size <= devices:
+            raise PreferredAllocationError(
+                f"GetPreferredAllocation container request {n}: allocation_size "
+                f"{req.allocation_size} is out of range; accepted 0 to {devices} devices"
+            )
+        for ident in (*req.must_include_deviceIDs, *req.available_deviceIDs):
+            if ident not in known_ids:
+                raise PreferredAllocationError(
+                    f"GetPreferredAllocation container request {n}: device ID {ident[:80]!r} "
+                    "is not a device this plugin advertised (<GPU UUID>-_-<n>)"
+                )
+        chosen = dict.fromkeys(req.must_include_deviceIDs)
+        for ident in req.available_deviceIDs:
+            if len(chosen) >= req.allocation_size:
+                break
+            chosen.setdefault(ident)
+        responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=list(chosen)))
+    return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+
+MAX_ALLOCATE_CONTAINERS = 16
+"""Most container requests in one Allocate (kubelet sends one per call, spec 2.5)."""
+
+
+def _allocate_problem(request: api_pb2.AllocateRequest, devices: int) -> str | None:
+    count = len(request.container_requests)
+    if count > MAX_ALLOCATE_CONTAINERS:
+        return (
+            f"Allocate has {count} container requests; accepted at most "
+            f"{MAX_ALLOCATE_CONTAINERS} (kubelet sends one)"
+        )
+    for n, container in enumerate(request.container_requests):
+        if len(container.devices_ids) > devices:
+            return (
+                f"Allocate container request {n} asks for {len(container.devices_ids)} "
+                f"devices; this plugin has {devices}"
+            )
+    return None
 
 
 class Allocator(Protocol):
@@ -77,6 +156,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._gpus = list(gpus)
         self._unit = unit
         self._allocator = allocator
+        self._device_ids = frozenset(
+            device_id(gpu, n) for gpu in self._gpus for n in range(gpu.units(unit))
+        )
         self._version = 0
         self._epoch = 0
         self._changed = asyncio.Condition()
@@ -139,22 +221,25 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(  # noqa: N802 (gRPC method name)
         self, request: api_pb2.PreferredAllocationRequest, context: _Context
     ) -> api_pb2.PreferredAllocationResponse:
-        """Prefer must-include IDs, then the available IDs in the order kubelet gave them."""
-        responses = []
-        for req in request.container_requests:
-            chosen = list(dict.fromkeys(req.must_include_deviceIDs))
-            for ident in req.available_deviceIDs:
-                if len(chosen) >= req.allocation_size:
-                    break
-                if ident not in chosen:
-                    chosen.append(ident)
-            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
-        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+        """``preferred_allocation`` over the advertised IDs; a refused request ends in
+        INVALID_ARGUMENT with the reason."""
+        try:
+            return preferred_allocation(request, self._device_ids)
+        except PreferredAllocationError as error:
+            log.warning("%s", error)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            raise AssertionError("context.abort returned") from error  # pragma: no cover
 
     async def Allocate(  # noqa: N802 (gRPC method name)
         self, request: api_pb2.AllocateRequest, context: _Context
     ) -> api_pb2.AllocateResponse:
-        """Delegate to the allocator; its `AllocateError` becomes the gRPC status."""
+        """Delegate to the allocator; its `AllocateError` becomes the gRPC status. A request
+        kubelet would never send (more than `MAX_ALLOCATE_CONTAINERS` containers, or more
+        device IDs in one than the plugin has devices) ends in INVALID_ARGUMENT unanswered."""
+        problem = _allocate_problem(request, len(self._device_ids))
+        if problem is not None:
+            log.warning("%s", problem)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         if self._allocator is not None:
             try:
                 return await self._allocator.allocate(request)

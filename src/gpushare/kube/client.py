@@ -7,13 +7,17 @@ imports lightkube (design.md, section 2). The client is the caller's to close
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx2
 from lightkube import AsyncClient, KubeConfig
+from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
 from lightkube.core.exceptions import ConfigError
 
-__all__ = ["FIELD_MANAGER", "AsyncClient", "ConfigError", "connect"]
+from gpushare.kube.kubeconfig import KubeconfigError, load_kubeconfig, select_context
+
+__all__ = ["FIELD_MANAGER", "AsyncClient", "ConfigError", "KubeconfigError", "connect"]
 
 FIELD_MANAGER = "gpushare"
 """The field manager recorded for gpushare's writes (``managedFields``)."""
@@ -31,17 +35,37 @@ def connect(
     ``~/.kube/config``. ``timeout_s`` bounds each request (seconds; watches are exempt from the
     read timeout). ``trust_env`` honours ``HTTPS_PROXY``/``NO_PROXY``-style variables.
 
-    Raises lightkube's ``ConfigError`` (re-exported here) when no configuration is found.
+    Raises lightkube's ``ConfigError`` (re-exported here) when no configuration is found, and
+    its subclass ``KubeconfigError`` (one line: ``kubeconfig <path>: <problem>``) when the file
+    is missing, unreadable, not a kubeconfig, or has no such context
+    (``gpushare.kube.kubeconfig``).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig is not None else KubeConfig.from_env()
-    single = config.get(context_name=context)
-    if single is None:  # lightkube raises ConfigError first; kept for the type checker
-        raise ValueError(f"no context {context!r} in the Kubernetes configuration")
-    return AsyncClient(
-        single,
-        timeout=httpx2.Timeout(timeout_s),
-        field_manager=FIELD_MANAGER,
-        trust_env=trust_env,
-    )
+    config = _config(kubeconfig)
+    single = select_context(config, context)
+    try:
+        return AsyncClient(
+            single,
+            timeout=httpx2.Timeout(timeout_s),
+            field_manager=FIELD_MANAGER,
+            trust_env=trust_env,
+        )
+    except (OSError, ValueError, TypeError, ConfigError) as error:  # certificates, server URL
+        where = config.fname or "(in-cluster)"
+        raise KubeconfigError(where, f"{type(error).__name__}: {error}") from error
+
+
+def _config(kubeconfig: Path | None) -> KubeConfig:
+    """The explicit file, else lightkube's order (``KubeConfig.from_env``): the in-cluster
+    service account, ``$KUBECONFIG``, ``~/.kube/config``; files read by ``load_kubeconfig``."""
+    if kubeconfig is not None:
+        return load_kubeconfig(kubeconfig)
+    try:
+        return KubeConfig.from_service_account(service_account=SERVICE_ACCOUNT)
+    except ConfigError:
+        pass
+    path = Path(os.environ.get("KUBECONFIG", DEFAULT_KUBECONFIG)).expanduser()
+    if not path.exists():
+        raise ConfigError(f"Configuration file {path} not found")
+    return load_kubeconfig(path)

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpushare.deviceplugin.nvml import (
+    COMPUTE_MODE_DEFAULT,
+    COMPUTE_MODE_NAMES,
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,
@@ -72,6 +74,10 @@ class FakeNvml:
         self._memory_used = [0] * len(self.devices)
         self._utilization = [0] * len(self.devices)
         self._processes: list[list[tuple[int, int | None]]] = [[] for _ in self.devices]
+        self.compute_modes = [COMPUTE_MODE_DEFAULT] * len(self.devices)
+        """Each GPU's compute mode (`device_set_compute_mode` writes it; tests read it)."""
+        self.set_compute_mode_error: NvmlError | None = None
+        """Raised by `device_set_compute_mode` when set (e.g. `ERROR_NO_PERMISSION`)."""
 
     # -- test controls -------------------------------------------------------------------------
 
@@ -205,6 +211,22 @@ class FakeNvml:
         index, _ = self._device(device)
         with self._cond:
             return list(self._processes[index])
+
+    def device_compute_mode(self, device: DeviceHandle) -> int:
+        self._record("device_compute_mode")
+        index, _ = self._device(device)
+        with self._cond:
+            return self.compute_modes[index]
+
+    def device_set_compute_mode(self, device: DeviceHandle, mode: int) -> None:
+        self._record("device_set_compute_mode")
+        index, _ = self._device(device)
+        if mode not in COMPUTE_MODE_NAMES:
+            raise NvmlError(ERROR_INVALID_ARGUMENT, "Invalid Argument")
+        with self._cond:
+            if self.set_compute_mode_error is not None:
+                raise self.set_compute_mode_error
+            self.compute_modes[index] = mode
 
     def event_set_create(self) -> EventSet:
         self._record("event_set_create")
