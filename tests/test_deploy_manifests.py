@@ -781,3 +781,33 @@ def test_dockerfile_structure() -> None:
     assert {".git", ".venv", "out", "tests", "**/__pycache__", ".pytest_cache"} <= ignored
     assert {".mypy_cache", ".ruff_cache", ".hypothesis"} <= ignored
     assert not {"src", "pyproject.toml", "README.md"} & ignored
+
+
+def test_the_openssl_recipe_for_the_plain_manifests_makes_a_secret_they_can_use(
+    tmp_path: Path,
+) -> None:
+    """docs/install.md, "With plain manifests": its openssl commands (run as written, up to the
+    kubectl that stores them) make a certificate that the CA verifies for the serverName the
+    manifests' scheduler entries check."""
+    docs = (REPO_ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    section = docs[docs.index("## With plain manifests") :]
+    block = section[section.index("```sh\n") + 6 : section.index("\nkubectl ")]
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    secret = {
+        "data": {
+            key: base64.b64encode((tmp_path / key).read_bytes()).decode()
+            for key in ("tls.crt", "tls.key")
+        }
+    }
+    ca_pem = (tmp_path / "ca.crt").read_text()
+    manifest = parse_yaml((MANIFESTS_DIR / "gpushare.yaml").read_text(encoding="utf-8"))
+    (entry,) = scheduler_config(find(manifest, "ConfigMap", "gpushare-default-scheduler-config"))[
+        "extenders"
+    ]
+    _handshake(secret, ca_pem, entry["tlsConfig"]["serverName"])
+    volumes = find(manifest, "Deployment", "gpushare-extender")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "gpushare-extender-tls"}} in volumes["volumes"]
+    assert "kubectl -n kube-system create secret generic gpushare-extender-tls" in section

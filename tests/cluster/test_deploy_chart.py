@@ -516,17 +516,20 @@ def test_the_device_plugin_may_change_only_its_own_node_and_its_pods(
     with contextlib.ExitStack() as stack:
         create_nodes(kube, [plain_node(NODE_A), plain_node(NODE_B)])
         stack.callback(delete_nodes, kube, [NODE_A, NODE_B])
-        pods = {}
         for node in (NODE_A, NODE_B):
-            pods[node] = kube.create(
+            kube.create(
                 Pod(
                     metadata=ObjectMeta(name=f"workload-on-{node}", namespace=WORK_NS),
                     spec=PodSpec(nodeName=node, containers=[Container(name="c", image="x")]),
                 )
             )
-            stack.callback(kube.delete, Pod, f"workload-on-{node}", namespace=WORK_NS)
-        stack.callback(kube.delete, Pod, f"{DEVICE_PLUGIN}-{NODE_A}", namespace=NAMESPACE)
+            stack.callback(
+                kube.delete, Pod, f"workload-on-{node}", namespace=WORK_NS, grace_period=0
+            )
         kubeconfig = plugin_kubeconfig(control_plane, kube, NODE_A)
+        stack.callback(
+            kube.delete, Pod, f"{DEVICE_PLUGIN}-{NODE_A}", namespace=NAMESPACE, grace_period=0
+        )
         plugin = stack.enter_context(control_plane.client(kubeconfig))
 
         # The identity the API server sees: the plugin's ServiceAccount, on node A.
