@@ -3,7 +3,8 @@
 # scripts/build-helm.sh builds (it builds it first when missing). tests/test_deploy_manifests.py
 # fails when the committed files differ from a fresh render: run this after changing the chart.
 #
-#   deploy/manifests/gpushare.yaml                 default values
+#   deploy/manifests/gpushare.yaml                 default values, the extender's TLS Secret named
+#                                                  gpushare-extender-tls (the user creates it)
 #   deploy/manifests/gpushare-with-scheduler.yaml  plus the second scheduler (gpushare-scheduler)
 #
 # Both are rendered for namespace kube-system, release gpushare and Kubernetes 1.37.1 (the
@@ -36,6 +37,7 @@ render() {
 }
 
 mkdir -p "$ROOT/deploy/manifests"
-render gpushare.yaml "default values"
-render gpushare-with-scheduler.yaml "--set scheduler.second.enabled=true" \
-    --set scheduler.second.enabled=true
+TLS=(--set extender.tls.secretName=gpushare-extender-tls)
+render gpushare.yaml "${TLS[*]}" "${TLS[@]}"
+render gpushare-with-scheduler.yaml "${TLS[*]} --set scheduler.second.enabled=true" \
+    "${TLS[@]}" --set scheduler.second.enabled=true

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpushare.cli import extender as extender_cli
 from gpushare.cli.extender import build_state
 from gpushare.cli.main import main
+from gpushare.extender.live import LiveOptions
 from gpushare.testing.extender import node_json, plain_node_json
 
 
@@ -99,3 +101,24 @@ def test_bad_kubeconfig(tmp_path: Path, text: str, context: str | None) -> None:
     assert result.exit_code == 1
     assert f"Error: kubeconfig {path}: " in result.output
     assert "Traceback" not in result.output
+
+
+def test_it_listens_on_loopback_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 11: not every interface by default; in a pod the chart passes the pod's IP."""
+    heard: list[str] = []
+    monkeypatch.setattr("uvicorn.run", lambda app, host, **kw: heard.append(host))
+
+    async def serve(client: object, options: LiveOptions) -> None:
+        heard.append(options.host)
+
+    monkeypatch.setattr(extender_cli, "connect", lambda *a, **kw: object())
+    monkeypatch.setattr(extender_cli, "serve", serve)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("{}")
+    for args in (["--in-memory"], ["--kubeconfig", str(kubeconfig)]):
+        for host in ([], ["--host", "10.1.2.3"]):
+            result = CliRunner().invoke(main, ["extender", *args, *host, "--port", "1"])
+            assert result.exit_code == 0, result.output
+    assert heard == ["127.0.0.1", "10.1.2.3", "127.0.0.1", "10.1.2.3"]

@@ -12,10 +12,16 @@ Dockerfile has its stages, a non-root user and the ``gpushare`` entry point.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import re
+import socket
+import ssl
 import subprocess
+import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +52,10 @@ EXTENDER_RULES = (  # docs/extender.md, "Running it": RBAC for its identity
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
-SERVICE_URL = "http://gpushare-extender.kube-system.svc:12345/gpushare-scheduler"
+SERVICE_URL = "https://gpushare-extender.kube-system.svc:12345/gpushare-scheduler"
+SERVER_NAME = "gpushare-extender.kube-system.svc"
+HOST_CA_FILE = "/etc/kubernetes/gpushare-extender-ca.crt"  # the default scheduler's, on the host
+MOUNTED_CA_FILE = "/etc/kubernetes/gpushare-extender-ca/ca.crt"  # the second scheduler's mount
 Obj = dict[str, Any]
 
 
@@ -78,9 +87,15 @@ def normalized(rules: Iterable[Mapping[str, Any]]) -> list[tuple[tuple[str, ...]
 
 
 def scheduler_config(configmap: Obj) -> Obj:
-    (text,) = configmap["data"].values()
-    (config,) = parse_yaml(text)
+    (config,) = parse_yaml(configmap["data"]["kube-scheduler-config.yaml"])
     return config
+
+
+def with_tls(url: str, ca_file: str, **extra: str) -> Obj:
+    """gpushare's extender entry with the chart's TLS: https, the certificate checked for the
+    Service's DNS name against ``ca_file``."""
+    tls = {"serverName": SERVER_NAME, "caFile": ca_file, **extra}
+    return {**gpushare_extender(url), "enableHTTPS": True, "tlsConfig": tls}
 
 
 def flags(command: click.Command) -> set[str]:
@@ -138,9 +153,13 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("ConfigMap", "gpushare-default-scheduler-config"),
         ("DaemonSet", "gpushare-device-plugin"),
         ("Deployment", "gpushare-extender"),
+        ("NetworkPolicy", "gpushare-extender"),
+        ("Secret", "gpushare-extender-tls"),
         ("Service", "gpushare-extender"),
         ("ServiceAccount", "gpushare-device-plugin"),
         ("ServiceAccount", "gpushare-extender"),
+        ("ValidatingAdmissionPolicy", "gpushare-device-plugin-own-node"),
+        ("ValidatingAdmissionPolicyBinding", "gpushare-device-plugin-own-node"),
     ]
     extra = {(o["kind"], o["metadata"]["name"]) for o in with_scheduler} - set(kinds)
     assert extra == {
@@ -154,7 +173,12 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("Deployment", "gpushare-scheduler"),
     }
     for obj in with_scheduler:
-        namespaced = obj["kind"] not in {"ClusterRole", "ClusterRoleBinding"}
+        namespaced = obj["kind"] not in {
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        }
         assert ("namespace" in obj["metadata"]) == namespaced, obj["metadata"]
 
 
@@ -176,6 +200,10 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ({"devicePlugin": {"mpsManaged": {"enable": True}}}, "enable"),
         ({"nodeSelector": {"gpushare": True}}, "nodeSelector"),
         ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"extender": {"tls": {"source": "self-signed"}}}, "source"),
+        ({"extender": {"tls": {"validityDays": 0}}}, "validityDays"),
+        ({"extender": {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.1"]}}}, "controlPlaneCIDRs"),
+        ({"devicePlugin": {"restrictToOwnNode": "yes"}}, "restrictToOwnNode"),
     ],
 )
 def test_the_values_schema_refuses_bad_values(
@@ -261,7 +289,10 @@ def test_default_scheduler_config_has_gpushare_extender(default_objects: list[Ob
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
-    assert config["extenders"] == [gpushare_extender(SERVICE_URL)]
+    assert config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]
+
+
+PLAIN_HTTP: dict[str, Any] = {"tls": {"enabled": False}}  # unsafe, but possible
 
 
 @pytest.mark.parametrize(
@@ -269,18 +300,28 @@ def test_default_scheduler_config_has_gpushare_extender(default_objects: list[Ob
     [
         (
             {"extender": {"service": {"clusterIP": "10.96.0.250"}}},
+            "https://10.96.0.250:12345",
+            True,
+        ),
+        (
+            {"extender": {**PLAIN_HTTP, "service": {"clusterIP": "10.96.0.250"}}},
             "http://10.96.0.250:12345",
             False,
         ),
         (
-            {"scheduler": {"urlPrefix": "http://192.0.2.7:31234/x"}},
-            "http://192.0.2.7:31234/x",
-            False,
+            {"scheduler": {"urlPrefix": "https://192.0.2.7:31234/x"}},
+            "https://192.0.2.7:31234/x",
+            True,
         ),
         (
-            {"extender": {"tls": {"enabled": True, "secretName": "t"}, "port": 8443}},
+            {"extender": {"tls": {"secretName": "t"}, "port": 8443}},
             "https://gpushare-extender.kube-system.svc:8443",
             True,
+        ),
+        (
+            {"extender": PLAIN_HTTP},
+            "http://gpushare-extender.kube-system.svc:12345",
+            False,
         ),
     ],
 )
@@ -292,7 +333,7 @@ def test_the_extender_url_follows_the_values(
         "extenders"
     ]
     expected = url if url.endswith("/x") else f"{url}/gpushare-scheduler"
-    assert entry == {**gpushare_extender(expected), "enableHTTPS": https}
+    assert entry == (with_tls(expected, HOST_CA_FILE) if https else gpushare_extender(expected))
 
 
 def test_second_scheduler_config_and_deployment(with_scheduler: list[Obj]) -> None:
@@ -304,7 +345,7 @@ def test_second_scheduler_config_and_deployment(with_scheduler: list[Obj]) -> No
         "resourceNamespace": "kube-system",
     }
     assert "clientConnection" not in config  # in-cluster: its ServiceAccount
-    assert config["extenders"] == [gpushare_extender(SERVICE_URL)]
+    assert config["extenders"] == [with_tls(SERVICE_URL, MOUNTED_CA_FILE)]
     deployment = find(with_scheduler, "Deployment", "gpushare-scheduler")
     main = container(deployment)
     assert main["image"] == "registry.k8s.io/kube-scheduler:v1.37.1"
@@ -312,6 +353,21 @@ def test_second_scheduler_config_and_deployment(with_scheduler: list[Obj]) -> No
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "gpushare-scheduler"
     assert pod["volumes"][0]["configMap"]["name"] == "gpushare-scheduler-config"
+    # The extender's CA, from its TLS Secret, where tlsConfig.caFile reads it.
+    assert pod["volumes"][1] == {
+        "name": "extender-ca",
+        "secret": {
+            "secretName": "gpushare-extender-tls",
+            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+        },
+    }
+    assert {
+        "name": "extender-ca",
+        "mountPath": "/etc/kubernetes/gpushare-extender-ca",
+        "readOnly": True,
+    } in (main["volumeMounts"])
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert set(annotations) == {"checksum/config", "checksum/tls"}  # a new CA restarts it
 
 
 def test_deploy_scheduler_config_is_the_chart_config_with_a_pinned_ip(helm: Path) -> None:
@@ -327,9 +383,9 @@ def test_legacy_policy_is_marked_legacy_and_equivalent() -> None:
     policy = json.loads((SCHEDULER_DIR / "legacy-policy.json").read_text(encoding="utf-8"))
     assert (policy["kind"], policy["apiVersion"]) == ("Policy", "v1")
     (entry,) = policy["extenders"]
-    v1 = gpushare_extender("http://10.96.0.250:12345/gpushare-scheduler")
+    v1 = with_tls("https://10.96.0.250:12345/gpushare-scheduler", HOST_CA_FILE)
     # Policy spelling: enableHttps, and httpTimeout in integer nanoseconds.
-    assert entry.pop("enableHttps") is v1.pop("enableHTTPS") is False
+    assert entry.pop("enableHttps") is v1.pop("enableHTTPS") is True
     assert entry.pop("httpTimeout") == 30_000_000_000
     v1.pop("httpTimeout")
     assert entry == v1
@@ -363,14 +419,38 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     assert _flag_names(args) <= flags(extender)
     assert "--policy=binpack" in args
     assert "--port=12345" in args
-    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # The pod's IP only, not every interface (kubelet expands $(POD_IP) from the env).
+    assert "--host=$(POD_IP)" in args
+    assert {
+        "--tls-cert=/etc/gpushare/tls/tls.crt",
+        "--tls-key=/etc/gpushare/tls/tls.key",
+    } <= set(args)
+    assert not any(a.startswith("--tls-client-ca") for a in args)
+    assert main["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "http",
+        "scheme": "HTTPS",
+    }
+    assert main["livenessProbe"]["httpGet"] == {
+        "path": "/healthz",
+        "port": "http",
+        "scheme": "HTTPS",
+    }
     assert main["env"] == [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
     ]
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
     assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
+    assert {"name": "tls", "mountPath": "/etc/gpushare/tls", "readOnly": True} in (
+        main["volumeMounts"]
+    )
+    assert {"name": "tls", "secret": {"secretName": "gpushare-extender-tls"}} in (
+        spec["template"]["spec"]["volumes"]
+    )
+    # A renewed certificate restarts the extender.
+    assert set(spec["template"]["metadata"]["annotations"]) == {"checksum/tls"}
     service = find(default_objects, "Service", "gpushare-extender")
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     assert service["spec"]["ports"][0]["port"] == 12345
@@ -386,8 +466,14 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
         "--tls-client-ca=/etc/gpushare/tls/ca.crt",
     } <= set(_args(main))
     assert "tcpSocket" in main["readinessProbe"]  # mutual TLS: no client certificate in probes
-    with pytest.raises(HelmError, match="secretName"):
-        render_objects({"extender": {"tls": {"enabled": True}}}, helm=helm)
+
+    plain = render_objects({"extender": PLAIN_HTTP}, helm=helm)
+    deployment = find(plain, "Deployment", "gpushare-extender")
+    main = container(deployment)
+    assert not any(a.startswith("--tls") for a in _args(main))
+    assert main["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert [v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
+    assert not [o for o in plain if o["kind"] == "Secret"]
 
 
 def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None:
@@ -479,6 +565,215 @@ def test_device_plugin_with_managed_mps(helm: Path, default_objects: list[Obj]) 
         )
 
 
+# ---- authenticated by default: TLS, NetworkPolicy, the device plugin's own node ----------------
+
+
+def _handshake(secret: Obj, ca_pem: str, server_name: str) -> None:
+    """A TLS handshake over a socket pair: the server presents the Secret's certificate, the
+    client checks it against ``ca_pem`` for ``server_name`` (``ssl.SSLError`` if it fails)."""
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    with tempfile.TemporaryDirectory(prefix="gpushare-tls-") as tmp:
+        (Path(tmp) / "tls.crt").write_bytes(data["tls.crt"])
+        (Path(tmp) / "tls.key").write_bytes(data["tls.key"])
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(Path(tmp) / "tls.crt", Path(tmp) / "tls.key")
+    client = ssl.create_default_context(cadata=ca_pem)
+    ours, theirs = socket.socketpair()
+
+    def serve() -> None:
+        with (
+            contextlib.suppress(ssl.SSLError, OSError),
+            server.wrap_socket(theirs, server_side=True),
+        ):
+            pass
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with client.wrap_socket(ours, server_hostname=server_name):
+            pass
+    finally:
+        ours.close()
+        thread.join(5)
+        theirs.close()
+
+
+def test_the_generated_certificate_is_for_the_service_and_the_schedulers_trust_it(
+    helm: Path,
+) -> None:
+    """source=helm (auto, no cert-manager): a CA and a serving certificate in a kubernetes.io/tls
+    Secret; the CA the default scheduler's ConfigMap carries is the Secret's and verifies the
+    certificate for the scheduler entries' serverName (and the pinned cluster IP)."""
+    objects = render_objects({"extender": {"service": {"clusterIP": "10.96.0.250"}}}, helm=helm)
+    secret = find(objects, "Secret", "gpushare-extender-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    configmap = find(objects, "ConfigMap", "gpushare-default-scheduler-config")
+    ca_pem = configmap["data"]["extender-ca.crt"]
+    assert ca_pem.encode() == base64.b64decode(secret["data"]["ca.crt"])
+    (entry,) = scheduler_config(configmap)["extenders"]
+    for name in (entry["tlsConfig"]["serverName"], "gpushare-extender", "10.96.0.250"):
+        _handshake(secret, ca_pem, name)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(secret, ca_pem, "gpushare-extender.other-namespace.svc")
+    other_ca = render_objects(helm=helm)  # a fresh render: another CA
+    wrong = base64.b64decode(find(other_ca, "Secret", "gpushare-extender-tls")["data"]["ca.crt"])
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(secret, wrong.decode(), SERVER_NAME)
+
+
+def test_cert_manager_issues_the_certificate_when_the_cluster_has_it(helm: Path) -> None:
+    objects = render_objects(args=("--api-versions", "cert-manager.io/v1"), helm=helm)
+    issued = {
+        (o["kind"], o["metadata"]["name"]) for o in objects if "cert-manager" in o["apiVersion"]
+    }
+    assert issued == {
+        ("Issuer", "gpushare-extender-selfsigned"),
+        ("Certificate", "gpushare-extender-ca"),
+        ("Issuer", "gpushare-extender-ca"),
+        ("Certificate", "gpushare-extender"),
+    }
+    assert not [o for o in objects if o["kind"] == "Secret"]  # cert-manager writes it
+    serving = find(objects, "Certificate", "gpushare-extender")["spec"]
+    assert serving["secretName"] == "gpushare-extender-tls"
+    assert SERVER_NAME in serving["dnsNames"]
+    assert serving["issuerRef"] == {"kind": "Issuer", "name": "gpushare-extender-ca"}
+    assert serving["duration"] == "87600h"
+    assert find(objects, "Certificate", "gpushare-extender-ca")["spec"]["isCA"] is True
+    configmap = find(objects, "ConfigMap", "gpushare-default-scheduler-config")
+    assert set(configmap["data"]) == {"kube-scheduler-config.yaml"}  # the CA is in the Secret
+    assert scheduler_config(configmap)["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]
+    # The value chooses too; and a Secret of yours wins over both.
+    chosen = render_objects({"extender": {"tls": {"source": "cert-manager"}}}, helm=helm)
+    assert find(chosen, "Certificate", "gpushare-extender")
+    yours = render_objects(
+        {"extender": {"tls": {"secretName": "mine"}}},
+        args=("--api-versions", "cert-manager.io/v1"),
+        helm=helm,
+    )
+    assert not [o for o in yours if o["kind"] in {"Secret", "Certificate", "Issuer"}]
+    volumes = find(yours, "Deployment", "gpushare-extender")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "mine"}} in volumes
+
+
+@pytest.mark.parametrize(
+    ("tls", "complaint"),
+    [
+        ({"source": "secret"}, "needs extender.tls.secretName"),
+        ({"clientCA": True}, "extender.tls.clientCA needs a CA"),
+    ],
+    ids=["secret without a name", "mutual TLS without a CA key"],
+)
+def test_tls_values_that_cannot_work_are_refused(
+    helm: Path, tls: dict[str, Any], complaint: str
+) -> None:
+    with pytest.raises(HelmError, match=complaint):
+        render_objects({"extender": {"tls": tls}}, helm=helm)
+
+
+def test_scheduler_tls_config_goes_on_top_of_the_charts(helm: Path) -> None:
+    objects = render_objects(
+        {"scheduler": {"tlsConfig": {"caData": "Y2E=", "certFile": "/etc/c.crt"}}}, helm=helm
+    )
+    (entry,) = scheduler_config(find(objects, "ConfigMap", "gpushare-default-scheduler-config"))[
+        "extenders"
+    ]
+    assert entry["tlsConfig"] == {
+        "serverName": SERVER_NAME,
+        "caData": "Y2E=",
+        "certFile": "/etc/c.crt",
+    }
+
+
+SCHEDULER_PEER = {
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/name": "gpushare",
+            "app.kubernetes.io/instance": "gpushare",
+            "app.kubernetes.io/component": "scheduler",
+        }
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("values", "peers"),
+    [
+        ({}, None),  # wiring (a) and no CIDRs yet: nobody (the node itself always may)
+        ({"scheduler": {"second": {"enabled": True}}}, [SCHEDULER_PEER]),
+        (
+            {"extender": {"networkPolicy": {"controlPlaneCIDRs": ["192.0.2.10/32"]}}},
+            [{"ipBlock": {"cidr": "192.0.2.10/32"}}],
+        ),
+        (
+            {
+                "scheduler": {"second": {"enabled": True}},
+                "extender": {
+                    "networkPolicy": {
+                        "controlPlaneCIDRs": ["192.0.2.10/32", "2001:db8::/64"],
+                        "from": [{"namespaceSelector": {"matchLabels": {"n": "monitoring"}}}],
+                    }
+                },
+            },
+            [
+                SCHEDULER_PEER,
+                {"ipBlock": {"cidr": "192.0.2.10/32"}},
+                {"ipBlock": {"cidr": "2001:db8::/64"}},
+                {"namespaceSelector": {"matchLabels": {"n": "monitoring"}}},
+            ],
+        ),
+    ],
+    ids=["default", "second scheduler", "control-plane hosts", "all peers"],
+)
+def test_only_kube_scheduler_may_reach_the_extender(
+    helm: Path, values: dict[str, Any], peers: list[Obj] | None
+) -> None:
+    objects = render_objects(values, helm=helm)
+    policy = find(objects, "NetworkPolicy", "gpushare-extender")["spec"]
+    deployment = find(objects, "Deployment", "gpushare-extender")
+    assert policy["podSelector"] == deployment["spec"]["selector"]
+    assert policy["policyTypes"] == ["Ingress"]
+    if peers is None:
+        assert policy["ingress"] == []  # never a rule without `from`: that would admit anyone
+    else:
+        assert policy["ingress"] == [
+            {"ports": [{"port": "http", "protocol": "TCP"}], "from": peers}
+        ]
+    if values.get("scheduler"):
+        labels = find(objects, "Deployment", "gpushare-scheduler")["spec"]["template"]["metadata"][
+            "labels"
+        ]
+        assert SCHEDULER_PEER["podSelector"]["matchLabels"].items() <= labels.items()
+    off = render_objects({"extender": {"networkPolicy": {"enabled": False}}}, helm=helm)
+    assert not [o for o in off if o["kind"] == "NetworkPolicy"]
+
+
+def test_the_device_plugin_is_held_to_its_own_node(helm: Path) -> None:
+    """The ValidatingAdmissionPolicy's shape; tests/cluster/test_deploy_chart.py proves it on
+    the API server."""
+    objects = render_objects(namespace="gpu-system", helm=helm)
+    name = "gpushare-device-plugin-own-node"
+    policy = find(objects, "ValidatingAdmissionPolicy", name)
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["nodes", "nodes/status", "pods"],
+        }
+    ]
+    (condition,) = spec["matchConditions"]
+    assert '"system:serviceaccount:gpu-system:gpushare-device-plugin"' in condition["expression"]
+    assert "authentication.kubernetes.io/node-name" in spec["variables"][0]["expression"]
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", name)
+    assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    off = render_objects({"devicePlugin": {"restrictToOwnNode": False}}, helm=helm)
+    assert not [o for o in off if "ValidatingAdmissionPolicy" in o["kind"]]
+
+
 # ---- image ---------------------------------------------------------------------------------
 
 
@@ -519,3 +814,33 @@ def test_dockerfile_structure() -> None:
     assert {".git", ".venv", "out", "tests", "**/__pycache__", ".pytest_cache"} <= ignored
     assert {".mypy_cache", ".ruff_cache", ".hypothesis"} <= ignored
     assert not {"src", "pyproject.toml", "README.md"} & ignored
+
+
+def test_the_openssl_recipe_for_the_plain_manifests_makes_a_secret_they_can_use(
+    tmp_path: Path,
+) -> None:
+    """docs/install.md, "With plain manifests": its openssl commands (run as written, up to the
+    kubectl that stores them) make a certificate that the CA verifies for the serverName the
+    manifests' scheduler entries check."""
+    docs = (REPO_ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    section = docs[docs.index("## With plain manifests") :]
+    block = section[section.index("```sh\n") + 6 : section.index("\nkubectl ")]
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    secret = {
+        "data": {
+            key: base64.b64encode((tmp_path / key).read_bytes()).decode()
+            for key in ("tls.crt", "tls.key")
+        }
+    }
+    ca_pem = (tmp_path / "ca.crt").read_text()
+    manifest = parse_yaml((MANIFESTS_DIR / "gpushare.yaml").read_text(encoding="utf-8"))
+    (entry,) = scheduler_config(find(manifest, "ConfigMap", "gpushare-default-scheduler-config"))[
+        "extenders"
+    ]
+    _handshake(secret, ca_pem, entry["tlsConfig"]["serverName"])
+    volumes = find(manifest, "Deployment", "gpushare-extender")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "gpushare-extender-tls"}} in volumes["volumes"]
+    assert "kubectl -n kube-system create secret generic gpushare-extender-tls" in section

@@ -14,13 +14,21 @@
   (b) the second scheduler's whole configuration from its ConfigMap and its own identity;
   each schedules a GPU pod through the extender, and the pod gets its GPU from Allocate.
 
+The schedulers reach the extender over HTTPS with the chart's helm-generated certificate and
+check it as the chart configures them (``serverName`` the Service's DNS name, the CA from the
+ConfigMap or the Secret). The device plugin's token is bound to a pod object on its node, as
+kubelet issues it, and the chart's ``ValidatingAdmissionPolicy`` is installed: the plugin on node
+A may change node A and A's pods and is refused node B and B's pods.
+
 Only the extender's ``urlPrefix`` is changed (it points at the test's extender on loopback), the
-second scheduler gets a ``clientConnection.kubeconfig`` (in a cluster it uses its pod's service
-account) and the device plugin a kubelet directory of its own.
+CA files are where the test wrote them, the second scheduler gets a
+``clientConnection.kubeconfig`` (in a cluster it uses its pod's service account) and the device
+plugin a kubelet directory of its own.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
@@ -29,7 +37,7 @@ import ssl
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +90,8 @@ GROUP_LABEL = "gpushare.io/test-group"
 NODE = "deploy-chart-node"
 WAIT_S = 30.0
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"  # set for pod-bound tokens
 EVERY_OPTION: Obj = {  # a render with every branch of the templates taken
     "memoryUnit": "MiB",
     "imagePullSecrets": [{"name": "registry"}],
@@ -89,6 +99,10 @@ EVERY_OPTION: Obj = {  # a render with every branch of the templates taken
         "policy": "fgd-cpu",
         "gpuUnit": 16384,
         "tls": {"enabled": True, "secretName": "gpushare-extender-tls", "clientCA": True},
+        "networkPolicy": {
+            "controlPlaneCIDRs": ["192.0.2.10/32", "2001:db8::/64"],
+            "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        },
         "service": {"type": "NodePort", "nodePort": 31234, "clusterIP": "10.0.0.200"},
         "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
@@ -135,19 +149,55 @@ def api_path(control_plane: ControlPlane, obj: Mapping[str, Any], cache: dict[st
     return f"{base}/{resource['name']}"
 
 
-def issue_token(control_plane: ControlPlane, name: str, namespace: str) -> str:
-    """A TokenRequest token for the existing ServiceAccount ``namespace/name`` (the chart's)."""
+def issue_token(
+    control_plane: ControlPlane, name: str, namespace: str, bound_to: Pod | None = None
+) -> str:
+    """A TokenRequest token for the existing ServiceAccount ``namespace/name`` (the chart's);
+    with ``bound_to``, bound to that pod as kubelet's projected tokens are (the API server then
+    records the pod's node in the token: user extra ``authentication.kubernetes.io/node-name``)."""
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 3600}
+    if bound_to is not None:
+        assert bound_to.metadata is not None
+        spec["boundObjectRef"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": bound_to.metadata.name,
+            "uid": bound_to.metadata.uid,
+        }
     status, body = control_plane.api_request(
         "POST",
         f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"audiences": [], "expirationSeconds": 3600},
-        },
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )
     assert status == 201, body
     return str(body["status"]["token"])
+
+
+def plugin_pod(kube: Client, node: str) -> Pod:
+    """The device plugin's pod on ``node`` as the DaemonSet makes it (its ServiceAccount, bound
+    to the node); nothing runs it."""
+    return kube.create(
+        Pod(
+            metadata=ObjectMeta(name=f"{DEVICE_PLUGIN}-{node}", namespace=NAMESPACE),
+            spec=PodSpec(
+                nodeName=node,
+                serviceAccountName=DEVICE_PLUGIN,
+                containers=[Container(name="device-plugin", image="registry.invalid/gpushare:0")],
+            ),
+        )
+    )
+
+
+def plugin_kubeconfig(control_plane: ControlPlane, kube: Client, node: str) -> Path:
+    """A kubeconfig with the chart's device-plugin identity as kubelet gives it to the plugin's
+    pod on ``node``: a token bound to that pod (created here)."""
+    token = issue_token(control_plane, DEVICE_PLUGIN, NAMESPACE, plugin_pod(kube, node))
+    return write_kubeconfig(
+        control_plane.root / f"chart-{DEVICE_PLUGIN}-{node}.kubeconfig",
+        control_plane.server,
+        control_plane.credentials.ca_cert,
+        {"token": token},
+    )
 
 
 def can_i(
@@ -194,13 +244,32 @@ def only_container(objects: list[Obj], kind: str, name: str) -> Obj:
     return dict(container)
 
 
+def find(objects: list[Obj], kind: str, name: str) -> Obj:
+    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return obj
+
+
 def scheduler_config(objects: list[Obj], name: str) -> Obj:
-    (configmap,) = [
-        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name
-    ]
-    (text,) = configmap["data"].values()
-    (config,) = parse_yaml(text)
+    (config,) = parse_yaml(find(objects, "ConfigMap", name)["data"]["kube-scheduler-config.yaml"])
     return config
+
+
+def with_tls(entry: Obj, ca_file: str) -> Obj:
+    """gpushare's extender entry as the chart writes it with TLS: https, the Service's DNS name
+    as the certificate's name, the CA in ``ca_file``."""
+    server_name = f"{EXTENDER}.{NAMESPACE}.svc"
+    tls = {"serverName": server_name, "caFile": ca_file}
+    return {**gpushare_extender(entry["urlPrefix"]), "enableHTTPS": True, "tlsConfig": tls}
+
+
+def write_secret(chart: list[Obj], name: str, directory: Path) -> dict[str, Path]:
+    """The rendered Secret's files in ``directory``, as its volume would mount them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for key, value in find(chart, "Secret", name)["data"].items():
+        files[key] = directory / key
+        files[key].write_bytes(base64.b64decode(value))
+    return files
 
 
 # ---- fixtures ------------------------------------------------------------------------------
@@ -228,8 +297,8 @@ def installed(control_plane: ControlPlane, chart: list[Obj]) -> Iterator[Install
         admin.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
     cache: dict[str, Any] = {}
     created: list[str] = []
-    for obj in chart:
-        if obj["kind"] in RBAC_KINDS:
+    for obj in chart:  # RBAC, and the device plugin's per-node admission policy
+        if obj["kind"] in RBAC_KINDS + POLICY_KINDS:
             path = api_path(control_plane, obj, cache)
             status, body = control_plane.api_request("POST", path, obj)
             assert status == 201, body
@@ -260,8 +329,11 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
         name: parse_yaml((MANIFESTS_DIR / name).read_text(encoding="utf-8")) for name in MANIFESTS
     }
     renders["every option"] = render_objects(EVERY_OPTION, namespace=NAMESPACE)
+    renders["generated certificate"] = render_objects(
+        {"scheduler": {"second": {"enabled": True}}}, namespace=NAMESPACE
+    )
     cache: dict[str, Any] = {}
-    checked = 0
+    checked = dict.fromkeys(renders, 0)
     for label, objects in renders.items():
         assert objects, label
         for obj in objects:
@@ -272,8 +344,13 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
             what = f"{label}: {obj['kind']} {obj['metadata']['name']}"
             assert status == 201, f"{what}: {body}"
             assert body["metadata"]["name"] == obj["metadata"]["name"], what
-            checked += 1
-    assert checked == 10 + 18 + 19  # default, second scheduler, every option (+ dashboard)
+            checked[label] += 1
+    assert checked == {
+        "gpushare.yaml": 13,
+        "gpushare-with-scheduler.yaml": 21,  # + the second scheduler's 8
+        "every option": 22,  # + the dashboard
+        "generated certificate": 22,  # + the extender's Secret
+    }
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
         "GET", "/api/v1/namespaces/kube-system/serviceaccounts/gpushare-extender"
@@ -417,6 +494,108 @@ def test_raw_calls_with_the_chart_identities(
         control_plane.api_request("DELETE", f"/api/v1/namespaces/{WORK_NS}/pods/{pod_name}")
 
 
+NODE_A, NODE_B = "deploy-chart-own-a", "deploy-chart-own-b"
+REFUSAL = "gpushare device plugin on node {own} may only change its own node and that node's pods"
+
+
+def _refusal(call: Callable[[], object]) -> str:
+    """The message of the 403 that ``call`` gets (fails when it is allowed or fails otherwise)."""
+    with pytest.raises(ApiError) as refused:
+        call()
+    assert refused.value.status.code == 403, refused.value.status
+    return str(refused.value.status.message)
+
+
+def test_the_device_plugin_may_change_only_its_own_node_and_its_pods(
+    control_plane: ControlPlane, kube: Client, installed: Installed
+) -> None:
+    """The chart's ValidatingAdmissionPolicy on the real API server: the device plugin's identity
+    on node A (a token bound to its pod there, as kubelet issues it) may patch node A, its
+    status and a pod on A, and is refused node B, its status and a pod on B, with the policy's
+    message; a token that names no node is refused everything."""
+    with contextlib.ExitStack() as stack:
+        create_nodes(kube, [plain_node(NODE_A), plain_node(NODE_B)])
+        stack.callback(delete_nodes, kube, [NODE_A, NODE_B])
+        for node in (NODE_A, NODE_B):
+            kube.create(
+                Pod(
+                    metadata=ObjectMeta(name=f"workload-on-{node}", namespace=WORK_NS),
+                    spec=PodSpec(nodeName=node, containers=[Container(name="c", image="x")]),
+                )
+            )
+            stack.callback(
+                kube.delete, Pod, f"workload-on-{node}", namespace=WORK_NS, grace_period=0
+            )
+        kubeconfig = plugin_kubeconfig(control_plane, kube, NODE_A)
+        stack.callback(
+            kube.delete, Pod, f"{DEVICE_PLUGIN}-{NODE_A}", namespace=NAMESPACE, grace_period=0
+        )
+        plugin = stack.enter_context(control_plane.client(kubeconfig))
+
+        # The identity the API server sees: the plugin's ServiceAccount, on node A.
+        token = json.loads(kubeconfig.read_text())["users"][0]["user"]["token"]
+        status, review = control_plane.api_request(
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            token=token,
+        )
+        assert status == 201, review
+        user = review["status"]["userInfo"]
+        assert user["username"] == f"system:serviceaccount:{NAMESPACE}:{DEVICE_PLUGIN}"
+        assert user["extra"][NODE_NAME_EXTRA] == [NODE_A]
+
+        def label(kind: Any, name: str, namespace: str | None = None) -> Any:
+            body = {"metadata": {"annotations": {"gpushare.io/test": "own-node"}}}
+            return lambda: plugin.patch(
+                kind, name, body, namespace=namespace, patch_type=PatchType.MERGE
+            )
+
+        # The policy takes effect once the API server has loaded it (moments after creation).
+        wait_until(
+            "the own-node policy refuses node B",
+            lambda: _try_refused(label(Node, NODE_B)),
+            WAIT_S,
+        )
+        label(Node, NODE_A)()
+        label(Node.Status, NODE_A)()
+        label(Pod, f"workload-on-{NODE_A}", WORK_NS)()
+        own = REFUSAL.format(own=NODE_A)
+        assert f"{own}, not node {NODE_B}" in _refusal(label(Node, NODE_B))
+        assert f"{own}, not node {NODE_B}" in _refusal(label(Node.Status, NODE_B))
+        assert f"{own}, not pod {WORK_NS}/workload-on-{NODE_B} on node {NODE_B}" in _refusal(
+            label(Pod, f"workload-on-{NODE_B}", WORK_NS)
+        )
+        # A token bound to no pod (so naming no node) changes nothing.
+        with control_plane.client(installed.kubeconfigs[DEVICE_PLUGIN]) as unbound:
+            message = _refusal(
+                lambda: unbound.patch(
+                    Node,
+                    NODE_A,
+                    {"metadata": {"annotations": {"gpushare.io/test": "unbound"}}},
+                    patch_type=PatchType.MERGE,
+                )
+            )
+        assert "with a token that names no node" in message, message
+        # The extender is not the device plugin: the policy leaves it alone (RBAC refuses it).
+        with control_plane.client(installed.kubeconfigs[EXTENDER]) as extender:
+            refused = _refusal(label_with(extender, Node, NODE_B))
+        assert 'cannot patch resource "nodes"' in refused, refused
+
+
+def _try_refused(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except ApiError as error:
+        return error.status.code == 403
+    return False
+
+
+def label_with(client: Client, kind: Any, name: str) -> Callable[[], object]:
+    body = {"metadata": {"annotations": {"gpushare.io/test": "other"}}}
+    return lambda: client.patch(kind, name, body, patch_type=PatchType.MERGE)
+
+
 def _gpu_pod(name: str, scheduler: str, gib: int) -> Pod:
     return Pod(
         metadata=ObjectMeta(name=name, namespace=NAMESPACE),
@@ -461,8 +640,18 @@ def second_scheduler(
     command's flags, its ServiceAccount's identity (plus a loopback port and a kubeconfig)."""
     config = scheduler_config(chart, f"{SCHEDULER}-config")
     (entry,) = config["extenders"]
-    assert entry == gpushare_extender(entry["urlPrefix"])
-    config["extenders"] = [{**entry, "urlPrefix": url_prefix}]
+    assert entry["urlPrefix"].startswith("https://")
+    assert entry == with_tls(entry, "/etc/kubernetes/gpushare-extender-ca/ca.crt")
+    # The CA file is the Secret's ca.crt, as the Deployment mounts it.
+    pod = find(chart, "Deployment", SCHEDULER)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "extender-ca"]
+    assert volume["secret"] == {
+        "secretName": f"{EXTENDER}-tls",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    mounted = write_secret(chart, f"{EXTENDER}-tls", tmp / "extender-ca")["ca.crt"]
+    tls = {**entry["tlsConfig"], "caFile": str(mounted)}
+    config["extenders"] = [{**entry, "urlPrefix": url_prefix, "tlsConfig": tls}]
     config["clientConnection"] = {"kubeconfig": str(installed.kubeconfigs[SCHEDULER])}
     config_path = tmp / "kube-scheduler-config.yaml"
     config_path.write_text(json.dumps(config), encoding="utf-8")
@@ -515,7 +704,12 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         ]
         argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
         argv += ["--node-name", NODE, "--fake-gpus", "2x16GiB:T4", "--no-health"]
-        argv += ["--kubeconfig", str(installed.kubeconfigs[DEVICE_PLUGIN])]
+        # Its token is bound to its pod on NODE, as kubelet issues it: the chart's own-node
+        # admission policy (installed) lets it change NODE and NODE's pods only.
+        stack.callback(
+            kube.delete, Pod, f"{DEVICE_PLUGIN}-{NODE}", namespace=NAMESPACE, grace_period=0
+        )
+        argv += ["--kubeconfig", str(plugin_kubeconfig(control_plane, kube, NODE))]
         plugin = ManagedProcess("gpushare-device-plugin-chart", argv, tmp_path).start()
         stack.callback(plugin.stop)
         kubelet.call(kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S))
@@ -535,8 +729,18 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         kubelet.sync_node_status(kube, NODE)  # kubelet's node-status sync
 
         # The extender: the Deployment's options and the chart's identity.
+        # The extender: the Deployment's options, the chart's identity and its certificate (the
+        # helm-generated Secret, mounted where the Deployment's --tls-* flags say).
         ext = flag_values(only_container(chart, "Deployment", EXTENDER)["args"])
+        assert ext["host"] == "$(POD_IP)"
+        assert (ext["tls-cert"], ext["tls-key"]) == (
+            "/etc/gpushare/tls/tls.crt",
+            "/etc/gpushare/tls/tls.key",
+        )
+        secret = write_secret(chart, f"{EXTENDER}-tls", tmp_path / "extender-tls")
         options = LiveOptions(
+            tls_cert=secret["tls.crt"],
+            tls_key=secret["tls.key"],
             prefix=ext["prefix"],
             policy=ext["policy"],
             gpu_unit=int(ext["gpu-unit"]),
@@ -567,14 +771,21 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
                 processes=[plugin],
             )
 
-        # (a) the default scheduler's configuration: the ConfigMap's extender entry.
-        default = scheduler_config(chart, "gpushare-default-scheduler-config")
-        (entry,) = default["extenders"]
-        assert entry == gpushare_extender(entry["urlPrefix"])
+        # (a) the default scheduler's configuration: the ConfigMap's extender entry, over
+        # HTTPS, checking the extender's certificate for the Service's name against the CA the
+        # ConfigMap carries (copied to the control-plane host's caFile).
+        configmap = "gpushare-default-scheduler-config"
+        (entry,) = scheduler_config(chart, configmap)["extenders"]
+        assert entry == with_tls(entry, "/etc/kubernetes/gpushare-extender-ca.crt")
+        ca_file = tmp_path / "gpushare-extender-ca.crt"
+        ca_file.write_text(find(chart, "ConfigMap", configmap)["data"]["extender-ca.crt"])
+        assert ca_file.read_bytes() == secret["ca.crt"].read_bytes()
+        tls = {**entry["tlsConfig"], "caFile": str(ca_file)}
+        assert extender.url_prefix.startswith("https://127.0.0.1:")
         with control_plane.scheduler(
             "kube-scheduler-chart-default",
             profiles=[{"schedulerName": DEFAULT_PROFILE}],
-            extenders=[{**entry, "urlPrefix": extender.url_prefix}],
+            extenders=[{**entry, "urlPrefix": extender.url_prefix, "tlsConfig": tls}],
         ):
             kube.create(_gpu_pod("via-default", DEFAULT_PROFILE, 8))
             admitted("via-default", 8)

@@ -7,6 +7,12 @@ helm's ownership labels. ``helm uninstall`` removes them again (cluster-scoped o
 No pod runs (there is no kube-controller-manager to create them, nor a container runtime):
 ``tests/cluster/test_deploy_chart.py`` runs the components with the chart's identities and
 configuration instead.
+
+The default install is authenticated: helm generates the extender's certificate into a Secret,
+and ``helm upgrade`` keeps it (``lookup``) — the extender's pod template (its certificate
+checksum) does not change — until the Secret is deleted: the next upgrade issues a new one and
+the checksum restarts the extender (docs/install.md, "TLS"). The NetworkPolicy and the device
+plugin's ValidatingAdmissionPolicy are part of the release.
 """
 
 from __future__ import annotations
@@ -20,8 +26,13 @@ import pytest
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.operators import Operator
+from lightkube.resources.admissionregistration_v1 import (
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+)
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
-from lightkube.resources.core_v1 import ConfigMap, Service, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Secret, Service, ServiceAccount
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from gpushare.testing.controlplane import ControlPlane
@@ -37,7 +48,11 @@ LABELS: dict[str, str | Operator[Any] | Iterable[Any] | None] = {
 }
 
 
-def owned(objects: Iterable[ClusterRole | ClusterRoleBinding]) -> list[str]:
+INSTALL_ARGS = ("--set", "scheduler.second.enabled=true", "--set", "image.tag=0.1.0")
+EXTENDER = f"{RELEASE}-gpushare-extender"
+
+
+def owned(objects: Iterable[Any]) -> list[str]:
     return [o.metadata.name or "" for o in objects if o.metadata is not None]
 
 
@@ -58,8 +73,7 @@ def test_helm_install_creates_the_release_and_uninstall_removes_it(
 ) -> None:
     helm(
         control_plane, "install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
-        "--create-namespace", "--set", "scheduler.second.enabled=true",
-        "--set", "image.tag=0.1.0",
+        "--create-namespace", *INSTALL_ARGS,
     )  # fmt: skip
     try:
         status = json.loads(helm(control_plane, "status", RELEASE, "-n", NAMESPACE, "-o", "json"))
@@ -80,12 +94,44 @@ def test_helm_install_creates_the_release_and_uninstall_removes_it(
         deployments = {d.metadata.name for d in kube.list(Deployment, namespace=NAMESPACE)
                        if d.metadata is not None}  # fmt: skip
         assert any("scheduler" in (name or "") for name in deployments), deployments
+        assert owned(kube.list(NetworkPolicy, namespace=NAMESPACE, labels=LABELS)) == [EXTENDER]
+        own_node = f"{RELEASE}-gpushare-device-plugin-own-node"
+        assert owned(kube.list(ValidatingAdmissionPolicy, labels=LABELS)) == [own_node]
+        assert owned(kube.list(ValidatingAdmissionPolicyBinding, labels=LABELS)) == [own_node]
+        check_upgrades_keep_the_certificate_until_it_is_deleted(control_plane, kube)
     finally:
         helm(control_plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "60s")
     assert owned(kube.list(ClusterRole, labels=LABELS)) == []
     assert owned(kube.list(ClusterRoleBinding, labels=LABELS)) == []
+    assert owned(kube.list(ValidatingAdmissionPolicy, labels=LABELS)) == []
+    assert owned(kube.list(Secret, namespace=NAMESPACE, labels=LABELS)) == []
     with pytest.raises(ApiError):
         kube.get(Deployment, f"{RELEASE}-gpushare-extender", namespace=NAMESPACE)
+
+
+def _certificate(kube: Client) -> tuple[dict[str, str], str]:
+    """The extender's TLS Secret data and its pod template's certificate checksum."""
+    secret = kube.get(Secret, f"{EXTENDER}-tls", namespace=NAMESPACE)
+    deployment = kube.get(Deployment, EXTENDER, namespace=NAMESPACE)
+    assert deployment.spec is not None
+    assert deployment.spec.template.metadata is not None
+    annotations = deployment.spec.template.metadata.annotations or {}
+    return dict(secret.data or {}), annotations["checksum/tls"]
+
+
+def check_upgrades_keep_the_certificate_until_it_is_deleted(
+    plane: ControlPlane, kube: Client
+) -> None:
+    first, checksum = _certificate(kube)
+    assert set(first) == {"ca.crt", "tls.crt", "tls.key"}
+    helm(plane, "upgrade", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *INSTALL_ARGS)
+    assert _certificate(kube) == (first, checksum)  # lookup: the same certificate, no restart
+    kube.delete(Secret, f"{EXTENDER}-tls", namespace=NAMESPACE)
+    helm(plane, "upgrade", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *INSTALL_ARGS)
+    renewed, new_checksum = _certificate(kube)
+    assert renewed["ca.crt"] != first["ca.crt"]
+    assert renewed["tls.crt"] != first["tls.crt"]
+    assert new_checksum != checksum  # the extender restarts with the new certificate
 
 
 def test_helm_refuses_values_the_schema_rejects(control_plane: ControlPlane) -> None:

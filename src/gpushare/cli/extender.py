@@ -11,6 +11,9 @@ listed.
 prints) and from ``Nodes`` requests (``nodeCacheCapable: false``); nothing can bind
 (``UnwiredBinder``), so kube-scheduler must not use it.
 
+It listens on ``--host`` (127.0.0.1 by default: nothing but the machine itself reaches it; the
+chart passes the pod's IP, ``--host=$(POD_IP)`` from ``status.podIP``) and ``--port``.
+
 ``--tls-cert FILE --tls-key FILE`` serve HTTPS (PEM files); ``--tls-client-ca FILE`` also
 requires every client to present a certificate signed by that CA. The files are checked at
 start-up: one error lists every problem.
@@ -44,6 +47,10 @@ from gpushare.extender.workload import live_policy
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import CodecError
 
+DEFAULT_HOST = "127.0.0.1"
+"""``--host``: loopback, so that a bare ``gpushare extender`` is reachable from nowhere else
+(issue 11: the extender must not listen on every interface by default)."""
+
 
 def build_state(
     nodes_file: Path | None, assume_ttl_s: float, handshake_timeout_s: float = 300.0
@@ -68,7 +75,13 @@ def build_state(
 
 
 @click.command()
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="Address to listen on. Loopback by default: in a pod, pass the pod's IP (the chart sets "
+    "--host=$(POD_IP) from status.podIP); 0.0.0.0 listens on every interface.",
+)
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
     "--prefix", default=DEFAULT_PREFIX, show_default=True, help="URL prefix of the verbs."

@@ -28,6 +28,7 @@ __all__ = [
     "KUBE_VERSION",
     "MANIFESTS",
     "MANIFESTS_DIR",
+    "MANIFEST_TLS_SECRET",
     "NAMESPACE",
     "RELEASE",
     "HelmError",
@@ -48,9 +49,18 @@ KUBE_VERSION = "1.37.1"
 """The Kubernetes version the committed manifests are rendered for (the test control plane's):
 it sets the second scheduler's image tag (``registry.k8s.io/kube-scheduler:v1.37.1``)."""
 
+MANIFEST_TLS_SECRET = "gpushare-extender-tls"
+"""The extender's TLS Secret the committed manifests name: plain YAML cannot generate a key, so
+the user creates it (docs/install.md, "With plain manifests")."""
+
 MANIFESTS: Mapping[str, Sequence[str]] = {
-    "gpushare.yaml": (),
-    "gpushare-with-scheduler.yaml": ("--set", "scheduler.second.enabled=true"),
+    "gpushare.yaml": ("--set", f"extender.tls.secretName={MANIFEST_TLS_SECRET}"),
+    "gpushare-with-scheduler.yaml": (
+        "--set",
+        f"extender.tls.secretName={MANIFEST_TLS_SECRET}",
+        "--set",
+        "scheduler.second.enabled=true",
+    ),
 }
 """Each committed file of ``deploy/manifests`` and the extra ``helm template`` arguments."""
 

@@ -6,6 +6,9 @@ socket it binds to ``127.0.0.1:0`` before starting (so the port is known and fre
 waits until ``/healthz`` answers (not until synced: tests poll ``/readyz`` themselves); leaving
 asks the server to stop, joins the thread and re-raises whatever the thread died of. The tests
 talk to it over HTTP only (:meth:`ExtenderThread.get`), never touching its state across threads.
+With ``options.tls_cert``/``tls_key`` it serves HTTPS and :attr:`ExtenderThread.url` is
+``https://``; :meth:`ExtenderThread.get` then skips verifying the certificate (loopback; the
+tests that care verify through kube-scheduler).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -121,8 +125,9 @@ class ExtenderThread:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>``."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://127.0.0.1:<port>``, or ``https://`` with TLS options."""
+        scheme = "https" if self.options.tls_cert is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def url_prefix(self) -> str:
@@ -131,14 +136,25 @@ class ExtenderThread:
 
     def get(self, path: str) -> tuple[int, Any]:
         """``GET path`` on the extender (:func:`http_get`)."""
-        return http_get(self.url + path)
+        if self.options.tls_cert is None:
+            return http_get(self.url + path)
+        unverified = ssl.create_default_context()
+        unverified.check_hostname = False
+        unverified.verify_mode = ssl.CERT_NONE
+        return http_get(self.url + path, context=unverified)
 
 
-def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, Any]:
+def http_get(
+    url: str, timeout_s: float = 5.0, *, context: ssl.SSLContext | None = None
+) -> tuple[int, Any]:
     """``GET url`` without any proxy: (HTTP status, decoded JSON body; ``None`` for an error
-    body that is not JSON), or (0, None) when nothing answers."""
+    body that is not JSON), or (0, None) when nothing answers. ``context``: for ``https://``
+    URLs."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]  # loopback
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(request, timeout=timeout_s) as response:
             return int(response.status), json.loads(response.read() or b"null")
