@@ -141,6 +141,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._renewed_at: float | None = None  # start of the last successful write of ours
         self._leading = False  # what the listeners were last told
+        self._held_at_stop = False  # led when run() was cancelled
         self.transitions = 0  # times this elector started leading
 
     # ---- reading ---------------------------------------------------------------------
@@ -189,6 +190,7 @@ class LeaderElector:
                 pause = self.config.retry_period_s - (self._clock() - started)
                 await asyncio.sleep(max(0.0, pause))
         finally:
+            self._held_at_stop = self.is_leader()  # release() may still hand it over
             self._renewed_at = None
             self._announce()
 
@@ -218,7 +220,8 @@ class LeaderElector:
     async def release(self) -> bool:
         """Give the Lease up if this replica holds it (clean shutdown): empty holder, 1-second
         duration. True when released; errors are logged."""
-        was_leader = self.is_leader()
+        was_leader = self.is_leader() or self._held_at_stop
+        self._held_at_stop = False
         self._renewed_at = None
         self._announce()
         if not was_leader or self._observed is None:
