@@ -274,7 +274,7 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
             assert status == 201, f"{what}: {body}"
             assert body["metadata"]["name"] == obj["metadata"]["name"], what
             checked += 1
-    assert checked == 10 + 18 + 19  # default, second scheduler, every option (+ dashboard)
+    assert checked == 13 + 21 + 22  # default, second scheduler, every option (+ dashboard)
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
         "GET", "/api/v1/namespaces/kube-system/serviceaccounts/gpushare-extender"
