@@ -41,6 +41,11 @@ def test_annotations_show_no_overcommit_no_double_allocation_no_pod_left_that_fi
     assert outcome.pending, "the workload asks more than fits: some pods stay Pending"
 
 
+def test_followers_forwarded_verbs_to_the_leader(result: FailoverResult) -> None:
+    # the Service stand-in spreads connections over every ready replica
+    assert result.forwarded > 0
+
+
 def test_the_leader_was_killed_mid_burst_and_a_successor_bound_within_15_s(
     result: FailoverResult,
 ) -> None:

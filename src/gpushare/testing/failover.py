@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -111,6 +112,7 @@ class FailoverResult:
     problems: list[str]
     kills: list[Kill]
     timings: dict[str, float] = field(default_factory=dict)
+    forwarded: int = 0  # verbs the replicas alive at the end forwarded to a leader
 
     @property
     def failovers_s(self) -> list[float]:
@@ -344,4 +346,20 @@ def run_failover(
         timings["total"] = time.monotonic() - started
         outcome = read_outcome(kube, namespace, by_name, node_gpus)
         problems = judge(outcome, by_name, node_gpus)
-        return FailoverResult(outcome, problems, kills, timings)
+        forwarded = sum(_forwarded(r.port) for r in replicas)
+        return FailoverResult(outcome, problems, kills, timings, forwarded)
+
+
+def _forwarded(port: int) -> int:
+    """``gpushare_extender_requests_total{outcome="forwarded"}`` of one replica, summed."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("gpushare_extender_requests_total{") and 'outcome="forwarded"' in line
+    )
