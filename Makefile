@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling clean controlplane helm manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover clean controlplane helm manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench-deviceplugin: $(STAMP) controlplane
 
 bench-scheduling: $(STAMP) controlplane
 	$(BIN)/python bench/scheduling.py
+
+bench-failover: $(STAMP) controlplane
+	$(BIN)/python bench/failover.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache

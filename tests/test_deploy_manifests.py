@@ -155,6 +155,9 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("Deployment", "gpushare-extender"),
         ("NetworkPolicy", "gpushare-extender"),
         ("Secret", "gpushare-extender-tls"),
+        ("PodDisruptionBudget", "gpushare-extender"),
+        ("Role", "gpushare-extender-leader-election"),
+        ("RoleBinding", "gpushare-extender-leader-election"),
         ("Service", "gpushare-extender"),
         ("ServiceAccount", "gpushare-device-plugin"),
         ("ServiceAccount", "gpushare-extender"),
@@ -190,7 +193,8 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
     [
         ({"memoryUnit": "KiB"}, "memoryUnit"),
         ({"extender": {"policy": "first-fit"}}, "policy"),
-        ({"extender": {"replicas": 3}}, "replicas"),  # one extender per cluster: no such value
+        ({"extender": {"replicas": 0}}, "replicas"),
+        ({"extender": {"leaderElection": {"leaseDurationSeconds": 1}}}, "leaseDurationSeconds"),
         ({"extender": {"service": {"type": "LoadBalancer"}}}, "type"),
         ({"extender": {"service": {"type": "NodePort", "nodePort": 80}}}, "nodePort"),
         ({"scheduler": {"httpTimeout": 30}}, "httpTimeout"),
@@ -408,8 +412,11 @@ def _flag_names(args: Sequence[str]) -> set[str]:
 def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     deployment = find(default_objects, "Deployment", "gpushare-extender")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2  # high availability by default: one decider, one warm
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "gpushare-extender"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -436,11 +443,33 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
         "port": "http",
         "scheme": "HTTPS",
     }
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {
+        "--leader-elect",
+        "--leader-elect-resource-namespace=kube-system",
+        "--leader-elect-resource-name=gpushare-extender",
+        "--leader-elect-lease-duration=8",
+        "--leader-elect-renew-deadline=6",
+        "--leader-elect-retry-period=1",
+    } <= set(args)
     assert main["env"] == [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
     ]
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        == (spec["selector"]["matchLabels"])
+    )
+    budget = find(default_objects, "PodDisruptionBudget", "gpushare-extender")
+    assert budget["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": spec["selector"]["matchLabels"]},
+    }
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
     assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
     assert {"name": "tls", "mountPath": "/etc/gpushare/tls", "readOnly": True} in (
@@ -474,6 +503,43 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     assert main["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
     assert [v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
     assert not [o for o in plain if o["kind"] == "Secret"]
+
+
+def test_extender_replicas_and_leader_election(helm: Path) -> None:
+    single = render_objects({"extender": {"replicas": 1}}, helm=helm)
+    deployment = find(single, "Deployment", "gpushare-extender")
+    assert deployment["spec"]["replicas"] == 1
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    assert not [o for o in single if o["kind"] == "PodDisruptionBudget"]
+    assert "--leader-elect" in _args(container(deployment))  # hands over on a rolling update
+    off = render_objects(
+        {"extender": {"replicas": 1, "leaderElection": {"enabled": False}}}, helm=helm
+    )
+    deployment = find(off, "Deployment", "gpushare-extender")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-elect" not in _args(container(deployment))
+    assert not [o for o in off if o["kind"] == "Role"]
+    with pytest.raises(HelmError, match=r"needs extender\.leaderElection\.enabled"):
+        render_objects({"extender": {"leaderElection": {"enabled": False}}}, helm=helm)
+
+
+def test_extender_lease_role_is_exactly_what_the_elector_needs(
+    default_objects: list[Obj],
+) -> None:
+    role = find(default_objects, "Role", "gpushare-extender-leader-election")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["gpushare-extender"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = find(default_objects, "RoleBinding", "gpushare-extender-leader-election")
+    assert binding["roleRef"]["name"] == "gpushare-extender-leader-election"
+    assert binding["subjects"][0]["name"] == "gpushare-extender"
 
 
 def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None:

@@ -257,3 +257,56 @@ def test_backoff_reports_every_bad_field() -> None:
     message = str(caught.value)
     for name in ("initial_s", "max_s", "factor", "jitter"):
         assert name in message
+
+
+def test_two_failures_in_a_row_make_it_stale_until_a_relist_succeeds() -> None:
+    async def scenario() -> None:
+        source, seen = Source(), Collector()
+        source.lists.append(ScriptedList([pod("a", 5)], "10"))
+        r, task = await started(source, seen)
+        assert not r.stale
+        source.lists.append(ScriptedList([pod("a", 5), pod("b", 21)], "30"))
+        source.events.put_nowait(httpx2.ConnectError("refused"))  # the API server goes away
+        source.events.put_nowait(httpx2.ConnectError("refused"))
+        await seen.until(2)  # recovered by a relist, which brings b
+        assert seen.summary() == [("upsert", "ns/a"), ("upsert", "ns/b")]
+        assert source.watched_from == ["10", "10", "30"]  # resumed once, then relisted
+        assert not r.stale
+        stats = r.stats
+        assert (stats.lists, stats.rewatches, stats.errors) == (2, 1, 2)
+        await stopped(task)
+
+    run(scenario)
+
+
+def test_one_dropped_stream_is_not_stale() -> None:
+    async def scenario() -> None:
+        source, seen = Source(), Collector()
+        source.lists.append(ScriptedList([], "10"))
+        r, task = await started(source, seen)
+        source.events.put_nowait(httpx2.ReadError("peer closed"))
+        source.events.put_nowait(("ADDED", pod("a", 11)))
+        await seen.until(1)
+        assert not r.stale
+        await stopped(task)
+
+    run(scenario)
+
+
+def test_relist_ends_the_watch_lists_again_and_returns_once_applied() -> None:
+    async def scenario() -> None:
+        source, seen = Source(), Collector()
+        source.lists.append(ScriptedList([pod("a", 5)], "10"))
+        r, task = await started(source, seen)
+        await seen.until(1)
+        source.lists.append(ScriptedList([pod("a", 5), pod("b", 12)], "12"))
+        async with asyncio.timeout(5):
+            await r.relist()
+        assert seen.summary() == [("upsert", "ns/a"), ("upsert", "ns/b")]
+        assert r.stats.lists == 2
+        source.events.put_nowait(("ADDED", pod("c", 13)))
+        await seen.until(3)
+        assert source.watched_from[-1] == "12"  # the watch resumed from the new list
+        await stopped(task)
+
+    run(scenario)

@@ -60,6 +60,7 @@ from gpushare.kube.codec import (
     GPUSHARE_LABEL,
     INVENTORY,
 )
+from gpushare.kube.lease import LeaseConfig
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import (
     ControlPlane,
@@ -346,10 +347,10 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
             assert body["metadata"]["name"] == obj["metadata"]["name"], what
             checked[label] += 1
     assert checked == {
-        "gpushare.yaml": 13,
-        "gpushare-with-scheduler.yaml": 21,  # + the second scheduler's 8
-        "every option": 22,  # + the dashboard
-        "generated certificate": 22,  # + the extender's Secret
+        "gpushare.yaml": 16,
+        "gpushare-with-scheduler.yaml": 24,  # + the second scheduler's 8
+        "every option": 25,  # + the dashboard
+        "generated certificate": 25,  # + the extender's Secret
     }
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
@@ -371,6 +372,9 @@ ALLOWED: dict[str, list[Access]] = {
         ("get", "pods", WORK_NS, "", ""),
         ("create", "pods/binding", WORK_NS, "", ""),
         ("create", "events", WORK_NS, "", ""),
+        ("create", "leases", NAMESPACE, "", "coordination.k8s.io"),
+        ("get", "leases", NAMESPACE, "gpushare-extender", "coordination.k8s.io"),
+        ("update", "leases", NAMESPACE, "gpushare-extender", "coordination.k8s.io"),
     ],
     DEVICE_PLUGIN: [
         ("get", "nodes", "", "", ""),
@@ -405,6 +409,8 @@ FORBIDDEN: dict[str, list[Access]] = {
         ("delete", "nodes", "", "", ""),
         ("get", "secrets", WORK_NS, "", ""),
         ("get", "configmaps", WORK_NS, "", ""),
+        ("update", "leases", NAMESPACE, "another-lease", "coordination.k8s.io"),
+        ("create", "leases", WORK_NS, "", "coordination.k8s.io"),
     ],
     DEVICE_PLUGIN: [
         ("create", "pods/binding", WORK_NS, "", ""),
@@ -748,6 +754,14 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             handshake_timeout_s=float(ext["handshake-timeout"]),
             bind_timeout_s=float(ext["bind-timeout"]),
             backoff=Backoff(initial_s=0.05, max_s=0.5),
+            leader_election=LeaseConfig(
+                namespace=ext["leader-elect-resource-namespace"],
+                name=ext["leader-elect-resource-name"],
+                identity="chart-extender-0",
+                lease_duration_s=float(ext["leader-elect-lease-duration"]),
+                renew_deadline_s=float(ext["leader-elect-renew-deadline"]),
+                retry_period_s=float(ext["leader-elect-retry-period"]),
+            ),
         )
         extender = stack.enter_context(ExtenderThread(installed.kubeconfigs[EXTENDER], options))
         wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)

@@ -29,26 +29,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from gpushare.extender.live import LiveOptions
-from gpushare.kube.codec import GPU_MEM
 from gpushare.kube.watch import Backoff
+from gpushare.testing import outcome as outcomes
 from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
 from gpushare.testing.live_extender import ExtenderThread
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
+from gpushare.testing.outcome import Ask, Spec
 
 pytestmark = pytest.mark.cluster
 
@@ -72,25 +71,6 @@ EXTENDER_RULES = [
     PolicyRule(apiGroups=[""], resources=["pods/binding"], verbs=["create"]),
     PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"]),
 ]
-
-
-@dataclass(frozen=True)
-class Ask:
-    """One GPU container: ``gpus`` distinct GPUs with ``share`` GiB on each."""
-
-    container: str
-    gpus: int
-    share: int
-
-    @property
-    def total(self) -> int:
-        return self.gpus * self.share
-
-
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    asks: tuple[Ask, ...]
 
 
 def workload() -> list[Spec]:
@@ -118,145 +98,24 @@ BY_NAME = {s.name: s for s in SPECS}
 
 
 def make_pod(spec: Spec) -> Pod:
-    annotations = {}
-    if any(a.gpus > 1 for a in spec.asks):
-        annotations["gpushare.io/gpu-count"] = json.dumps({a.container: a.gpus for a in spec.asks})
-    return Pod(
-        metadata=ObjectMeta(name=spec.name, namespace=NAMESPACE, annotations=annotations),
-        spec=PodSpec(
-            schedulerName=SCHEDULER_NAME,
-            nodeSelector=dict(GROUP),
-            containers=[
-                Container(
-                    name=a.container,
-                    image="registry.invalid/gpushare/scale:0",
-                    resources=ResourceRequirements(
-                        limits={"cpu": "10m", "memory": "16Mi", GPU_MEM: str(a.total)}
-                    ),
-                )
-                for a in spec.asks
-            ],
-        ),
+    return outcomes.make_pod(
+        spec, namespace=NAMESPACE, scheduler_name=SCHEDULER_NAME, node_selector=GROUP
     )
 
 
-# ---- reading the outcome from the API --------------------------------------------------------
+# ---- reading the outcome from the API (gpushare.testing.outcome) ------------------------------
 
-Placement = dict[tuple[str, int], int]  # (node, GPU index) -> GiB
-
-
-@dataclass
-class Outcome:
-    bound: dict[str, Placement]  # pod -> its placement, from its annotations
-    pending: list[str]
-    problems: list[str]  # annotations missing or inconsistent
-
-    def used(self) -> Placement:
-        used: Placement = {}
-        for placement in self.bound.values():
-            for key, amount in placement.items():
-                used[key] = used.get(key, 0) + amount
-        return used
+Placement = outcomes.Placement
+Outcome = outcomes.Outcome
 
 
 def read_outcome(kube: Client) -> Outcome:
-    outcome = Outcome({}, [], [])
-    for pod in kube.list(Pod, namespace=NAMESPACE):
-        assert pod.metadata is not None
-        assert pod.metadata.name is not None
-        assert pod.spec is not None
-        name = pod.metadata.name
-        node = pod.spec.nodeName
-        if not node:
-            phase = pod.status.phase if pod.status is not None else None
-            if phase not in (None, "Pending"):
-                outcome.problems.append(f"{name}: unbound in phase {phase}")
-            outcome.pending.append(name)
-            continue
-        placement, problem = placement_of(BY_NAME[name], node, pod.metadata.annotations or {})
-        if problem:
-            outcome.problems.append(f"{name} on {node}: {problem}")
-        outcome.bound[name] = placement
-    return outcome
-
-
-def placement_of(spec: Spec, node: str, annotations: Mapping[str, str]) -> tuple[Placement, str]:
-    """Where ``spec``'s annotations put it on ``node``, and what is wrong with them ("" if
-    nothing)."""
-    raw = annotations.get(ALLOCATION)
-    if raw is None:
-        return {}, f"bound without {ALLOCATION}"
-    document = json.loads(raw)
-    if document.get("node") != node or document.get("unit") != "GiB":
-        return {}, f"allocation for another node or unit: {raw}"
-    total = sum(a.total for a in spec.asks)
-    if annotations.get("ALIYUN_COM_GPU_MEM_POD") != str(total):
-        return {}, f"ALIYUN_COM_GPU_MEM_POD is not {total}: {annotations}"
-    if annotations.get("ALIYUN_COM_GPU_MEM_ASSIGNED") != "false":
-        return {}, "ALIYUN_COM_GPU_MEM_ASSIGNED is not 'false'"
-    if not annotations.get("ALIYUN_COM_GPU_MEM_ASSUME_TIME", "").isdigit():
-        return {}, "no ALIYUN_COM_GPU_MEM_ASSUME_TIME"
-    containers = document.get("containers", [])
-    names = [c["name"] for c in containers]
-    if sorted(names) != sorted(a.container for a in spec.asks):
-        return {}, f"containers placed {names}, asked {[a.container for a in spec.asks]}"
-    placement: Placement = {}
-    asks = {a.container: a for a in spec.asks}
-    for entry in containers:
-        ask = asks[entry["name"]]
-        gpus = entry["gpus"]
-        if len(set(gpus)) != len(gpus) or len(gpus) != ask.gpus or entry["share"] != ask.share:
-            return {}, f"container {entry} does not match the request {ask}"
-        for gpu in gpus:
-            if not 0 <= gpu < len(NODES[node]):
-                return {}, f"no GPU {gpu} on {node}"
-            placement[node, gpu] = placement.get((node, gpu), 0) + ask.share
-    indices = {gpu for _, gpu in placement}
-    if len(indices) == 1:
-        (only,) = indices
-        if annotations.get("ALIYUN_COM_GPU_MEM_IDX") != str(only):
-            return {}, f"ALIYUN_COM_GPU_MEM_IDX is not {only}"
-        if annotations.get("ALIYUN_COM_GPU_MEM_DEV") != str(NODES[node][only]):
-            return {}, "ALIYUN_COM_GPU_MEM_DEV is not the GPU's memory"
-    return placement, ""
+    return outcomes.read_outcome(kube, NAMESPACE, BY_NAME, NODES)
 
 
 def fits_somewhere(spec: Spec, used: Placement) -> str | None:
     """A node where ``spec`` fits in what ``used`` leaves free (exhaustive), else ``None``."""
-    asks = tuple(sorted(((a.gpus, a.share) for a in spec.asks), key=lambda a: -a[0] * a[1]))
-    for node, capacities in NODES.items():
-        free = tuple(sorted(c - used.get((node, i), 0) for i, c in enumerate(capacities)))
-        if _fits(free, asks):
-            return node
-    return None
-
-
-@functools.cache
-def _fits(free: tuple[int, ...], asks: tuple[tuple[int, int], ...]) -> bool:
-    if not asks:
-        return True
-    (count, share), rest = asks[0], asks[1:]
-    return any(_fits(option, rest) for option in _take(free, count, share))
-
-
-def _take(free: tuple[int, ...], count: int, share: int) -> Iterator[tuple[int, ...]]:
-    """Every distinct ``free`` left after taking ``share`` from ``count`` distinct GPUs."""
-    seen: set[tuple[int, ...]] = set()
-
-    def pick(start: int, left: int, current: list[int]) -> Iterator[tuple[int, ...]]:
-        if left == 0:
-            key = tuple(sorted(current))
-            if key not in seen:
-                seen.add(key)
-                yield key
-            return
-        for i in range(start, len(current)):
-            if current[i] >= share:
-                current[i] -= share
-                yield from pick(i + 1, left - 1, current)
-                current[i] += share
-
-    yield from pick(0, count, list(free))
+    return outcomes.fits_somewhere(spec, used, NODES)
 
 
 def inspect_placements(

@@ -21,6 +21,9 @@ start-up: one error lists every problem.
 ``--max-request-body-mib``, ``--request-head-timeout``, ``--request-body-timeout``,
 ``--keep-alive-timeout`` and ``--max-connections`` bound what one client can make the extender
 hold (``gpushare.extender.limits``; docs/extender.md, "Limits").
+``--leader-elect`` runs one of several replicas: only the holder of the Lease
+(``--leader-elect-resource-namespace/-name``) decides and answers ``/readyz`` 200
+(``gpushare.cli.leader``; docs/install.md, "High availability").
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 import click
 import uvicorn
 
+from gpushare.cli.leader import leader_election_options, lease_config
 from gpushare.cli.options import kube_options, log_level_option, setup_logging
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
@@ -190,6 +194,7 @@ def build_state(
     show_default=True,
     help="Open connections at most; one more is closed at once.",
 )
+@leader_election_options
 @log_level_option
 def extender(
     *,
@@ -213,6 +218,13 @@ def extender(
     request_body_timeout_s: float,
     keep_alive_timeout_s: int,
     max_connections: int,
+    leader_elect: bool,
+    lease_duration_s: float,
+    renew_deadline_s: float,
+    retry_period_s: float,
+    lease_namespace: str | None,
+    lease_name: str,
+    lease_identity: str | None,
     log_level: str,
 ) -> None:
     """Serve the scheduler extender (filter, prioritize, bind, inspect) for kube-scheduler."""
@@ -220,6 +232,17 @@ def extender(
         raise click.UsageError("--in-memory takes no --kubeconfig or --context")
     if nodes_file is not None and not in_memory:
         raise click.UsageError("--nodes needs --in-memory (on a cluster, nodes come from the API)")
+    if in_memory and leader_elect:
+        raise click.UsageError("--in-memory takes no --leader-elect (there is no API server)")
+    election = lease_config(
+        leader_elect=leader_elect,
+        lease_duration_s=lease_duration_s,
+        renew_deadline_s=renew_deadline_s,
+        retry_period_s=retry_period_s,
+        lease_namespace=lease_namespace,
+        lease_name=lease_name,
+        lease_identity=lease_identity,
+    )
     problems = tls_problems(tls_cert, tls_key, tls_client_ca)
     if problems:
         raise click.UsageError("bad TLS configuration:\n  " + "\n  ".join(problems))
@@ -265,6 +288,7 @@ def extender(
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
         limits=limits,
+        leader_election=election,
     )
     try:
         client = connect(kubeconfig, context=context)

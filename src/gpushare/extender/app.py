@@ -9,7 +9,7 @@ Routes (spec §1.1; Alibaba's URL layout, ``pkg/routes/routes.go``), ``P`` the p
 ``POST P/bind``            ``ExtenderBindingArgs`` → ``ExtenderBindingResult``
 ``GET P/inspect[/node]``   allocation report (``gpushare.extender.report``); 404 for an unknown node
 ``GET /healthz``           200 while the process serves
-``GET /readyz``            200 once the state has synced, else 503
+``GET /readyz``            200 once the state has synced (and ``readiness()``, if given), else 503
 ``GET /version``           ``{"version": ...}``
 ``GET /metrics``           Prometheus text exposition (``gpushare.extender.metrics``)
 =========================  =======================================================================
@@ -26,6 +26,11 @@ Each POST is counted and timed by verb and outcome (``ok``; ``error``: an ``Erro
 is logged as one line without a traceback) in ``ExtenderMetrics``, on the given
 ``CollectorRegistry`` or a fresh one (never the global default registry).
 A background task expires assumed allocations every ``expire_interval_s`` seconds.
+
+With several replicas, ``divert(request, body)`` may answer a verb instead of this replica's
+scheduler: a follower forwards it to the leader or refuses it
+(``gpushare.extender.forward``); ``None`` lets this replica decide. Diverted requests are
+counted with outcome ``forwarded``.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ def create_app(
     registry: CollectorRegistry | None = None,
     nodes_from_requests: bool = False,
     limits: RequestLimits | None = None,
+    divert: Callable[[Request, bytes], Awaitable[Response | None]] | None = None,
+    readiness: Callable[[], bool] | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
 
@@ -114,6 +121,9 @@ def create_app(
     connection-level bounds are the server's, ``uvicorn_settings``). The
     ``Scheduler`` is ``app.state.scheduler``, the
     ``ExtenderMetrics`` ``app.state.metrics``.
+    ``CollectorRegistry``). The ``Scheduler`` is ``app.state.scheduler``, the
+    ``ExtenderMetrics`` ``app.state.metrics``. ``divert`` (forward or refuse a verb) and
+    ``readiness`` (more conditions for ``/readyz``) are the leader-election hooks.
     """
     limits = limits or RequestLimits()
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
@@ -152,6 +162,10 @@ def create_app(
                         _peer(request),
                     )
                     return _error(400, f"client disconnected before the end of the {verb} body")
+                diverted = await divert(request, body) if divert is not None else None
+                if diverted is not None:
+                    outcome = "forwarded"
+                    return diverted
                 try:
                     result = await handle(body)
                 except RequestError as error:
@@ -191,7 +205,7 @@ def create_app(
         return _json({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        ready = state.synced
+        ready = state.synced and (readiness is None or readiness())
         return _json({"ready": ready}, 200 if ready else 503)
 
     async def version_(request: Request) -> Response:

@@ -17,13 +17,21 @@
 uvicorn runs in the main thread): the server drains, the cache stops. The client belongs to the
 caller (``gpushare.kube.client.connect``); :func:`serve` runs the extender, then closes it.
 RBAC needed by the client's identity: ``nodes`` get/list/watch; ``pods`` get/list/watch/patch;
-``pods/binding`` create; ``events`` create.
+``pods/binding`` create; ``events`` create; with leader election, ``leases`` get/create/update.
+
+**Several replicas** (``options.leader_election``): once its caches have synced a replica
+campaigns for the Lease (``gpushare.kube.lease``); it decides only while it leads and has
+relisted nodes and pods after acquiring (``gpushare.extender.leadership``); its binds are
+bounded by the Lease. Followers forward the verbs to the leader (``gpushare.extender.forward``).
+On stop it releases the Lease after the server has drained. ``/readyz`` is 200 only while the
+caches are synced and fresh (not ``stale``), on leader and followers alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -37,6 +45,8 @@ import uvicorn
 from gpushare.extender.apiserver import ApiBinder, ApiEventSink
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
+from gpushare.extender.forward import LEADER_URL_ANNOTATION, LeaderForwarder, leader_url
+from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
 from gpushare.extender.state import ExtenderState, SkippedPod, pod_uid
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
@@ -45,6 +55,7 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.codec import Json
 from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
+from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.kube.watch import Backoff
 
 log = logging.getLogger(__name__)
@@ -65,6 +76,11 @@ class LiveOptions:
     ``tls_client_ca``: also require a client certificate signed by this CA (mutual TLS);
     ``limits``: request body size, read timeouts and the connection cap
     (``gpushare.extender.limits``).
+    ``leader_election``: the Lease to campaign for (``None``: a single replica that always
+    decides); ``rebuild_timeout_s``: bound on the relist of a new leader;
+    ``forward_timeout_s``: bound on a request a follower forwards to the leader;
+    ``advertise_address``: the address followers reach this replica at (default ``$POD_IP``,
+    else 127.0.0.1), published on the Lease.
     """
 
     host: str = "0.0.0.0"
@@ -85,6 +101,10 @@ class LiveOptions:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     limits: RequestLimits = field(default_factory=RequestLimits)
+    leader_election: LeaseConfig | None = None
+    rebuild_timeout_s: float = 30.0
+    forward_timeout_s: float = 25.0
+    advertise_address: str | None = None
 
 
 def tls_problems(cert: Path | None, key: Path | None, client_ca: Path | None) -> list[str]:
@@ -155,6 +175,25 @@ class LiveExtender:
             timeout_s=options.event_timeout_s,
         )
         self.binder = ApiBinder(KubeBinder(client), timeout_s=options.bind_timeout_s)
+        self.elector: LeaderElector | None = None
+        self.leadership: Leadership | None = None
+        self.forwarder: LeaderForwarder | None = None
+        if options.leader_election is not None:
+            election = options.leader_election
+            if LEADER_URL_ANNOTATION not in election.holder_annotations:
+                scheme = "https" if options.tls_cert else "http"
+                address = options.advertise_address or os.environ.get("POD_IP") or "127.0.0.1"
+                url = leader_url(scheme, address, options.port)
+                annotations = {**election.holder_annotations, LEADER_URL_ANNOTATION: url}
+                election = dataclasses.replace(election, holder_annotations=annotations)
+            self.elector = LeaderElector(client, election)
+            self.leadership = Leadership(self.elector, self._rebuild)
+            self.forwarder = LeaderForwarder(
+                self.leadership,
+                timeout_s=options.forward_timeout_s,
+                tls_cert=options.tls_cert,
+                tls_key=options.tls_key,
+            )
         self.workload: WorkloadTracker | None = None
         if options.policy in WORKLOAD_POLICIES:
             self.workload = WorkloadTracker(options.gpu_unit)
@@ -163,10 +202,14 @@ class LiveExtender:
             self.state,
             prefix=options.prefix,
             policy=live_policy(options.policy, options.gpu_unit, self.workload),
-            binder=self.binder,
+            binder=self.binder
+            if self.leadership is None
+            else LeaderBinder(self.binder, self.leadership),
             events=self.events,
             gpu_unit=options.gpu_unit,
             limits=options.limits,
+            divert=self.forwarder.divert if self.forwarder is not None else None,
+            readiness=self._ready,
         )
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -213,7 +256,24 @@ class LiveExtender:
                 with contextlib.suppress(asyncio.CancelledError):
                     await sync  # re-raises the cache's failure, if that is why we stop
             finally:
-                await self.cache.stop()
+                try:
+                    if self.leadership is not None and self.elector is not None:
+                        await self.leadership.stop()
+                        await self.elector.release()  # the server has drained: hand over
+                    if self.forwarder is not None:
+                        await self.forwarder.aclose()
+                finally:
+                    await self.cache.stop()
+
+    def _ready(self) -> bool:
+        """``/readyz`` beyond ``state.synced``: fresh caches (followers too: they forward)."""
+        return not self.cache.stale
+
+    async def _rebuild(self) -> None:
+        """A new leader's ledger: relist nodes and pods (the list starts after the Lease was
+        taken), bounded by ``rebuild_timeout_s``."""
+        async with asyncio.timeout(self.options.rebuild_timeout_s):
+            await self.cache.relist()
 
     async def _sync(self) -> None:
         try:
@@ -222,6 +282,8 @@ class LiveExtender:
             log.exception("the cluster cache failed before it synced; stopping")
             self.request_stop()
             raise
+        if self.elector is not None:
+            await self.elector.run()  # campaigns until stopped (cancelled with this task)
 
 
 async def serve(client: AsyncClient, options: LiveOptions) -> None:

@@ -240,6 +240,21 @@ class ClusterCache:
             await self._wait_or_fail(self._synced, task)
 
     @property
+    def stale(self) -> bool:
+        """True while nodes or pods may lag the API server: a reflector failed twice in a row
+        and has not listed since (``Reflector.stale``)."""
+        return self._nodes.stale or self._pods.stale
+
+    async def relist(self) -> None:
+        """List nodes, then pods, again now and return once both lists are applied (the
+        listeners have seen every difference). Needs a synced cache; waits while the API
+        server is away: bound it with a timeout."""
+        if not self.synced:
+            raise RuntimeError("ClusterCache.relist needs a synced cache")
+        await self._nodes.relist()
+        await self._pods.relist()
+
+    @property
     def stats(self) -> CacheStats:
         """List, relist, resume and error counters of both reflectors."""
         return CacheStats(nodes=self._nodes.stats, pods=self._pods.stats)

@@ -98,6 +98,11 @@ class NodePods:
         async with asyncio.timeout(timeout_s):
             await self._reflector.synced.wait()
 
+    @property
+    def stale(self) -> bool:
+        """True while the cache may lag the API server (``Reflector.stale``)."""
+        return self._reflector.stale
+
     def pods(self) -> list[JsonObject]:
         """The cached pods (plain dicts, read-only)."""
         return list(self._reflector.snapshot().values())

@@ -18,6 +18,13 @@ one sink as a :class:`Change`:
   watch request is bounded (``watch_timeout_s``, server side, plus a client-side deadline) so a
   silently dead connection is replaced too.
 
+**Freshness.** :attr:`Reflector.stale` turns true after two failures in a row without an event
+in between (one dropped stream is routine; two mean the API server is away) and stays true
+until a list succeeds; while stale, the reflector recovers by relisting rather than by resuming
+the watch, so that a quiet cluster proves it is back with a whole list.
+:meth:`Reflector.relist` asks for a fresh list now and returns once it is applied (a new
+leader rebuilding its ledger, ``gpushare.extender.leadership``).
+
 Everything runs in one asyncio task; the sink is called synchronously in event order and must
 not block. Sink exceptions are logged and do not stop the reflector.
 """
@@ -171,6 +178,9 @@ class Reflector:
     _rv: str | None = field(init=False, default=None)
     _progress: bool = field(init=False, default=False)
     _counters: _Counters = field(init=False, default_factory=_Counters)
+    _stale: bool = field(init=False, default=False)
+    _relist_waiters: list[asyncio.Future[None]] = field(init=False, default_factory=list)
+    _watch_deadline: asyncio.Timeout | None = field(init=False, default=None)
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -181,6 +191,22 @@ class Reflector:
     def get(self, key: str) -> JsonObject | None:
         """The stored object under ``key``, or ``None``."""
         return self._store.get(key)
+
+    @property
+    def stale(self) -> bool:
+        """True while the store may lag the API server (module doc, "Freshness")."""
+        return self._stale
+
+    async def relist(self) -> None:
+        """List again now (the running watch is ended and resumed after the list) and return
+        once a list that started after this call has been applied. Waits as long as lists
+        fail: bound it with a timeout."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._relist_waiters.append(waiter)
+        deadline = self._watch_deadline
+        if deadline is not None:
+            deadline.reschedule(asyncio.get_running_loop().time())  # end the watch now
+        await waiter
 
     @property
     def stats(self) -> WatchStats:
@@ -204,7 +230,7 @@ class Reflector:
         while True:
             self._progress = False
             try:
-                if self._rv is None:
+                if self._rv is None or self._relist_waiters:
                     await self._list()
                 await self._watch()
                 attempt = 0  # the watch ran its whole term: resume it
@@ -214,13 +240,17 @@ class Reflector:
             attempt = 1 if self._progress else attempt + 1
             reply = f"HTTP {code}" if code is not None else "no reply"
             self._counters.last_error = f"{failure.value} ({reply}): {detail}"
+            if attempt >= 2:
+                self._stale = True  # the API server is away: recover with a whole list
             if failure is Failure.EXPIRED:
                 self._counters.expired += 1
                 self._rv = None  # relist
                 delay = 0.0 if attempt == 1 else self.backoff.delay_s(attempt - 1, self.rng)
             else:
                 self._counters.errors += 1
-                if self._rv is not None:
+                if self._stale:
+                    self._rv = None
+                elif self._rv is not None:
                     self._counters.rewatches += 1
                 delay = self.backoff.delay_s(attempt, self.rng)
                 if retry_after_s is not None:
@@ -236,6 +266,18 @@ class Reflector:
                 await asyncio.sleep(delay)
 
     async def _list(self) -> None:
+        waiters, self._relist_waiters = self._relist_waiters, []
+        try:
+            await self._list_once()
+        except BaseException:
+            self._relist_waiters[:0] = waiters  # answered by the next list that succeeds
+            raise
+        self._stale = False
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _list_once(self) -> None:
         result = self.list_fn()
         fresh: dict[str, JsonObject] = {}
         versions: dict[str, str] = {}
@@ -270,13 +312,15 @@ class Reflector:
         try:
             # The server ends the request after watch_timeout_s; lightkube then resumes it.
             # The client-side deadline replaces a connection that died without a word.
-            async with asyncio.timeout(self.watch_timeout_s + 30):
+            async with asyncio.timeout(self.watch_timeout_s + 30) as deadline:
+                self._watch_deadline = deadline
                 async for event_type, obj in iterator:
                     self._progress = True
                     self._apply(event_type, obj)
         except TimeoutError:
-            return  # resume from self._rv: nothing is lost
+            return  # resume from self._rv (or relist if asked): nothing is lost
         finally:
+            self._watch_deadline = None
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -14,6 +14,7 @@ tests that care verify through kube-scheduler).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import ssl
@@ -74,7 +75,10 @@ class ExtenderThread:
         self.port = sock.getsockname()[1]
         self._socket = sock
         self._client = connect(self.kubeconfig, trust_env=False)
-        self.extender = LiveExtender(self._client, self.options)
+        # The port it really serves on: a leader publishes it on its Lease for followers.
+        self.extender = LiveExtender(
+            self._client, dataclasses.replace(self.options, port=self.port)
+        )
         self._thread = threading.Thread(target=self._main, name="gpushare-extender", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + self.startup_timeout_s

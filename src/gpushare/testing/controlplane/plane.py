@@ -10,6 +10,7 @@ import json
 import shutil
 import ssl
 import tempfile
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,18 @@ from gpushare.testing.controlplane.processes import (
     wait_until,
 )
 from gpushare.testing.controlplane.scheduler_config import scheduler_configuration
+
+
+def _etcd_post(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """One call to etcd's JSON gateway (``/v3/...``)."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE = "fake"
@@ -170,6 +183,30 @@ class ControlPlane(ApiAccess):
                 proc.stop()
                 self._keep_log(proc)
                 self._finished[name] = proc  # its log still goes into failure reports
+
+    # ---- API-server outages -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def apiserver_down(self) -> Iterator[None]:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after 10 s) for the ``with`` body, then start
+        it again on the same port with the same certificates and data (etcd keeps running), and
+        wait until it is ready. Clients see connections refused meanwhile."""
+        proc = self.processes.pop("kube-apiserver")
+        proc.stop()
+        self._keep_log(proc)
+        try:
+            yield
+        finally:
+            self._start_apiserver()
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (physically), so that a watch
+        resumed from any older resourceVersion gets 410 Gone; returns that revision."""
+        base = f"http://127.0.0.1:{self._ports.etcd_client}/v3"
+        header = _etcd_post(f"{base}/kv/range", {"key": "AA==", "limit": 1})["header"]
+        revision = int(header["revision"])
+        _etcd_post(f"{base}/kv/compaction", {"revision": revision, "physical": True})
+        return revision
 
     # ---- the parts ---------------------------------------------------------------------
 
