@@ -154,10 +154,10 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("DaemonSet", "gpushare-device-plugin"),
         ("Deployment", "gpushare-extender"),
         ("NetworkPolicy", "gpushare-extender"),
-        ("Secret", "gpushare-extender-tls"),
         ("PodDisruptionBudget", "gpushare-extender"),
         ("Role", "gpushare-extender-leader-election"),
         ("RoleBinding", "gpushare-extender-leader-election"),
+        ("Secret", "gpushare-extender-tls"),
         ("Service", "gpushare-extender"),
         ("ServiceAccount", "gpushare-device-plugin"),
         ("ServiceAccount", "gpushare-extender"),
@@ -456,7 +456,6 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     assert main["env"] == [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
     ]
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]

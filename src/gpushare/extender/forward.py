@@ -23,6 +23,7 @@ does not name; mutual TLS still authenticates the follower).
 from __future__ import annotations
 
 import logging
+import ssl
 from pathlib import Path
 
 import httpx2
@@ -59,11 +60,17 @@ class LeaderForwarder:
         tls_key: Path | None = None,
     ) -> None:
         self.leadership = leadership
-        cert = (str(tls_cert), str(tls_key)) if tls_cert and tls_key else None
+        verify: ssl.SSLContext | bool = True
+        if tls_cert and tls_key:
+            # The leader's certificate names the Service, not its pod IP: not verified (docs).
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            context.load_cert_chain(tls_cert, tls_key)
+            verify = context
         self._client = httpx2.AsyncClient(
             timeout=httpx2.Timeout(timeout_s, connect=min(timeout_s, 2.0)),
-            verify=not cert,
-            cert=cert,
+            verify=verify,
             trust_env=False,
         )
         self.forwarded = 0
