@@ -197,7 +197,11 @@ def test_managed_mps_crash_makes_gpus_unhealthy_posts_events_and_stop_restores(
 
     try:
         asyncio.run(asyncio.wait_for(scenario(), 90))
-        assert {(MPS_DOWN, "Warning"), (MPS_RESTARTED, "Normal")} <= set(reasons())
+        wanted = {(MPS_DOWN, "Warning"), (MPS_RESTARTED, "Normal")}
+        deadline = time.monotonic() + 15  # Events are posted in the background
+        while not wanted <= set(reasons()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert wanted <= set(reasons())
     finally:
         with contextlib.suppress(ProcessLookupError, RuntimeError):
             mps_control.kill_daemon(paths.pipe_dir)
