@@ -135,45 +135,37 @@ class ApiEventSink:
 
     async def emit(self, event: BindEvent) -> None:
         """Record ``event`` on its pod; never raises for API trouble."""
-        key = f"{event.namespace}/{event.name}"
-        if not (event.uid and event.namespace and event.name):
-            log.warning("no Event for pod %s: it has no UID (%s)", key, event.message)
-            return
         reason, kind = (
             (ASSIGNED_REASON, EventType.NORMAL) if event.ok else (FAILED_REASON, EventType.WARNING)
         )
-        pod = PodRef(event.namespace, event.name, event.uid)
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await self._recorder.pod_event(pod, reason, event.message, kind)
-        except (KubeError, TimeoutError) as error:
-            self.failed += 1
-            log.warning("recording Event %s on pod %s failed: %s", reason, key, error or "timeout")
-            return
-        self.emitted += 1
+        await self._record(
+            event.namespace, event.name, event.uid, reason=reason, message=event.message, kind=kind
+        )
 
     async def skipped(self, skipped: SkippedPod, uid: str) -> None:
         """A ``Warning`` ``GPUAllocationSkipped`` Event on the skipped pod (UID ``uid``) saying
         why and what it is counted as; never raises for API trouble."""
         namespace, _, name = skipped.pod.partition("/")
-        if not uid:
-            log.warning("no Event for pod %s: it has no UID (%s)", skipped.pod, skipped.reason)
+        message = "gpushare: " + skipped.describe()
+        await self._record(
+            namespace, name, uid, reason=SKIPPED_REASON, message=message, kind=EventType.WARNING
+        )
+
+    async def _record(
+        self, namespace: str, name: str, uid: str, *, reason: str, message: str, kind: EventType
+    ) -> None:
+        """One Event on pod ``namespace/name`` (UID ``uid``), bounded by ``timeout_s``; a pod
+        without UID gets none (logged); API trouble is logged and counted, never raised."""
+        key = f"{namespace}/{name}"
+        if not (uid and namespace and name):
+            log.warning("no Event for pod %s: it has no UID (%s)", key, message)
             return
+        pod = PodRef(namespace, name, uid)
         try:
             async with asyncio.timeout(self._timeout_s):
-                await self._recorder.pod_event(
-                    PodRef(namespace, name, uid),
-                    SKIPPED_REASON,
-                    "gpushare: " + skipped.describe(),
-                    EventType.WARNING,
-                )
+                await self._recorder.pod_event(pod, reason, message, kind)
         except (KubeError, TimeoutError) as error:
             self.failed += 1
-            log.warning(
-                "recording Event %s on pod %s failed: %s",
-                SKIPPED_REASON,
-                skipped.pod,
-                error or "timeout",
-            )
+            log.warning("recording Event %s on pod %s failed: %s", reason, key, error or "timeout")
             return
         self.emitted += 1
