@@ -145,8 +145,7 @@ class StateCollector(Collector):
                 continue
             node = info.node
             scale = unit_bytes(info.unit)
-            held = self._state.held(node.name)
-            used = tuple(u + h for u, h in zip(ledger.state(node.name).gpu_used, held, strict=True))
+            used = self._state.counted_used(node.name)
             holders: dict[int, int] = {}
             for allocation in ledger.allocations(node.name):
                 for index, amount in allocation.per_gpu().items():

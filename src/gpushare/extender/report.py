@@ -36,8 +36,7 @@ def shared_report(state: ExtenderState, node: str | None = None) -> dict[str, An
 def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
     """One node: its GPUs, what each holds and for which pods."""
     node = info.node
-    held = state.held(node.name)
-    used = tuple(u + h for u, h in zip(state.ledger.state(node.name).gpu_used, held, strict=True))
+    used = state.counted_used(node.name)
     allocations = state.ledger.allocations(node.name)
     skipped = state.skipped(node.name)
     devs: list[dict[str, Any]] = []

@@ -300,6 +300,13 @@ class ExtenderState:
                     charged[index] += amount
         return tuple(charged[index] for index in gpus)
 
+    def counted_used(self, name: str) -> tuple[int, ...]:
+        """Units counted on each GPU of node ``name`` (position order) for ``/inspect`` and
+        ``/metrics``: the ledger's plus what skipped pods are charged with (``held``); a
+        whole-node block is not memory and is left out (``node_state`` counts it)."""
+        ledger_used = self.ledger.state(name).gpu_used
+        return tuple(u + h for u, h in zip(ledger_used, self.held(name), strict=True))
+
     def skipped(self, node: str | None = None) -> list[SkippedPod]:
         """The bound pods the ledger does not hold (on ``node``, or all), by pod key."""
         return [
