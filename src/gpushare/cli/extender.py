@@ -36,7 +36,7 @@ from pathlib import Path
 import click
 import uvicorn
 
-from gpushare.cli.leader import leader_election_options, lease_config
+from gpushare.cli.leader import leader_election_options
 from gpushare.cli.options import kube_options, log_level_option, setup_logging
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
@@ -50,6 +50,7 @@ from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
 from gpushare.extender.workload import live_policy
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import CodecError
+from gpushare.kube.lease import LeaseConfig
 
 DEFAULT_HOST = "127.0.0.1"
 """``--host``: loopback, so that a bare ``gpushare extender`` is reachable from nowhere else
@@ -218,13 +219,7 @@ def extender(
     request_body_timeout_s: float,
     keep_alive_timeout_s: int,
     max_connections: int,
-    leader_elect: bool,
-    lease_duration_s: float,
-    renew_deadline_s: float,
-    retry_period_s: float,
-    lease_namespace: str | None,
-    lease_name: str,
-    lease_identity: str | None,
+    leader_election: LeaseConfig | None,
     log_level: str,
 ) -> None:
     """Serve the scheduler extender (filter, prioritize, bind, inspect) for kube-scheduler."""
@@ -232,17 +227,8 @@ def extender(
         raise click.UsageError("--in-memory takes no --kubeconfig or --context")
     if nodes_file is not None and not in_memory:
         raise click.UsageError("--nodes needs --in-memory (on a cluster, nodes come from the API)")
-    if in_memory and leader_elect:
+    if in_memory and leader_election is not None:
         raise click.UsageError("--in-memory takes no --leader-elect (there is no API server)")
-    election = lease_config(
-        leader_elect=leader_elect,
-        lease_duration_s=lease_duration_s,
-        renew_deadline_s=renew_deadline_s,
-        retry_period_s=retry_period_s,
-        lease_namespace=lease_namespace,
-        lease_name=lease_name,
-        lease_identity=lease_identity,
-    )
     problems = tls_problems(tls_cert, tls_key, tls_client_ca)
     if problems:
         raise click.UsageError("bad TLS configuration:\n  " + "\n  ".join(problems))
@@ -288,7 +274,7 @@ def extender(
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
         limits=limits,
-        leader_election=election,
+        leader_election=leader_election,
     )
     try:
         client = connect(kubeconfig, context=context)

@@ -11,11 +11,12 @@ process never mistakes its predecessor's Lease for its own.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -23,7 +24,7 @@ from gpushare.kube.lease import LeaseConfig
 
 __all__ = ["DEFAULT_LEASE_NAME", "default_identity", "leader_election_options", "lease_config"]
 
-F = TypeVar("F", bound=Callable[..., object])
+R = TypeVar("R")
 DEFAULT_LEASE_NAME = "gpushare-extender"
 
 
@@ -36,8 +37,27 @@ def default_identity() -> str:
     return "_".join(parts)
 
 
-def leader_election_options(command: F) -> F:
-    """The ``--leader-elect*`` options (module doc)."""
+_OPTION_PARAMS = (
+    "leader_elect",
+    "lease_duration_s",
+    "renew_deadline_s",
+    "retry_period_s",
+    "lease_namespace",
+    "lease_name",
+    "lease_identity",
+)
+
+
+def leader_election_options(command: Callable[..., R]) -> Callable[..., R]:
+    """The ``--leader-elect*`` options (module doc), handed to ``command`` as one keyword
+    argument, ``leader_election``: the ``LeaseConfig`` of :func:`lease_config` (``None``
+    without ``--leader-elect``)."""
+
+    @functools.wraps(command)
+    def with_lease(*args: object, **kwargs: Any) -> R:
+        values = {name: kwargs.pop(name) for name in _OPTION_PARAMS}
+        return command(*args, leader_election=lease_config(**values), **kwargs)
+
     seconds = click.FloatRange(min=0, min_open=True)
     options = [
         click.option(
@@ -45,7 +65,7 @@ def leader_election_options(command: F) -> F:
             default=False,
             show_default=True,
             help="Run as one of several replicas: only the holder of a coordination.k8s.io "
-            "Lease decides; the others stay warm and not ready.",
+            "Lease decides; the others stay warm and forward requests to it.",
         ),
         click.option(
             "--leader-elect-lease-duration",
@@ -91,9 +111,10 @@ def leader_election_options(command: F) -> F:
             help="holderIdentity to write (default: pod name, pod IP and a random suffix).",
         ),
     ]
+    decorated: Callable[..., R] = with_lease
     for option in reversed(options):
-        command = option(command)
-    return command
+        decorated = option(decorated)
+    return decorated
 
 
 def lease_config(
