@@ -25,11 +25,16 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec import (
+    ALIYUN_ASSUME_TIME,
+    ALIYUN_POD,
+    ALLOCATION,
+    GPU_COUNT_ANNOTATION,
+    GPU_MEM,
+)
 
-__all__ = ["ALLOCATION", "Ask", "Outcome", "Spec", "fits_somewhere", "judge", "make_pod"]
+__all__ = ["Ask", "Outcome", "Spec", "fits_somewhere", "judge", "make_pod"]
 
-ALLOCATION = "gpushare.io/allocation"
 Placement = dict[tuple[str, int], int]  # (node, GPU index) -> units
 Nodes = Mapping[str, list[int]]  # node -> per-GPU capacity (units)
 
@@ -61,7 +66,7 @@ def make_pod(
     """The Pod of ``spec`` (``gpushare.io/gpu-count`` for containers over several GPUs)."""
     annotations = {}
     if any(a.gpus > 1 for a in spec.asks):
-        annotations["gpushare.io/gpu-count"] = json.dumps({a.container: a.gpus for a in spec.asks})
+        annotations[GPU_COUNT_ANNOTATION] = json.dumps({a.container: a.gpus for a in spec.asks})
     return Pod(
         metadata=ObjectMeta(name=spec.name, namespace=namespace, annotations=annotations),
         spec=PodSpec(
@@ -120,7 +125,7 @@ def read_outcome(
         if problem:
             outcome.problems.append(f"{name} on {node}: {problem}")
         outcome.bound[name] = placement
-        assume = annotations.get("ALIYUN_COM_GPU_MEM_ASSUME_TIME", "")
+        assume = annotations.get(ALIYUN_ASSUME_TIME, "")
         if assume.isdigit():
             outcome.assume_time_ns[name] = int(assume)
     return outcome
@@ -137,11 +142,11 @@ def placement_of(
     if document.get("node") != node or document.get("unit") != unit:
         return {}, f"allocation for another node or unit: {raw}"
     total = sum(a.total for a in spec.asks)
-    if annotations.get("ALIYUN_COM_GPU_MEM_POD") != str(total):
+    if annotations.get(ALIYUN_POD) != str(total):
         return {}, f"ALIYUN_COM_GPU_MEM_POD is not {total}: {annotations}"
     if annotations.get("ALIYUN_COM_GPU_MEM_ASSIGNED") != "false":
         return {}, "ALIYUN_COM_GPU_MEM_ASSIGNED is not 'false'"
-    if not annotations.get("ALIYUN_COM_GPU_MEM_ASSUME_TIME", "").isdigit():
+    if not annotations.get(ALIYUN_ASSUME_TIME, "").isdigit():
         return {}, "no ALIYUN_COM_GPU_MEM_ASSUME_TIME"
     containers = document.get("containers", [])
     names = [c["name"] for c in containers]
