@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling clean controlplane helm manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling clean controlplane node-runtime helm manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,13 +28,17 @@ typecheck: $(STAMP)
 controlplane:
 	scripts/build-controlplane.sh
 
+# containerd, runc, CNI plugins, busybox-static, iptables for the real-node tier (tests/node).
+node-runtime:
+	scripts/install-node-runtime.sh
+
 helm:
 	scripts/build-helm.sh
 
 manifests: helm
 	scripts/render-manifests.sh
 
-pytest: $(STAMP) controlplane helm
+pytest: $(STAMP) controlplane node-runtime helm
 	$(BIN)/pytest
 
 bench: $(STAMP)
