@@ -16,7 +16,8 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # ---- deps: a venv with every dependency of gpushare --------------------------------------------
 # Built from pyproject.toml alone (a stub package stands in for src/), so that this layer, the
 # large one, is rebuilt only when the dependencies change. The .pth file puts /opt/gpushare/app
-# (stage `app`) on the venv's import path.
+# (stage `app`) on the venv's import path. The stub's build directory goes too: setuptools would
+# reuse its empty gpushare/__init__.py when building the real package.
 FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
@@ -25,6 +26,7 @@ RUN python3 -m venv /opt/gpushare/venv \
     && mkdir -p src/gpushare && touch src/gpushare/__init__.py \
     && /opt/gpushare/venv/bin/pip install . \
     && /opt/gpushare/venv/bin/pip uninstall --yes gpushare \
+    && rm -rf src build ./*.egg-info \
     && /opt/gpushare/venv/bin/python -c "import pathlib, site; \
 pathlib.Path(site.getsitepackages()[0], 'gpushare-app.pth').write_text('/opt/gpushare/app\n')"
 

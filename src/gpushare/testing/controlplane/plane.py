@@ -302,7 +302,7 @@ class ControlPlane(ApiAccess):
                 "--use-service-account-credentials=true",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 # No CSR signing (no cluster signing key: kubelet uses the admin pair), no cloud.
-                "--controllers=*,-csrsigning,-cloud-node-lifecycle,-service-lb-controller",
+                "--controllers=*,-csrsigning",
                 "--profiling=false",
             ],
         )
