@@ -301,7 +301,7 @@ class ControlPlane(ApiAccess):
                 f"--root-ca-file={c.ca_cert}",
                 "--use-service-account-credentials=true",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                # No CSR signing (no cluster signing key: kubelet uses the admin pair), no cloud.
+                # No CSR signing (no cluster signing key: kubelet uses the admin pair).
                 "--controllers=*,-csrsigning",
                 "--profiling=false",
             ],
