@@ -58,7 +58,8 @@ from gpushare.testing.node.gpu import (
 )
 from gpushare.testing.node.waits import gpu_env_matches_annotations, running, wait_event
 
-pytestmark = pytest.mark.node
+# The first use builds the image when `make image` did not (about 7 minutes cold).
+pytestmark = [pytest.mark.node, pytest.mark.timeout(1500)]
 
 RELEASE = "chart"
 NAMESPACE = "gpushare-chart"
