@@ -1,33 +1,52 @@
-# syntax=docker/dockerfile:1
 # The gpushare image: one image, both commands.
 #   gpushare extender        (the Deployment; runs as the non-root user below)
 #   gpushare device-plugin   (the DaemonSet; runs as root by its securityContext, because
 #                             kubelet's device-plugin sockets on the host are root's)
 # Build:  docker build -t <registry>/gpushare:0.1.0 .
+#    or:  scripts/build-image.sh (`make image`): no registry and no Docker engine; buildah runs
+#         this file on a base made from Debian's packages (docs/install.md)
 # The NVIDIA driver library (NVML) is not in the image: the NVIDIA container runtime mounts it
 # into the device plugin's container (chart value devicePlugin.runtimeClassName).
-
+#
+# PYTHON_IMAGE: the base of every stage. Any image with Python >= 3.11 as `python3` on PATH
+# (with its venv module) and groupadd/useradd: python:3.11-slim by default, or the Debian
+# bookworm base that scripts/build-image.sh makes with mmdebstrap.
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# ---- build: a wheel of gpushare and of every dependency -------------------------------------
-FROM ${PYTHON_IMAGE} AS build
+# ---- deps: a venv with every dependency of gpushare --------------------------------------------
+# Built from pyproject.toml alone (a stub package stands in for src/), so that this layer, the
+# large one, is rebuilt only when the dependencies change. The .pth file puts /opt/gpushare/app
+# (stage `app`) on the venv's import path. The stub's build directory goes too: setuptools would
+# reuse its empty gpushare/__init__.py when building the real package.
+FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY src ./src
-RUN pip wheel --wheel-dir /wheels .
+RUN python3 -m venv /opt/gpushare/venv \
+    && mkdir -p src/gpushare && touch src/gpushare/__init__.py \
+    && /opt/gpushare/venv/bin/pip install . \
+    && /opt/gpushare/venv/bin/pip uninstall --yes gpushare \
+    && rm -rf src build ./*.egg-info \
+    && /opt/gpushare/venv/bin/python -c "import pathlib, site; \
+pathlib.Path(site.getsitepackages()[0], 'gpushare-app.pth').write_text('/opt/gpushare/app\n')"
 
-# ---- runtime: the wheels installed, no build context, no compilers ---------------------------
+# ---- app: gpushare itself, without its dependencies (rebuilt when src/ changes) ---------------
+FROM deps AS app
+COPY src ./src
+RUN /opt/gpushare/venv/bin/pip install --no-deps --target /opt/gpushare/app .
+
+# ---- runtime: the two directories, no build context, no compilers ------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
 # MPLCONFIGDIR: the CLI imports matplotlib (the simulator), which wants a writable cache; the
 # chart mounts an emptyDir at /tmp under its read-only root filesystem.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
-    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/matplotlib
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels gpushare \
-    && groupadd --system --gid 10001 gpushare \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/matplotlib \
+    PATH=/opt/gpushare/app/bin:/opt/gpushare/venv/bin:$PATH
+RUN groupadd --system --gid 10001 gpushare \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin gpushare
+COPY --from=deps /opt/gpushare/venv /opt/gpushare/venv
+COPY --from=app /opt/gpushare/app /opt/gpushare/app
 # The extender's port (the device plugin's metrics port is set by its flag).
 EXPOSE 12345
 USER 10001:10001

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover clean controlplane helm manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover clean controlplane node-runtime helm image manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,13 +28,22 @@ typecheck: $(STAMP)
 controlplane:
 	scripts/build-controlplane.sh
 
+# containerd, runc, CNI plugins, busybox-static, iptables for the real-node tier (tests/node).
+node-runtime:
+	scripts/install-node-runtime.sh
+
 helm:
 	scripts/build-helm.sh
+
+# The gpushare image from the Dockerfile, no registry, no Docker engine (buildah on a base made
+# from Debian's packages): out/image/gpushare-<version>.tar for `ctr -n k8s.io images import`.
+image:
+	scripts/build-image.sh
 
 manifests: helm
 	scripts/render-manifests.sh
 
-pytest: $(STAMP) controlplane helm
+pytest: $(STAMP) controlplane node-runtime helm image
 	$(BIN)/pytest
 
 bench: $(STAMP)

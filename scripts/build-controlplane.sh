@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Build the real Kubernetes control plane used by the cluster-test tier (tests/cluster):
-# etcd, kube-apiserver, kube-scheduler and kwok, from the Go module proxy, at the versions
-# pinned by the Go modules under testenv/controlplane/ (go.mod + go.sum, checked in); and
-# kubectl from the same Kubernetes release (the tests run `kubectl inspect gpushare` with it).
+# Build the real Kubernetes programs used by the cluster-test tiers (tests/cluster, tests/node)
+# from the Go module proxy, at the versions pinned by the Go modules under testenv/controlplane/
+# (go.mod + go.sum, checked in):
+#   control plane  etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok
+#   node           kubelet, kube-proxy
+#   client         kubectl (the tests run `kubectl inspect gpushare` with it)
+# Every Kubernetes program comes from ONE `go build` invocation of the same pinned module set, so
+# they share one build graph (a separate, concurrent kubelet build took 21 minutes on 2 cores).
 #
 # The binaries go to a cache directory outside the repository and are reused when present:
-#   ${GPUSHARE_CONTROLPLANE_CACHE:-$HOME/.cache/gpushare/controlplane/<versions>}
-# A stamp file records the versions and a hash of the pinning modules; any change rebuilds.
+#   ${GPUSHARE_CONTROLPLANE_CACHE:-$HOME/.cache/gpushare/controlplane/<versions>_<hash>}
+# <hash> is a hash of this script and the pinning modules, so two checkouts that pin different
+# sets (branches built side by side on one machine) never overwrite each other's binaries.
 #
 # Usage:
 #   scripts/build-controlplane.sh              build (or reuse) the binaries, print progress
@@ -19,7 +24,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODS="$ROOT/testenv/controlplane"
-BINARIES=(etcd kube-apiserver kube-scheduler kwok kubectl)
+K8S_COMMANDS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy kubectl)
+BINARIES=(etcd kwok "${K8S_COMMANDS[@]}")
 # kwok >= 0.8 refuses to start without stages; these are the defaults kwokctl gives it.
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
     pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
@@ -38,14 +44,6 @@ K8S_VERSION="$(pinned "$MODS/kubernetes/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(pinned "$MODS/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(pinned "$MODS/kwok/go.mod" sigs.k8s.io/kwok)"
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
-BIN_DIR="${GPUSHARE_CONTROLPLANE_CACHE:-${HOME}/.cache/gpushare/controlplane/${KEY}}"
-
-if [[ "${1:-}" == "--print-dir" ]]; then
-    printf '%s\n' "$BIN_DIR"
-    exit 0
-elif [[ $# -gt 0 ]]; then
-    die "unknown argument: $1 (usage: $0 [--print-dir])"
-fi
 
 # What the stamp records: the versions, this script and the exact pinning files.
 fingerprint() {
@@ -55,7 +53,16 @@ fingerprint() {
         | sha256sum | cut -d' ' -f1
 }
 WANT="$(fingerprint)"
+HASH="$(printf '%s' "$WANT" | sed -n 2p | cut -c1-12)"
+BIN_DIR="${GPUSHARE_CONTROLPLANE_CACHE:-${HOME}/.cache/gpushare/controlplane/${KEY}_${HASH}}"
 STAMP="$BIN_DIR/.stamp"
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+    printf '%s\n' "$BIN_DIR"
+    exit 0
+elif [[ $# -gt 0 ]]; then
+    die "unknown argument: $1 (usage: $0 [--print-dir])"
+fi
 
 cached() {
     [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] || return 1
@@ -97,15 +104,11 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=${K8S_DATE:-1970-01-01T00:00:00Z}"
 done
 
-step "building kube-apiserver and kube-scheduler $K8S_VERSION (the long part on a cold cache)"
-(cd "$MODS/kubernetes" && "${NICE[@]}" go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$PARTIAL/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler) \
-    || die "go build of kube-apiserver/kube-scheduler failed (output above)"
-
-step "building kubectl $K8S_VERSION (k8s.io/kubernetes/cmd/kubectl, the same release)"
-(cd "$MODS/kubernetes" && "${NICE[@]}" go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$PARTIAL/kubectl" \
-    k8s.io/kubernetes/cmd/kubectl) \
-    || die "go build of kubectl failed (output above)"
+PKGS=()
+for c in "${K8S_COMMANDS[@]}"; do PKGS+=("k8s.io/kubernetes/cmd/$c"); done
+step "building ${K8S_COMMANDS[*]} $K8S_VERSION in one go build (the long part on a cold cache)"
+(cd "$MODS/kubernetes" && "${NICE[@]}" go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$PARTIAL/" "${PKGS[@]}") \
+    || die "go build of ${K8S_COMMANDS[*]} failed (output above)"
 
 step "building etcd $ETCD_VERSION"
 (cd "$MODS/etcd" && "${NICE[@]}" go build -trimpath -ldflags "-s -w" -o "$PARTIAL/etcd" \

@@ -37,6 +37,7 @@ from gpushare.kube.codec import (
     pod_allocation,
     pod_request,
 )
+from gpushare.kube.codec.pods import INIT_CONTAINER_REFUSAL
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 
@@ -160,10 +161,25 @@ def test_pod_request(
     assert containers_of(pod) == expected
 
 
-def test_init_containers_are_not_placed() -> None:
+def test_init_containers_without_gpus_are_not_placed() -> None:
     pod = pod_json("p", 4)
-    pod["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {GPU_MEM: "2"}}}]
+    pod["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {"cpu": "1"}}}]
     assert containers_of(pod) == [("main", 4, 1, frozenset())]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{GPU_MEM: "2"}, {GPU_MEM: "4", GPU_COUNT: "2"}],
+    ids=["gpu-mem", "gpu-mem over two GPUs"],
+)
+def test_an_init_container_asking_a_gpu_is_refused_with_the_reason(limits: dict[str, str]) -> None:
+    """A real kubelet calls Allocate for init containers too; gpushare places none, so such a
+    pod is refused (the filter shows this message) instead of starting on an unplaced GPU."""
+    pod = pod_json("p", 4)
+    pod["spec"]["initContainers"] = [{"name": "warmup", "resources": {"limits": limits}}]
+    with pytest.raises(CodecError, match="init container warmup") as caught:
+        pod_request(pod)
+    assert INIT_CONTAINER_REFUSAL in str(caught.value)
 
 
 def test_pod_request_key_and_requests_only() -> None:

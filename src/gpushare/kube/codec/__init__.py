@@ -3,8 +3,10 @@
 Pods → ``PodRequest`` (what a pod asks), pod annotations ↔ ``Allocation`` (what it got), nodes →
 ``NodeInfo`` (its GPUs). Everything is in the node's own memory unit (design.md, "Units").
 
-**How a pod asks** (per container in ``spec.containers``; as in Alibaba's extender, init
-containers are not placed: they run before the app containers, whose GPUs the kubelet hands them):
+**How a pod asks** (per container in ``spec.containers``; init containers are not placed, and
+one that asks ``aliyun.com/gpu-mem`` or ``aliyun.com/gpu-count`` makes the pod unreadable: the
+filter refuses it with ``INIT_CONTAINER_REFUSAL``, because a real kubelet would call Allocate
+for it on a GPU nobody placed):
 
 * ``resources.limits["aliyun.com/gpu-mem"]`` (or ``requests``; equal when both are set): the
   container's GPU memory **in total** over its GPUs, a whole Kubernetes quantity (``"8"``,

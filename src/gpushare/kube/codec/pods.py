@@ -92,9 +92,39 @@ def _resource(container: Json, subject: str, name: str) -> int | None:
     return found.get("limits", found.get("requests"))
 
 
+INIT_CONTAINER_REFUSAL = (
+    "init containers get no GPU share (kubelet would run them on a GPU the extender never "
+    "placed); ask in spec.containers"
+)
+
+
+def _refuse_init_containers(spec: Json, subject: str) -> None:
+    """``CodecError`` when an init container asks ``aliyun.com/gpu-mem`` or ``-count``.
+
+    Alibaba's extender ignores init containers; a real kubelet still calls Allocate for them
+    (init devices are reused by the app containers), so the device plugin would match that
+    call to the wrong container or none. Refused up front, at filter, with this reason.
+    """
+    raw = spec.get("initContainers") or []
+    if not isinstance(raw, list):
+        raise CodecError(subject, "spec.initContainers", raw, "not a list", "a list")
+    for i, item in enumerate(raw):
+        container = mapping(item, subject, f"spec.initContainers[{i}]")
+        where = f"{subject} init container {container.get('name')}"
+        for name in (GPU_MEM, GPU_COUNT):
+            asked = _resource(container, where, name)
+            if asked:
+                raise CodecError(
+                    where, f"resources.limits.{name}", asked, INIT_CONTAINER_REFUSAL,
+                    f"no {name} in spec.initContainers",
+                )  # fmt: skip
+
+
 def pod_request(pod: Json) -> PodRequest:
     """What ``pod`` asks (package doc): its ``spec.containers``, in order; init containers are
-    not placed. CPU and memory are left 0 (kube-scheduler's job). ``CodecError`` on garbage."""
+    not placed, and one that asks a GPU is refused (``CodecError`` with
+    :data:`INIT_CONTAINER_REFUSAL`). CPU and memory are left 0 (kube-scheduler's job).
+    ``CodecError`` on garbage."""
     key = pod_key(pod)
     subject = f"pod {key}"
     spec = mapping(pod.get("spec"), subject, "spec")
@@ -114,6 +144,7 @@ def pod_request(pod: Json) -> PodRequest:
         if count is not None and not total:
             raise CodecError(where, GPU_COUNT, count, f"without {GPU_MEM}", f"with {GPU_MEM}")
         asked.append((name, total or 0, count))
+    _refuse_init_containers(spec, subject)
     gpu_names = [name for name, total, _ in asked if total]
     counts = _per_container(
         annotations, GPU_COUNT_ANNOTATION, subject, gpu_names,

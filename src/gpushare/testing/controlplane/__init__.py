@@ -1,6 +1,7 @@
-"""A real Kubernetes control plane on loopback for the cluster-test tier.
+"""A real Kubernetes control plane on loopback for the cluster-test tiers.
 
-:class:`ControlPlane` runs etcd, kube-apiserver, kube-scheduler and kwok as child processes,
+:class:`ControlPlane` runs etcd, kube-apiserver, kube-scheduler and kwok (and, for the real-node
+tier, kube-controller-manager) as child processes,
 built from the Go module proxy by ``scripts/build-controlplane.sh`` (see ``docs/testing.md``):
 
 * every process listens on a free 127.0.0.1 port and owns a directory under one temporary root;
@@ -32,6 +33,7 @@ from gpushare.testing.controlplane.plane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
     SERVICE_ACCOUNT_ISSUER,
+    SERVICE_CLUSTER_IP_RANGE,
     ControlPlane,
 )
 from gpushare.testing.controlplane.processes import (
@@ -55,6 +57,7 @@ __all__ = [
     "REPO_ROOT",
     "SCHEDULER_CONFIG_API_VERSION",
     "SERVICE_ACCOUNT_ISSUER",
+    "SERVICE_CLUSTER_IP_RANGE",
     "Binaries",
     "ControlPlane",
     "ControlPlaneError",

@@ -11,9 +11,19 @@ from gpushare.testing.controlplane.errors import ControlPlaneError
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-controlplane.sh"
-BINARY_NAMES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok", "kubectl")
-"""What the build script builds: the control plane, and kubectl of the same Kubernetes release
-(the tests run ``kubectl inspect gpushare`` through the real kubectl's plugin lookup)."""
+BINARY_NAMES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kwok",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+)
+"""What the build script builds: the control plane, the node (kubelet, kube-proxy) and kubectl
+of the same Kubernetes release (the tests run ``kubectl inspect gpushare`` through the real
+kubectl's plugin lookup)."""
 KWOK_STAGES = "kwok-stages.yaml"  # kwok >= 0.8 needs stages; the build script collects defaults
 
 

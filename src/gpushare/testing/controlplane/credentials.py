@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +31,16 @@ class Credentials:
     sa_pub: Path
 
     @classmethod
-    def generate(cls, directory: Path) -> Credentials:
+    def generate(cls, directory: Path, *, extra_ips: Sequence[str] = ()) -> Credentials:
+        """Generate everything in ``directory``; ``extra_ips`` join the serving cert's SANs."""
         directory.mkdir(parents=True, exist_ok=True)
+        sans = [
+            "IP:127.0.0.1",
+            "IP:10.0.0.1",
+            *(f"IP:{ip}" for ip in extra_ips if ip != "127.0.0.1"),
+        ]
+        sans += ["DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default"]
+        sans += ["DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"]
         _openssl(
             "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
             "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=gpushare-test-ca",
@@ -41,8 +49,7 @@ class Credentials:
         (directory / "serving.ext").write_text(
             "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
             "extendedKeyUsage=serverAuth\n"
-            "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
-            "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+            f"subjectAltName={','.join(sans)}\n"
         )
         (directory / "client.ext").write_text(
             "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"

@@ -1,11 +1,12 @@
 """The :class:`ControlPlane` itself: start, supervise and stop etcd, kube-apiserver,
-kube-scheduler and kwok."""
+kube-scheduler, kwok and (optionally) kube-controller-manager."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import functools
+import ipaddress
 import json
 import shutil
 import ssl
@@ -43,6 +44,7 @@ def _etcd_post(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE = "fake"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 
 
 @dataclass
@@ -52,6 +54,7 @@ class _Ports:
     apiserver: int
     scheduler: int
     kwok: int
+    controller_manager: int
 
 
 @dataclass
@@ -61,6 +64,15 @@ class ControlPlane(ApiAccess):
     ``extenders`` go into the main kube-scheduler's configuration (profile
     ``default-scheduler``); ``scheduler_extra`` adds top-level configuration fields. ``log_dir``
     receives a copy of every process log at :meth:`stop`.
+
+    For a real node (``gpushare.testing.node``): ``controller_manager=True`` also runs
+    kube-controller-manager (Deployments, ReplicaSets, DaemonSets, ServiceAccounts and their
+    tokens, ``kube-root-ca.crt``, pod garbage collection), with the ServiceAccount and
+    TaintNodesByCondition admission plugins on as in a real cluster; ``bind_address`` puts
+    kube-apiserver on an address pods can reach (the node's bridge, never a routed interface)
+    and lets it publish that address as the ``kubernetes`` Service's endpoint. The defaults
+    (loopback, no controller-manager) are what the kwok tier needs: faster, and no PodGC
+    deleting the pods that tests bind to nodes they never create.
     """
 
     binaries: Binaries
@@ -68,6 +80,8 @@ class ControlPlane(ApiAccess):
     scheduler_extra: Mapping[str, Any] = field(default_factory=dict)
     log_dir: Path | None = None
     startup_timeout: float = 90.0
+    bind_address: str = "127.0.0.1"
+    controller_manager: bool = False
     root: Path = field(init=False)
     credentials: Credentials = field(init=False)
     kubeconfig: Path = field(init=False)
@@ -94,10 +108,12 @@ class ControlPlane(ApiAccess):
         # Backstop for an interpreter that exits without running fixture teardown.
         atexit.register(self.stop)
         try:
-            ports = free_ports(5)
+            ports = free_ports(6)
             self._ports = _Ports(*ports)
-            self.server = f"https://127.0.0.1:{self._ports.apiserver}"
-            self.credentials = Credentials.generate(self.root / "pki")
+            self.server = f"https://{self.bind_address}:{self._ports.apiserver}"
+            self.credentials = Credentials.generate(
+                self.root / "pki", extra_ips=(self.bind_address,)
+            )
             self.kubeconfig = write_kubeconfig(
                 self.root / "admin.kubeconfig",
                 self.server,
@@ -109,6 +125,8 @@ class ControlPlane(ApiAccess):
             )
             self._start_etcd()
             self._start_apiserver()
+            if self.controller_manager:
+                self._start_controller_manager()
             self._start_scheduler(
                 "kube-scheduler",
                 self._ports.scheduler,
@@ -243,16 +261,17 @@ class ControlPlane(ApiAccess):
 
     def _start_apiserver(self) -> None:
         c = self.credentials
+        loopback = ipaddress.ip_address(self.bind_address).is_loopback
         proc = self._launch(
             "kube-apiserver",
             [
                 str(self.binaries.path("kube-apiserver")),
                 f"--etcd-servers=http://127.0.0.1:{self._ports.etcd_client}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
                 # The endpoint reconciler refuses a loopback advertise address ("may not be in
-                # the loopback range") and exits; nothing here needs the `kubernetes` Endpoints.
-                "--endpoint-reconciler-type=none",
+                # the loopback range") and exits; the kwok tier needs no `kubernetes` Endpoints.
+                f"--endpoint-reconciler-type={'none' if loopback else 'lease'}",
                 f"--secure-port={self._ports.apiserver}",
                 f"--cert-dir={self.root / 'kube-apiserver' / 'certs'}",
                 f"--tls-cert-file={c.serving_cert}",
@@ -262,13 +281,22 @@ class ControlPlane(ApiAccess):
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={c.sa_pub}",
                 f"--service-account-signing-key-file={c.sa_key}",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--allow-privileged=true",
-                # There is no kube-controller-manager: nobody would create the `default`
+                # Logs and exec reach a real kubelet at its InternalIP (whatever the node is
+                # called) with the admin client pair, which kubelet's x509 authn accepts.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={c.admin_cert}",
+                f"--kubelet-client-key={c.admin_key}",
+                # Without kube-controller-manager nobody would create the `default`
                 # ServiceAccount (ServiceAccount admission would refuse pods) nor lift the
                 # node.kubernetes.io/not-ready taint that TaintNodesByCondition puts on every
                 # new Node (the scheduler would refuse every kwok node).
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                *(
+                    []
+                    if self.controller_manager
+                    else ["--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"]
+                ),
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
             ],
@@ -292,6 +320,38 @@ class ControlPlane(ApiAccess):
                 self.startup_timeout,
                 processes=[proc],
             )
+
+    def _start_controller_manager(self) -> None:
+        c = self.credentials
+        port = self._ports.controller_manager
+        workdir = self.root / "kube-controller-manager"
+        proc = self._launch(
+            "kube-controller-manager",
+            [
+                str(self.binaries.path("kube-controller-manager")),
+                f"--kubeconfig={self.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={workdir / 'certs'}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={c.sa_key}",
+                f"--root-ca-file={c.ca_cert}",
+                "--use-service-account-credentials=true",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                # No CSR signing (no cluster signing key: kubelet uses the admin pair).
+                "--controllers=*,-csrsigning",
+                "--profiling=false",
+            ],
+        )
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert, on loopback
+        wait_until(
+            "kube-controller-manager /healthz",
+            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", insecure),
+            self.startup_timeout,
+            processes=[proc],
+        )
 
     def _start_scheduler(self, name: str, port: int, config: Mapping[str, Any]) -> ManagedProcess:
         workdir = self.root / name

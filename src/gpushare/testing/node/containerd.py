@@ -1,0 +1,154 @@
+"""containerd for a real test node: its own config, root, state and socket in a temp directory.
+
+The settings come from a trial on this kind of machine (``shared/notes/kubelet.md``):
+``restrict_oom_score_adj`` (root here lacks CAP_SYS_RESOURCE, so runc cannot set a sandbox's
+``oom_score_adj: -998``: every sandbox would fail with "can't get final child's PID from pipe"),
+the locally imported pause image as ``sandbox_image``, cgroupfs (no systemd), overlayfs,
+no AppArmor, and the CNI configuration of :func:`cni_conflist`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from gpushare.testing.controlplane import ControlPlaneError, ManagedProcess, wait_until
+from gpushare.testing.node.host import BRIDGE, GATEWAY, POD_SUBNET
+from gpushare.testing.node.images import PAUSE_IMAGE
+
+CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+NAMESPACE = "k8s.io"  # the containerd namespace of the CRI plugin
+
+
+def cni_conflist(ipam_dir: Path) -> dict[str, Any]:
+    """A ``bridge`` + ``host-local`` network on :data:`BRIDGE` (cniVersion 0.4.0)."""
+    base = GATEWAY.rsplit(".", 1)[0]
+    return {
+        "cniVersion": "0.4.0",
+        "name": "gpushare-node",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(ipam_dir),
+                    "ranges": [
+                        [
+                            {
+                                "subnet": POD_SUBNET,
+                                "rangeStart": f"{base}.10",
+                                "rangeEnd": f"{base}.250",
+                                "gateway": GATEWAY,
+                            }
+                        ]
+                    ],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            }
+        ],
+    }
+
+
+def containerd_config(root: Path) -> str:
+    """containerd 1.6 configuration (version 2) with everything under ``root``."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{root / "root"}"
+state = "{root / "state"}"
+[grpc]
+  address = "{root / "containerd.sock"}"
+[ttrpc]
+  address = "{root / "containerd.sock.ttrpc"}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root / "opt"}"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = "{root / "runc"}"
+[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{root / "cni" / "net.d"}"
+"""
+
+
+class Containerd:
+    """One containerd process over ``root`` (see :func:`containerd_config`)."""
+
+    def __init__(self, root: Path, *, startup_timeout_s: float = 60.0) -> None:
+        self.root = root
+        self.socket = root / "containerd.sock"
+        self.startup_timeout_s = startup_timeout_s
+        self.process: ManagedProcess | None = None
+        conf_dir = root / "cni" / "net.d"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        (conf_dir / "10-gpushare-node.conflist").write_text(
+            json.dumps(cni_conflist(root / "cni" / "ipam"), indent=2)
+        )
+        self.config = root / "config.toml"
+        self.config.write_text(containerd_config(root))
+
+    @property
+    def endpoint(self) -> str:
+        """The CRI endpoint for kubelet (``unix://...``)."""
+        return f"unix://{self.socket}"
+
+    def start(self) -> Containerd:
+        proc = ManagedProcess("containerd", ["containerd", "--config", str(self.config)], self.root)
+        self.process = proc.start()
+        wait_until(
+            "containerd answering `ctr version`",
+            lambda: self.ctr("version", check=False).returncode == 0,
+            self.startup_timeout_s,
+            processes=[proc],
+        )
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``ctr --address <socket> -n k8s.io ARGS``."""
+        argv = ["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        if check and done.returncode != 0:
+            raise ControlPlaneError(f"{' '.join(argv)} failed: {done.stderr or done.stdout}")
+        return done
+
+    def import_images(self, archive: Path) -> None:
+        self.ctr("images", "import", str(archive))
+
+    def remove_all_containers(self) -> int:
+        """Kill and delete every task and container (what a power cut leaves): how many."""
+        tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
+        for task in tasks:
+            self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+        for task in tasks:
+            wait_until(
+                f"task {task} stopped",
+                lambda t=task: (
+                    self.ctr("tasks", "delete", t, check=False).returncode == 0  # type: ignore[misc]
+                    or t not in self.ctr("tasks", "ls", "-q", check=False).stdout.split()
+                ),
+                30.0,
+            )
+        containers = self.ctr("containers", "ls", "-q", check=False).stdout.split()
+        for container in containers:
+            self.ctr("containers", "delete", container, check=False)
+        return len(containers)

@@ -1,0 +1,346 @@
+"""gpushare on a real node: ``gpushare extender`` and ``gpushare device-plugin`` as processes, a
+kube-scheduler that calls the extender, pod builders, and the invariants checked after every
+step (no GPU over capacity; the extender's ledger equals the pods' annotations).
+
+:class:`GpuStack` is what the real-node tests use; the image/chart tests run the same two
+programs as pods instead and can still use :func:`gpu_pod`, :func:`container_env` and
+:func:`check_ledger`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.apps_v1 import DeploymentSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec, ResourceRequirements
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Node, Pod
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpushare.kube import nodepods, nodes
+from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, pod_allocation
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    ManagedProcess,
+    free_ports,
+    gpushare_extender,
+    wait_for,
+)
+from gpushare.testing.node.images import TEST_IMAGE
+from gpushare.testing.node.node import RealNode
+
+SCHEDULER_NAME = "gpushare-node-scheduler"
+"""The ``schedulerName`` of pods placed through gpushare's extender on the real node."""
+EXTENDER_PREFIX = "/gpushare-scheduler"
+PLUGIN_RULES = [
+    PolicyRule(
+        apiGroups=list(r["apiGroups"]), resources=list(r["resources"]), verbs=list(r["verbs"])
+    )
+    for r in (*nodes.RBAC_RULES, *nodepods.RBAC_RULES)
+]
+PRINT_ENV = 'trap "exit 0" TERM; env | sort; while :; do sleep 1; done'
+"""A container command: print the environment once (read back with ``kubectl logs``), then
+idle until SIGTERM (sh as PID 1 ignores it otherwise)."""
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _python_cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
+
+
+# ---- pods -------------------------------------------------------------------------------
+
+
+def gpu_container(name: str, gpu_mem: int, *, command: str = PRINT_ENV) -> Container:
+    """A test-image container asking ``gpu_mem`` units of ``aliyun.com/gpu-mem`` (0: none)."""
+    limits = {GPU_MEM: str(gpu_mem)} if gpu_mem else None
+    return Container(
+        name=name,
+        image=TEST_IMAGE,
+        imagePullPolicy="Never",
+        command=["sh", "-c", command],
+        resources=ResourceRequirements(limits=limits),
+    )
+
+
+def gpu_pod_spec(
+    containers: Mapping[str, int], *, init_containers: Mapping[str, int] | None = None
+) -> PodSpec:
+    """Containers (name → gpu-mem units, in order) through gpushare's scheduler, 2 s grace."""
+    return PodSpec(
+        schedulerName=SCHEDULER_NAME,
+        terminationGracePeriodSeconds=2,
+        containers=[gpu_container(n, units) for n, units in containers.items()],
+        initContainers=[
+            gpu_container(n, units, command="env | sort")
+            for n, units in (init_containers or {}).items()
+        ]
+        or None,
+    )
+
+
+def gpu_pod(
+    namespace: str,
+    name: str,
+    containers: Mapping[str, int],
+    *,
+    gpu_count: Mapping[str, int] | None = None,
+    init_containers: Mapping[str, int] | None = None,
+) -> Pod:
+    """A bare GPU pod; ``gpu_count`` spreads a container over several GPUs
+    (``gpushare.io/gpu-count``)."""
+    annotations = {GPU_COUNT_ANNOTATION: json.dumps(dict(gpu_count))} if gpu_count else None
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace=namespace, annotations=annotations),
+        spec=gpu_pod_spec(containers, init_containers=init_containers),
+    )
+
+
+def gpu_deployment(namespace: str, name: str, replicas: int, gpu_mem: int) -> Deployment:
+    """``replicas`` equal one-container pods of ``gpu_mem`` units each."""
+    labels = {"app": name}
+    return Deployment(
+        metadata=ObjectMeta(name=name, namespace=namespace),
+        spec=DeploymentSpec(
+            replicas=replicas,
+            selector=LabelSelector(matchLabels=labels),
+            template=PodTemplateSpec(
+                metadata=ObjectMeta(labels=labels), spec=gpu_pod_spec({"main": gpu_mem})
+            ),
+        ),
+    )
+
+
+def container_env(client: Client, pod: str, namespace: str, container: str) -> dict[str, str]:
+    """The ``env`` a :data:`PRINT_ENV` container printed, read through the API server (the
+    same path as ``kubectl logs``: kube-apiserver → kubelet → containerd's log file)."""
+    env: dict[str, str] = {}
+    for line in client.log(pod, namespace=namespace, container=container):
+        key, sep, value = line.rstrip("\n").partition("=")
+        if sep and key.isidentifier():
+            env[key] = value
+    return env
+
+
+# ---- invariants -------------------------------------------------------------------------
+
+
+def annotated_usage(client: Client, node: str) -> dict[str, dict[int, int]]:
+    """What the pods' annotations say: pod ``ns/name`` → GPU index → units, for every pod on
+    ``node`` that still holds its GPUs (bound, not Succeeded/Failed)."""
+    usage: dict[str, dict[int, int]] = {}
+    for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
+        if pod.status is not None and pod.status.phase in TERMINAL_PHASES:
+            continue
+        allocation = pod_allocation(pod.to_dict())
+        if allocation is not None:
+            usage[allocation.pod] = allocation.per_gpu()
+    return usage
+
+
+def ledger_usage(report: Mapping[str, Any]) -> dict[str, dict[int, int]]:
+    """The same from the extender's ``/inspect/<node>`` report."""
+    usage: dict[str, dict[int, int]] = {}
+    for dev in report["devs"]:
+        for pod in dev["pods"]:
+            usage.setdefault(f"{pod['namespace']}/{pod['name']}", {})[dev["id"]] = pod["usedGPU"]
+    return usage
+
+
+@dataclass
+class GpuStack:
+    """``gpushare extender`` and ``gpushare device-plugin --fake-gpus FAKE_GPUS`` as processes,
+    and a kube-scheduler (:data:`SCHEDULER_NAME`) that calls the extender, on ``node``.
+
+    The plugin runs with a ServiceAccount holding exactly its documented rules and the real
+    kubelet's ``/var/lib/kubelet/device-plugins/``; the extender with the admin identity.
+    """
+
+    plane: ControlPlane
+    node: RealNode
+    fake_gpus: str = "2x16GiB:T4"
+    workdir: Path = field(init=False)
+    extender: ManagedProcess = field(init=False)
+    plugin: ManagedProcess = field(init=False)
+    extender_port: int = field(init=False)
+    metrics_port: int = field(init=False)
+    _plugin_argv: list[str] = field(init=False)
+    _stack: contextlib.ExitStack = field(init=False, default_factory=contextlib.ExitStack)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[GpuStack]:
+        """Start everything, wait until the node advertises the GPUs; stop it all on exit."""
+        self.workdir = self.node.root / "gpushare"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.extender_port, self.metrics_port = free_ports(2)
+        with self._stack:
+            self.extender = ManagedProcess(
+                "gpushare-extender",
+                _python_cli(
+                    "extender", "--host", "127.0.0.1", "--port", str(self.extender_port),
+                    "--kubeconfig", str(self.plane.kubeconfig), "--log-level", "debug",
+                ),
+                self.workdir,
+            ).start()  # fmt: skip
+            self._stack.callback(self._stop, self.extender)
+            wait_for(
+                "extender /readyz",
+                lambda: self.extender_get("/readyz", check=False)[0] == 200 or None,
+                60.0,
+                processes=[self.extender],
+            )
+            kubeconfig = self.plane.service_account_kubeconfig(
+                "gpushare-device-plugin", "kube-system", PLUGIN_RULES
+            )
+            self._plugin_argv = _python_cli(
+                "device-plugin", "--node-name", self.node.name, "--fake-gpus", self.fake_gpus,
+                "--kubeconfig", str(kubeconfig), "--metrics-port", str(self.metrics_port),
+                "--log-level", "debug",
+            )  # fmt: skip
+            self.start_plugin()
+            self._stack.callback(lambda: self._stop(self.plugin))
+            self._stack.enter_context(
+                self.plane.scheduler(
+                    "kube-scheduler-gpushare",
+                    profiles=[{"schedulerName": SCHEDULER_NAME}],
+                    extenders=[
+                        gpushare_extender(f"http://127.0.0.1:{self.extender_port}{EXTENDER_PREFIX}")
+                    ],
+                )
+            )
+            yield self
+
+    def _stop(self, proc: ManagedProcess) -> None:
+        proc.stop()
+        self.plane._keep_log(proc)
+
+    # ---- the device plugin -----------------------------------------------------------
+
+    def start_plugin(self, *, wait_capacity: bool = True) -> ManagedProcess:
+        """Start ``gpushare device-plugin``; wait until the Node's allocatable gpu-mem is the
+        fake GPUs' total (kubelet got the devices) when ``wait_capacity``."""
+        self.plugin = ManagedProcess("gpushare-device-plugin", self._plugin_argv, self.workdir)
+        self.plugin.start()
+        if wait_capacity:
+            self.wait_capacity()
+        return self.plugin
+
+    def stop_plugin(self) -> None:
+        self.plugin.stop()
+
+    def total_units(self) -> int:
+        total = 0
+        for part in self.fake_gpus.split(","):
+            count, _, rest = part.partition("x")
+            total += int(count) * int(rest.split("GiB")[0])
+        return total
+
+    def wait_capacity(self, timeout_s: float = 60.0) -> None:
+        want = str(self.total_units())
+
+        def advertised() -> bool | None:
+            with self.plane.client() as client:
+                node = client.get(Node, self.node.name)
+            allocatable = (node.status.allocatable if node.status else None) or {}
+            return allocatable.get(GPU_MEM) == want or None
+
+        procs = [p for p in (self.plugin, self.node.kubelet) if p is not None]
+        wait_for(f"node allocatable {GPU_MEM}={want}", advertised, timeout_s, processes=procs)
+
+    def allocate_calls(self) -> int:
+        """Successful Allocate calls the current plugin process served (its ``/metrics``)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            if family.name == "gpushare_device_plugin_allocate_requests":
+                for sample in family.samples:
+                    if sample.name.endswith("_total") and sample.labels.get("outcome") == "ok":
+                        return int(sample.value)
+        return 0
+
+    def registrations(self) -> int:
+        """How often this plugin process registered with kubelet (its log)."""
+        return self.plugin.log_path.read_text().count("registered aliyun.com/gpu-mem")
+
+    # ---- the extender ----------------------------------------------------------------
+
+    def extender_get(self, path: str, *, check: bool = True) -> tuple[int, Any]:
+        url = f"http://127.0.0.1:{self.extender_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return int(response.status), json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            if check:
+                raise
+            return exc.code, None
+        except OSError:
+            if check:
+                raise
+            return 0, None
+
+    def inspect_node(self) -> dict[str, Any]:
+        status, report = self.extender_get(f"{EXTENDER_PREFIX}/inspect/{self.node.name}")
+        if status != 200:
+            raise ControlPlaneError(f"/inspect/{self.node.name} answered {status}")
+        return dict(report)
+
+    def check_ledger(self, client: Client, timeout_s: float = 30.0) -> dict[str, dict[int, int]]:
+        """Wait until the extender's ledger equals the pods' annotations (watch lag), then
+        check that no GPU holds more than its capacity. Returns the usage by pod."""
+
+        def agreed() -> tuple[dict[str, Any], dict[str, dict[int, int]]] | None:
+            report = self.inspect_node()
+            annotated = annotated_usage(client, self.node.name)
+            return (report, annotated) if ledger_usage(report) == annotated else None
+
+        try:
+            report, annotated = wait_for(
+                "ledger == annotations", agreed, timeout_s, processes=[self.extender]
+            )
+        except ControlPlaneError:
+            report = self.inspect_node()
+            raise AssertionError(
+                f"ledger {ledger_usage(report)} != annotations "
+                f"{annotated_usage(client, self.node.name)}"
+            ) from None
+        for dev in report["devs"]:
+            if dev["usedGPU"] > dev["totalGPU"]:
+                raise AssertionError(f"GPU {dev['id']} over capacity: {dev}")
+        _, cluster = self.extender_get(f"{EXTENDER_PREFIX}/inspect")
+        if cluster["violations"]:
+            raise AssertionError(f"ledger violations: {cluster['violations']}")
+        return annotated
+
+
+def delete_pods(client: Client, namespace: str, names: Sequence[str] | None = None) -> None:
+    """Delete pods (all in ``namespace`` when ``names`` is None), grace 0, and wait until gone."""
+    targets = names
+    if targets is None:
+        targets = [
+            p.metadata.name
+            for p in client.list(Pod, namespace=namespace)
+            if p.metadata and p.metadata.name
+        ]
+    for name in targets:
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, name, namespace=namespace, grace_period=0)
+
+    def gone() -> bool | None:
+        left = {p.metadata.name for p in client.list(Pod, namespace=namespace) if p.metadata}
+        return not (left & set(targets)) or None
+
+    wait_for(f"pods {targets} deleted", gone, 60.0)
