@@ -126,13 +126,21 @@ def gpu_deployment(namespace: str, name: str, replicas: int, gpu_mem: int) -> De
 
 def container_env(client: Client, pod: str, namespace: str, container: str) -> dict[str, str]:
     """The ``env`` a :data:`PRINT_ENV` container printed, read through the API server (the
-    same path as ``kubectl logs``: kube-apiserver → kubelet → containerd's log file)."""
-    env: dict[str, str] = {}
-    for line in client.log(pod, namespace=namespace, container=container):
-        key, sep, value = line.rstrip("\n").partition("=")
-        if sep and key.isidentifier():
-            env[key] = value
-    return env
+    same path as ``kubectl logs``: kube-apiserver → kubelet → containerd's log file); retried
+    while kubelet answers 404 (right after its restart) or the log is still empty."""
+
+    def read() -> dict[str, str] | None:
+        env: dict[str, str] = {}
+        try:
+            for line in client.log(pod, namespace=namespace, container=container):
+                key, sep, value = line.rstrip("\n").partition("=")
+                if sep and key.isidentifier():
+                    env[key] = value
+        except ApiError:  # 404 for a few seconds after a kubelet restart: it re-syncs its pods
+            return None
+        return env or None
+
+    return wait_for(f"logs of {namespace}/{pod}/{container}", read, 60.0)
 
 
 # ---- invariants -------------------------------------------------------------------------
