@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,6 +40,7 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     wait_for,
 )
+from gpushare.testing.node.host import DEVICE_PLUGIN_DIR
 from gpushare.testing.node.images import TEST_IMAGE
 from gpushare.testing.node.node import RealNode
 
@@ -238,13 +240,39 @@ class GpuStack:
     # ---- the device plugin -----------------------------------------------------------
 
     def start_plugin(self, *, wait_capacity: bool = True) -> ManagedProcess:
-        """Start ``gpushare device-plugin``; wait until the Node's allocatable gpu-mem is the
-        fake GPUs' total (kubelet got the devices) when ``wait_capacity``."""
+        """Start ``gpushare device-plugin``; when ``wait_capacity``, wait until kubelet holds
+        this process's devices as healthy (:meth:`wait_devices_taken`) and the Node's
+        allocatable gpu-mem is the fake GPUs' total."""
+        started = time.time()
         self.plugin = ManagedProcess("gpushare-device-plugin", self._plugin_argv, self.workdir)
         self.plugin.start()
         if wait_capacity:
+            self.wait_devices_taken(since=started)
             self.wait_capacity()
         return self.plugin
+
+    def wait_devices_taken(self, *, since: float, timeout_s: float = 60.0) -> None:
+        """Wait until kubelet's device manager took a device list sent after ``since`` (a
+        ``time.time()``): it rewrites its checkpoint (``kubelet_internal_checkpoint``:
+        ``Data.RegisteredDevices``, the healthy devices by resource) on every ListAndWatch
+        update. The Node's allocatable cannot tell: kubelet posts it every 10 s, so right after
+        a plugin restart it still shows the old plugin's devices while kubelet refuses GPU pods
+        ("no healthy devices present", UnexpectedAdmissionError)."""
+        checkpoint = DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
+        want = self.total_units()
+
+        def taken() -> bool | None:
+            try:
+                if checkpoint.stat().st_mtime < since:
+                    return None
+                data = json.loads(checkpoint.read_text())["Data"]
+            except (OSError, ValueError, KeyError):  # not written yet, or mid-write
+                return None
+            return len(data.get("RegisteredDevices", {}).get(GPU_MEM) or ()) == want or None
+
+        procs = [p for p in (self.plugin, self.node.kubelet) if p is not None]
+        what = f"kubelet's checkpoint: {want} healthy {GPU_MEM}"
+        wait_for(what, taken, timeout_s, processes=procs)
 
     def stop_plugin(self) -> None:
         self.plugin.stop()
