@@ -9,7 +9,9 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# ---- build: a wheel of gpushare and of every dependency -------------------------------------
+# ---- build: a wheel of gpushare-k8s and of every runtime dependency ---------------------------
+# The runtime dependencies only: the simulator's extra (`sim`: polars, matplotlib) is not built
+# or installed, so neither command can load it.
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
@@ -19,12 +21,10 @@ RUN pip wheel --wheel-dir /wheels .
 
 # ---- runtime: the wheels installed, no build context, no compilers ---------------------------
 FROM ${PYTHON_IMAGE} AS runtime
-# MPLCONFIGDIR: the CLI imports matplotlib (the simulator), which wants a writable cache; the
-# chart mounts an emptyDir at /tmp under its read-only root filesystem.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
-    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/matplotlib
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels gpushare \
+    pip install --no-index --find-links=/wheels gpushare-k8s \
     && groupadd --system --gid 10001 gpushare \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin gpushare

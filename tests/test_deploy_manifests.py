@@ -365,7 +365,6 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert main["env"] == [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
     ]
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
     assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
@@ -470,7 +469,10 @@ def test_dockerfile_structure() -> None:
     stages = [ln for ln in lines if ln.upper().startswith("FROM ")]
     assert stages == ["FROM ${PYTHON_IMAGE} AS build", "FROM ${PYTHON_IMAGE} AS runtime"]
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
-    assert "MPLCONFIGDIR=/tmp/matplotlib" in text
+    # The runtime image installs the distribution without the simulator's extra (issue 13).
+    assert "pip install --no-index --find-links=/wheels gpushare-k8s \\" in lines
+    assert "[sim" not in text
+    assert "MPLCONFIGDIR" not in text
     runtime = lines[lines.index(stages[1]) :]
     assert "pip wheel --wheel-dir /wheels ." in "\n".join(lines[: lines.index(stages[1])])
     assert not any(ln.startswith("COPY . ") or ln.startswith("COPY src") for ln in runtime)
