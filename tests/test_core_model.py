@@ -17,6 +17,7 @@ from gpushare.core.model import (
     NodeState,
     PodRequest,
 )
+from gpushare.testing.core import gpu_node
 
 
 def node(
@@ -25,12 +26,10 @@ def node(
     cpu_milli: int | None = None,
     memory_mib: int | None = None,
 ) -> Node:
-    flags = healthy or (True,) * len(capacities)
-    gpus = tuple(
-        Gpu(index=i, model="A100", capacity=c, healthy=h)
-        for i, (c, h) in enumerate(zip(capacities, flags, strict=True))
-    )
-    return Node(name="n", gpus=gpus, cpu_milli=cpu_milli, memory_mib=memory_mib)
+    return gpu_node(
+        capacities, name="n", model="A100", healthy=healthy, cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+    )  # fmt: skip
 
 
 INVALID: list[tuple[str, Callable[[], object], str]] = [
