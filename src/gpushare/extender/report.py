@@ -24,7 +24,8 @@ from gpushare.kube.codec import NodeInfo
 def shared_report(state: ExtenderState, node: str | None = None) -> dict[str, Any]:
     """The inspect report (``gpushare.inspect``) of what ``state`` holds, as JSON."""
     nodes, pods = state.objects()
-    return report_json(build_report(Snapshot(nodes, pods), node=node))
+    pending = {info.node.name: state.pending(info.node.name) for info in state.nodes()}
+    return report_json(build_report(Snapshot(nodes, pods), node=node, pending=pending))
 
 
 def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
