@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling clean controlplane helm manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-inspect clean controlplane helm manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-extender: $(STAMP)
 
 bench-deviceplugin: $(STAMP) controlplane
 	$(BIN)/python bench/deviceplugin.py
+
+bench-inspect: $(STAMP)
+	$(BIN)/python bench/inspect_report.py
 
 bench-scheduling: $(STAMP) controlplane
 	$(BIN)/python bench/scheduling.py

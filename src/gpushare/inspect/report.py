@@ -472,3 +472,23 @@ def _totals(nodes: list[NodeReport]) -> tuple[UnitTotal, ...]:
                   sum(n.total for n in members), sum(n.unhealthy for n in members), len(members))
         for members in groups if members
     )  # fmt: skip
+
+
+def narrow(report: Report, node: str) -> Report:
+    """``report`` (of the whole cluster) as seen from ``node`` alone, without building it
+    again: that node, each pending pod's fit on it (its summary that node's line), the node's
+    totals, and the problems that name it. For a node of ``report``, the same as
+    ``build_report(snapshot, node=node)`` except for unreadable pods, which a cluster report
+    cannot attribute to a node (they stay in the cluster report's ``problems``)."""
+    nodes = tuple(n for n in report.nodes if n.name == node)
+    pending = []
+    for pod in report.pending:
+        fits = [fit for fit in pod.nodes if fit.node == node]
+        pending.append(
+            PendingReport(pod.namespace, pod.name, pod.asks, pod.total, tuple(fits), _summary(fits))
+        )
+    mention = f"node {node}"
+    problems = tuple(
+        p for p in report.problems if p.startswith(f"{mention}:") or f"{mention} " in p
+    )
+    return Report(nodes, tuple(pending), _totals(list(nodes)), problems, node)
