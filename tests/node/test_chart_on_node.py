@@ -122,8 +122,11 @@ def plugin_sockets() -> set[str] | None:
 
 
 def component_pods(kube: Client, component: str) -> list[Pod]:
-    labels = {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/component": component}
-    return list(kube.list(Pod, namespace=NAMESPACE, labels=labels))
+    labels: dict[str, str | None] = {
+        "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": component,
+    }
+    return list(kube.list(Pod, namespace=NAMESPACE, labels=dict(labels)))
 
 
 def component_pod(kube: Client, component: str) -> Pod:
