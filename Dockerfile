@@ -13,11 +13,13 @@
 # bookworm base that scripts/build-image.sh makes with mmdebstrap.
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# ---- deps: a venv with every dependency of gpushare --------------------------------------------
+# ---- deps: a venv with every runtime dependency of gpushare-k8s -------------------------------
 # Built from pyproject.toml alone (a stub package stands in for src/), so that this layer, the
 # large one, is rebuilt only when the dependencies change. The .pth file puts /opt/gpushare/app
 # (stage `app`) on the venv's import path. The stub's build directory goes too: setuptools would
 # reuse its empty gpushare/__init__.py when building the real package.
+# The runtime dependencies only: the simulator's extra (`sim`: polars, matplotlib) is not
+# installed, so neither command can load it.
 FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
@@ -25,7 +27,7 @@ COPY pyproject.toml README.md ./
 RUN python3 -m venv /opt/gpushare/venv \
     && mkdir -p src/gpushare && touch src/gpushare/__init__.py \
     && /opt/gpushare/venv/bin/pip install . \
-    && /opt/gpushare/venv/bin/pip uninstall --yes gpushare \
+    && /opt/gpushare/venv/bin/pip uninstall --yes gpushare-k8s \
     && rm -rf src build ./*.egg-info \
     && /opt/gpushare/venv/bin/python -c "import pathlib, site; \
 pathlib.Path(site.getsitepackages()[0], 'gpushare-app.pth').write_text('/opt/gpushare/app\n')"
@@ -37,10 +39,8 @@ RUN /opt/gpushare/venv/bin/pip install --no-deps --target /opt/gpushare/app .
 
 # ---- runtime: the two directories, no build context, no compilers ------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
-# MPLCONFIGDIR: the CLI imports matplotlib (the simulator), which wants a writable cache; the
-# chart mounts an emptyDir at /tmp under its read-only root filesystem.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
-    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/matplotlib \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PATH=/opt/gpushare/app/bin:/opt/gpushare/venv/bin:$PATH
 RUN groupadd --system --gid 10001 gpushare \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

@@ -5,12 +5,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover clean controlplane node-runtime helm image manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect clean controlplane node-runtime helm image manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[sim,test]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -54,6 +54,9 @@ bench-extender: $(STAMP)
 
 bench-deviceplugin: $(STAMP) controlplane
 	$(BIN)/python bench/deviceplugin.py
+
+bench-inspect: $(STAMP)
+	$(BIN)/python bench/inspect_report.py
 
 bench-scheduling: $(STAMP) controlplane
 	$(BIN)/python bench/scheduling.py

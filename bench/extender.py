@@ -30,41 +30,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender.app import create_app
-from gpushare.extender.state import ExtenderState
-from gpushare.kube.codec import allocation_annotations
-from gpushare.testing.extender import node_json, pod_json
+from gpushare.testing.extender import pod_json, populated_state
 
 PREFIX = "/gpushare-scheduler"
 GPUS_PER_NODE = 8
 GPU_GIB = 16
-
-
-def populated_state(nodes: int, pods: int) -> tuple[ExtenderState, list[str]]:
-    """A synced state with ``nodes`` nodes and ``pods`` bound pods spread over their GPUs."""
-    state = ExtenderState()
-    names = [f"node-{i:04d}" for i in range(nodes)]
-    infos = [
-        state.upsert_node(node_json(name, [GPU_GIB] * GPUS_PER_NODE, unit="GiB")) for name in names
-    ]
-    for i in range(pods):
-        info = infos[i % nodes]
-        share = 1 + (i // nodes) % 2  # 1 or 2 GiB; ~20 pods per node over 8 GPUs stays < 16
-        gpu = (i // nodes) % GPUS_PER_NODE
-        allocation = Allocation(
-            pod=f"bench/pod-{i}",
-            node=info.node.name,
-            containers=(ContainerAllocation("main", (gpu,), share),),
-        )
-        annotations = allocation_annotations(allocation, info.node, now_ns=0, unit="GiB")
-        state.observe_pod(
-            pod_json(
-                f"pod-{i}", share, namespace="bench", node=info.node.name, annotations=annotations
-            )
-        )
-    state.mark_synced()
-    return state, names
 
 
 def canned_app(filter_body: bytes, prioritize_body: bytes) -> Starlette:
@@ -129,7 +100,9 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.perf_counter()
-    state, names = populated_state(args.nodes, args.pods)
+    state, names = populated_state(
+        args.nodes, args.pods, gpus_per_node=GPUS_PER_NODE, gpu_gib=GPU_GIB
+    )
     print(
         f"{args.nodes} nodes × {GPUS_PER_NODE} GPUs, {args.pods} pods in the ledger "
         f"(built in {time.perf_counter() - started:.1f} s); policy {args.policy}"

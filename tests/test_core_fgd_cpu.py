@@ -16,6 +16,7 @@ from gpushare.core.model import ContainerRequest, Gpu, Node, NodeState, PodReque
 from gpushare.core.placement import Placer
 from gpushare.core.policies import PolicyContext, make_policy
 from gpushare.core.policies.fgd_cpu import FgdCpuPolicy, node_type, reserved_node_types
+from gpushare.testing.core import gpu_node
 
 ONE_GPU_4_CPU = TargetWorkload((TaskShape(4000, 1000, 1),), (1.0,))
 EIGHT_FREE = (1000,) * 8
@@ -72,7 +73,7 @@ def test_fgd_cpu_keeps_cpu_only_pods_off_gpu_dense_nodes() -> None:
 
 
 def _gpu_node(name: str, model: str, gpus: int, cpu_milli: int) -> Node:
-    return Node(name, tuple(Gpu(i, model, 1000) for i in range(gpus)), cpu_milli=cpu_milli)
+    return gpu_node((1000,) * gpus, name=name, model=model, cpu_milli=cpu_milli)
 
 
 def test_fgd_score_is_the_primary_key() -> None:

@@ -19,51 +19,14 @@ from gpushare.core.model import (
     Allocation,
     ContainerAllocation,
     ContainerRequest,
-    Gpu,
-    Node,
     NodeState,
     PodRequest,
 )
+from gpushare.testing.core import node_state as state
+from gpushare.testing.core import pod_request as pod
 
 MIB_16G = 16276  # a "16 GiB" GPU as NVML reports it, in MiB (design.md's example)
 QUARTER = MIB_16G // 4  # 4069
-
-
-def state(
-    capacities: tuple[int, ...],
-    used: tuple[int, ...] | None = None,
-    *,
-    models: tuple[str, ...] | None = None,
-    healthy: tuple[bool, ...] | None = None,
-    cpu_milli: int | None = None,
-    memory_mib: int | None = None,
-    cpu_used_milli: int = 0,
-    memory_used_mib: int = 0,
-) -> NodeState:
-    n = len(capacities)
-    gpus = tuple(
-        Gpu(index=i, model=m, capacity=c, healthy=h)
-        for i, (c, m, h) in enumerate(
-            zip(capacities, models or ("T4",) * n, healthy or (True,) * n, strict=True)
-        )
-    )
-    return NodeState(
-        node=Node("node", gpus, cpu_milli=cpu_milli, memory_mib=memory_mib),
-        gpu_used=used if used is not None else (0,) * n,
-        cpu_used_milli=cpu_used_milli,
-        memory_used_mib=memory_used_mib,
-    )
-
-
-def pod(
-    *containers: tuple[int, int] | ContainerRequest, cpu_milli: int = 0, memory_mib: int = 0
-) -> PodRequest:
-    """A pod from ``(share, count)`` pairs (containers c0, c1, ...) or full requests."""
-    built = tuple(
-        c if isinstance(c, ContainerRequest) else ContainerRequest(f"c{i}", c[0], c[1])
-        for i, c in enumerate(containers)
-    )
-    return PodRequest("ns/pod", built, cpu_milli=cpu_milli, memory_mib=memory_mib)
 
 
 @dataclass(frozen=True)

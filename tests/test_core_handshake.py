@@ -23,12 +23,12 @@ from gpushare.core.handshake import (
 from gpushare.core.model import (
     Allocation,
     ContainerAllocation,
-    ContainerRequest,
     Gpu,
     Node,
     NodeState,
     PodRequest,
 )
+from gpushare.testing.core import pod_request
 
 
 def pending(
@@ -81,9 +81,7 @@ def test_no_match_message_names_units_and_candidates() -> None:
 
 
 def request(key: str, *containers: tuple[str, int, int]) -> PodRequest:
-    return PodRequest(
-        key, tuple(ContainerRequest(n, share, count) for n, share, count in containers)
-    )
+    return pod_request(*containers, key=key)
 
 
 @pytest.mark.parametrize(

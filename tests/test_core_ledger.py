@@ -17,6 +17,7 @@ from gpushare.core.ledger import (
     ViolationKind,
 )
 from gpushare.core.model import Allocation, ContainerAllocation, Gpu, Node, NodeState
+from gpushare.testing.core import gpu_node
 
 TTL_S = 30.0
 
@@ -36,15 +37,8 @@ def make_node(
     capacities: tuple[int, ...] = (16, 16),
     unhealthy: frozenset[int] = frozenset(),
 ) -> Node:
-    return Node(
-        name,
-        tuple(
-            Gpu(i, "T4", capacity, healthy=i not in unhealthy)
-            for i, capacity in enumerate(capacities)
-        ),
-        cpu_milli=8000,
-        memory_mib=32768,
-    )
+    healthy = tuple(i not in unhealthy for i in range(len(capacities)))
+    return gpu_node(capacities, name=name, healthy=healthy, cpu_milli=8000, memory_mib=32768)
 
 
 def alloc(

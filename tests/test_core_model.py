@@ -17,6 +17,7 @@ from gpushare.core.model import (
     NodeState,
     PodRequest,
 )
+from gpushare.testing.core import gpu_node
 
 
 def node(
@@ -25,12 +26,10 @@ def node(
     cpu_milli: int | None = None,
     memory_mib: int | None = None,
 ) -> Node:
-    flags = healthy or (True,) * len(capacities)
-    gpus = tuple(
-        Gpu(index=i, model="A100", capacity=c, healthy=h)
-        for i, (c, h) in enumerate(zip(capacities, flags, strict=True))
-    )
-    return Node(name="n", gpus=gpus, cpu_milli=cpu_milli, memory_mib=memory_mib)
+    return gpu_node(
+        capacities, name="n", model="A100", healthy=healthy, cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+    )  # fmt: skip
 
 
 INVALID: list[tuple[str, Callable[[], object], str]] = [
@@ -184,3 +183,13 @@ def test_with_allocation_sums_like_per_gpu(capacities: list[int], data: st.DataO
     after = NodeState.empty(n).with_allocation(allocation)
     per_gpu = allocation.per_gpu()
     assert after.gpu_used == tuple(per_gpu.get(i, 0) for i in range(len(capacities)))
+
+
+def test_without_removes_the_pods_own_allocation_on_its_node_only() -> None:
+    state = NodeState(node(16, 16), (10, 4), cpu_used_milli=500)
+    own = Allocation(
+        "ns/p", "n", (ContainerAllocation("c0", (0, 1), 4),), cpu_milli=200, memory_mib=0
+    )
+    assert state.without(own) == NodeState(node(16, 16), (6, 0), cpu_used_milli=300)
+    assert state.without(None) is state
+    assert state.without(Allocation("ns/p", "elsewhere", own.containers)) is state

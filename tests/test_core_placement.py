@@ -11,18 +11,19 @@ from hypothesis import strategies as st
 
 from gpushare.core.fit import check_fit
 from gpushare.core.fragmentation import TargetWorkload
-from gpushare.core.model import ContainerRequest, Gpu, Node, NodeState, PodRequest
+from gpushare.core.model import Gpu, Node, NodeState, PodRequest
 from gpushare.core.placement import Placer
 from gpushare.core.policies import PolicyContext, make_policy
+from gpushare.testing.core import gpu_node, pod_request
 
 
 def pod(key: str, share: int, count: int = 1, cpu: int = 0) -> PodRequest:
-    gpu = ContainerRequest("main", share, count) if count else ContainerRequest("main", 0, 0)
-    return PodRequest(key, (gpu,), cpu_milli=cpu)
+    container = ("main", share, count) if count else ("main", 0, 0)
+    return pod_request(container, key=key, cpu_milli=cpu)
 
 
 def node(name: str, gpus: int, capacity: int = 1000, cpu: int | None = None) -> Node:
-    return Node(name, tuple(Gpu(i, "T4", capacity) for i in range(gpus)), cpu_milli=cpu)
+    return gpu_node((capacity,) * gpus, name=name, cpu_milli=cpu)
 
 
 def test_binpack_sends_the_pod_to_the_node_with_the_tightest_gpu() -> None:

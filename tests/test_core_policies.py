@@ -7,6 +7,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import assume, given, note
@@ -32,6 +33,8 @@ from gpushare.core.policies import (
 )
 from gpushare.core.policies import fgd as fgd_module
 from gpushare.core.policies.fgd import FgdPolicy
+from gpushare.testing.core import node_state as build_state
+from gpushare.testing.core import pod_request
 
 ALL_POLICIES = (
     "binpack",
@@ -59,21 +62,11 @@ def node_state(
     used: tuple[int, ...],
     *,
     capacity: int = 1000,
-    models: tuple[str, ...] | None = None,
-    cpu_milli: int | None = None,
-    cpu_used_milli: int = 0,
-    memory_mib: int | None = None,
-    memory_used_mib: int = 0,
     tags: Mapping[str, int] | None = None,
+    **kw: Any,
 ) -> NodeState:
-    gpus = tuple(Gpu(i, model, capacity) for i, model in enumerate(models or ("V100",) * len(used)))
-    return NodeState(
-        Node("node", gpus, cpu_milli=cpu_milli, memory_mib=memory_mib),
-        gpu_used=used,
-        cpu_used_milli=cpu_used_milli,
-        memory_used_mib=memory_used_mib,
-        workload_tags=dict(tags or {}),
-    )
+    """A node of 1000-milli V100s (``capacity``) with ``used`` per GPU."""
+    return build_state((capacity,) * len(used), used, model="V100", workload_tags=tags, **kw)
 
 
 def idle(
@@ -90,11 +83,11 @@ def idle(
 
 
 def gpu_pod(share: int, count: int = 1, *, cpu: int = 0, memory: int = 0) -> PodRequest:
-    return PodRequest("ns/pod", (ContainerRequest("main", share, count),), cpu, memory)
+    return pod_request(("main", share, count), cpu_milli=cpu, memory_mib=memory)
 
 
 def cpu_pod(cpu: int, memory: int = 0) -> PodRequest:
-    return PodRequest("ns/pod", (ContainerRequest("main", 0, 0),), cpu, memory)
+    return pod_request(("main", 0, 0), cpu_milli=cpu, memory_mib=memory)
 
 
 def policy(name: str, workload: TargetWorkload = DEFAULT_M, seed: int = 0) -> Policy:

@@ -456,7 +456,6 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     assert main["env"] == [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
     ]
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
@@ -867,11 +866,17 @@ def test_dockerfile_structure() -> None:
         "FROM ${PYTHON_IMAGE} AS runtime",
     ]
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
-    assert "MPLCONFIGDIR=/tmp/matplotlib" in text
     deps = lines[lines.index(stages[0]) : lines.index(stages[1])]
     runtime = lines[lines.index(stages[2]) :]
     # The dependencies' layer is made from pyproject.toml alone: src/ changes do not rebuild it.
     assert not any(ln.startswith("COPY src") for ln in deps)
+    # The runtime dependencies of the distribution gpushare-k8s, without the simulator's extra
+    # (issue 13): the stub stands in for it, then goes.
+    deps_text = "\n".join(deps)
+    assert re.search(r"/opt/gpushare/venv/bin/pip install \. ", deps_text)
+    assert "pip uninstall --yes gpushare-k8s" in deps_text
+    assert "[sim" not in text
+    assert "MPLCONFIGDIR" not in text
     assert not any(ln.startswith("COPY . ") or ln.startswith("COPY src") for ln in runtime)
     # No RUN --mount=from a stage: buildah's layer cache (< 1.29) reuses such a step after the
     # stage changed (containers/buildah#4522); COPY --from is cached by content.

@@ -17,11 +17,12 @@ from gpushare.extender.wire import ExtenderArgs, decode, encode
 from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker, live_policy
 from gpushare.kube.codec import node_info, pod_request
 from gpushare.kube.watch import Action, Change
+from gpushare.testing.core import pod_request as build_pod
 from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
 
 
 def _pod(key: str, share: int, count: int = 1) -> PodRequest:
-    return PodRequest(key, (ContainerRequest("main", share, count),))
+    return build_pod(("main", share, count), key=key)
 
 
 def _change(obj: dict[str, object], action: Action = Action.UPSERT) -> Change:

@@ -14,6 +14,7 @@ import pytest
 
 from gpushare.core.fit import FitStatus, Reason
 from gpushare.inspect import Report, Snapshot, build_report
+from gpushare.inspect.report import narrow
 from gpushare.kube.codec import ALIYUN_ASSIGNED, ALLOCATION, INVENTORY, node_info
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
@@ -274,3 +275,18 @@ def test_report_is_pure_and_deterministic() -> None:
     snapshot = Snapshot((n,), tuple(pods))
     assert build_report(snapshot) == build_report(Snapshot((n,), tuple(reversed(pods))))
     assert snapshot == Snapshot((n,), tuple(pods))
+
+
+def test_narrowing_the_cluster_report_gives_each_nodes_own_report() -> None:
+    """``narrow`` (one report per /inspect request) equals building the node's report alone."""
+    n1, n2, n3 = node("n1", [16, 16]), node("n2", [8]), node("n3", [16], unit="MiB")
+    pods = [
+        bound("a", n1, [("main", (0,), 12)]),
+        bound("b", n1, [("main", (1,), 12)], assigned=False),
+        bound("c", n2, [("main", (0,), 9)]),  # above capacity: a problem naming n2
+        pod_json("big", 10, namespace="ml"),
+        pod_json("small", 2, namespace="ml"),
+    ]
+    cluster = report([n1, n2, n3], pods)
+    for name in ("n1", "n2", "n3"):
+        assert narrow(cluster, name) == report([n1, n2, n3], pods, only=name), name

@@ -9,6 +9,9 @@ the source with ``ast``, so it sees every import statement, including those unde
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -196,3 +199,90 @@ def test_checker_resolves_relative_imports_from_a_subpackage_init() -> None:
     assert violations("from ... import sim", f"{CORE}.policies", is_package=True) == [
         "line 1: gpushare.sim (another gpushare package)"
     ]
+
+
+# -- the whole design table (design.md section 2), as import-linter contracts ----------------
+# The contracts live in pyproject.toml ([tool.importlinter]); docs/architecture.md explains them.
+# The AST check above stays for what import-linter does not see: the standard library's I/O
+# modules in the core.
+
+REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(src: Path, *contracts: str) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` with the project's contracts over the ``gpushare`` package in ``src``."""
+    args = [str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"]
+    for contract in contracts:
+        args += ["--contract", contract]
+    return subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=src,
+        env={**os.environ, "PYTHONPATH": str(src)},
+        check=False,
+    )
+
+
+def test_the_layering_contracts_are_kept() -> None:
+    result = lint_imports(REPO / "src")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+# Each contract must fail on what it is meant to catch: one import added to a copy of the package.
+BREAKS = [
+    ("core imports kube", "core/fit.py", "import gpushare.kube.codec", "core-pure"),
+    ("core imports an HTTP client", "core/model.py", "import httpx2", "core-pure"),
+    ("kube imports the extender", "kube/cache.py", "import gpushare.extender", "layers"),
+    ("device plugin imports extender", "deviceplugin/allocate.py", "import gpushare.extender",
+     "deviceplugin-not-extender"),
+    ("simulator imports kube", "sim/engine.py", "import gpushare.kube.codec", "sim-not-kube"),
+    ("inspect imports the extender", "inspect/report.py", "import gpushare.extender.state",
+     "inspect-below-extender"),
+    ("codec imports the client", "kube/codec/pods.py", "import gpushare.kube.client",
+     "codec-pure"),
+    ("extender imports lightkube", "extender/wire.py", "import lightkube",
+     "only-kube-talks-to-the-api-server"),
+    ("extender imports httpx2 outside the forwarder", "extender/live.py", "import httpx2",
+     "only-kube-talks-to-the-api-server"),
+    ("codec imports the lease", "kube/codec/nodes.py", "import gpushare.kube.lease",
+     "codec-pure"),
+    ("runtime imports testing", "extender/wire.py", "import gpushare.testing.pods",
+     "runtime-not-testing"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [case[1:] for case in BREAKS],
+    ids=[case[0] for case in BREAKS],
+)
+def test_a_contract_breaks_on_the_import_it_forbids(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    copy = tmp_path / "gpushare"
+    shutil.copytree(REPO / "src" / "gpushare", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module
+    target.write_text(target.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
+    result = lint_imports(tmp_path, contract)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 broken" in result.stdout
+
+
+def test_a_stale_exception_breaks_the_check(tmp_path: Path) -> None:
+    """The forwarder's exception (``ignore_imports``) names a real import: without that import
+    the contract fails instead of keeping a stale exception that would hide a later one."""
+    copy = tmp_path / "gpushare"
+    shutil.copytree(REPO / "src" / "gpushare", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "extender" / "forward.py"
+    source = target.read_text(encoding="utf-8")
+    assert "\nimport httpx2\n" in source
+    target.write_text(source.replace("\nimport httpx2\n", "\nhttpx2 = None\n"), encoding="utf-8")
+    result = lint_imports(tmp_path, "only-kube-talks-to-the-api-server")
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "No matches for ignored import gpushare.extender.forward -> httpx2" in (
+        result.stdout + result.stderr
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 from pathlib import Path
@@ -14,6 +15,12 @@ from gpushare.core.policies import policy_names
 from gpushare.sim.experiment import PAPER_SEEDS, RunResult, run_experiment
 from gpushare.sim.report import summarise, summary_table, write_json
 from gpushare.sim.trace import EMBEDDED_WORKLOAD, TraceError, embedded_trace_dir, load_trace
+
+# matplotlib is imported only when plotting (it is slow to import), but it is part of the
+# ``sim`` extra like polars: a missing one fails here, when the subcommand is loaded, so that
+# ``gpushare simulate`` names the extra to install before it runs for minutes.
+if importlib.util.find_spec("matplotlib") is None:
+    raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
 
 EMBEDDED_SEEDS = (42, 43, 44)
 _SEED_RANGE = re.compile(r"^(\d+)-(\d+)$")

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from gpushare.core.fit import FitResult, FitStatus, Reason
+from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.model import Allocation, ContainerAllocation, NodeState, PodRequest
 
 __all__ = [
@@ -46,7 +46,10 @@ __all__ = [
     "Pin",
     "PinStatus",
     "Step",
+    "apply_pin",
     "forced_fit",
+    "handshake_fit",
+    "handshake_verdict",
     "match_allocate",
     "pin",
     "steps_of",
@@ -277,3 +280,45 @@ def forced_fit(
         FitStatus.FITS, Reason.FITS, free_per_gpu=state.gpu_free,
         capacity_per_gpu=state.node.capacities, assignment=tuple(assignment),
     )  # fmt: skip
+
+
+def apply_pin(state: NodeState, pod: PodRequest, result: FitResult, rule: Pin) -> FitResult:
+    """``result`` (``check_fit`` of ``pod`` on ``state``) under ``rule``. Only a pod that fits
+    is held by the rule: one that must wait does not fit now (``Reason.HANDSHAKE``); one pinned
+    to an equal pending pod's GPUs fits only there (``FitResult.assignment`` says where), else
+    ``Reason.HANDSHAKE``. A pod that does not fit anyway keeps its own reason: the rule is not
+    what holds it back."""
+    if not result.fits or rule.status is PinStatus.FREE:
+        return result
+    if rule.status is PinStatus.WAIT:
+        return waiting(state, pod)
+    forced = forced_fit(state, pod, rule.assignment)
+    return forced if forced.fits else replace(forced, reason=Reason.HANDSHAKE)
+
+
+def handshake_verdict(
+    state: NodeState,
+    pod: PodRequest,
+    pending: Sequence[PendingPod],
+    plain: FitResult | None = None,
+) -> tuple[FitResult, Pin]:
+    """The one verdict on ``pod`` and ``state`` (already without the pod's own allocation:
+    ``NodeState.without``) under the handshake rule for the node's ``pending`` pods: the fit
+    (``apply_pin`` of ``check_fit``; ``plain`` is that ``check_fit`` when the caller has it
+    cached) and the rule that applied (``Pin.describe`` names the pending pod). The extender's
+    filter, prioritize and bind and the inspect report all call it, so they give one reason."""
+    result = plain if plain is not None else check_fit(state, pod)
+    if not pending or not result.fits:
+        return result, Pin(PinStatus.FREE)
+    rule = pin(pod, pending)
+    return apply_pin(state, pod, result, rule), rule
+
+
+def handshake_fit(
+    state: NodeState,
+    pod: PodRequest,
+    pending: Sequence[PendingPod],
+    plain: FitResult | None = None,
+) -> FitResult:
+    """The fit of ``handshake_verdict`` alone."""
+    return handshake_verdict(state, pod, pending, plain)[0]

@@ -224,6 +224,25 @@ class NodeState:
             return None
         return self.node.memory_mib - self.memory_used_mib
 
+    def without(self, allocation: Allocation | None) -> NodeState:
+        """This state minus ``allocation`` when it is on this node (a pod never blocks
+        itself: a retried bind or a re-filter of a pod that holds GPUs here); else unchanged.
+        GPU indices the node lacks are ignored."""
+        if allocation is None or allocation.node != self.node.name:
+            return self
+        used = list(self.gpu_used)
+        position = {gpu.index: i for i, gpu in enumerate(self.node.gpus)}
+        for index, amount in allocation.per_gpu().items():
+            if index in position:
+                used[position[index]] -= amount
+        return NodeState(
+            node=self.node,
+            gpu_used=tuple(used),
+            cpu_used_milli=self.cpu_used_milli - allocation.cpu_milli,
+            memory_used_mib=self.memory_used_mib - allocation.memory_mib,
+            workload_tags=self.workload_tags,
+        )
+
     def with_allocation(self, allocation: Allocation, tag: str | None = None) -> NodeState:
         """This state with ``allocation`` added (no fit check: see ``gpushare.core.fit``)."""
         used = list(self.gpu_used)

@@ -8,15 +8,13 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from gpushare.core.fit import Reason, check_fit
-from gpushare.core.handshake import PinStatus, pin
+from gpushare.core.fit import Reason
+from gpushare.core.handshake import PinStatus, handshake_verdict
 from gpushare.core.model import Allocation, PodRequest
 from gpushare.core.policies import Policy
 from gpushare.extender.outcomes import (
     NOT_SYNCED,
     UNKNOWN_NODE,
-    _without,
-    apply_pin,
     describe_fit,
     not_gpushare,
 )
@@ -88,9 +86,9 @@ class _BindMixin:
             return own, info  # a retry: the GPUs chosen before
         if own is not None and not self.state.ledger.is_assumed(key):
             return f"gpushare: pod {key} already holds GPUs on node {own.node}"
-        base = _without(state, own)
-        rule = pin(pod, self.state.pending(node))  # the pod's own entry never pins it
-        fit = apply_pin(base, pod, check_fit(base, pod), rule)
+        base = state.without(own)
+        # The pod's own pending entry never pins it (``pin`` skips its key).
+        fit, rule = handshake_verdict(base, pod, self.state.pending(node))
         if not fit.fits:
             why = describe_fit(fit, info)
             if fit.reason is Reason.HANDSHAKE:

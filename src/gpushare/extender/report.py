@@ -23,18 +23,25 @@ from typing import Any
 from gpushare.core.ledger import ViolationKind
 from gpushare.extender.state import ExtenderState, SkipKind, SkippedPod
 from gpushare.inspect.render import report_json
-from gpushare.inspect.report import Snapshot, build_report
+from gpushare.inspect.report import Report, Snapshot, build_report, narrow
 from gpushare.kube.codec import NodeInfo
 
 
-def shared_report(state: ExtenderState, node: str | None = None) -> dict[str, Any]:
-    """The inspect report (``gpushare.inspect``) of what ``state`` holds, as JSON."""
+def shared_report(state: ExtenderState, node: str | None = None) -> Report:
+    """The inspect report (``gpushare.inspect``) of what ``state`` holds, with the extender's
+    own pins (they expire after its handshake timeout); of ``node`` alone when given."""
     nodes, pods = state.objects()
-    return report_json(build_report(Snapshot(nodes, pods), node=node))
+    names = [node] if node is not None else [info.node.name for info in state.nodes()]
+    pending = {name: state.pending(name) for name in names}
+    return build_report(Snapshot(nodes, pods), node=node, pending=pending)
 
 
-def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
-    """One node: its GPUs, what each holds and for which pods."""
+def node_report(
+    state: ExtenderState, info: NodeInfo, cluster: Report | None = None
+) -> dict[str, Any]:
+    """One node: its GPUs, what each holds and for which pods. Its ``gpushare`` report is
+    narrowed from ``cluster`` (the report of the whole cluster) when given, else built for the
+    node alone."""
     node = info.node
     used = state.counted_used(node.name)
     allocations = state.ledger.allocations(node.name)
@@ -79,7 +86,9 @@ def node_report(state: ExtenderState, info: NodeInfo) -> dict[str, Any]:
         )
     return {
         "name": node.name,
-        "gpushare": shared_report(state, node.name),
+        "gpushare": report_json(
+            narrow(cluster, node.name) if cluster is not None else shared_report(state, node.name)
+        ),
         "unit": info.unit,
         "source": info.source,
         "totalGPU": sum(gpu.capacity for gpu in node.gpus),
@@ -152,10 +161,12 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
 
 
 def cluster_report(state: ExtenderState) -> dict[str, Any]:
-    """Every GPU-share node (sorted by name) and the ledger's broken invariants."""
+    """Every GPU-share node (sorted by name) and the ledger's broken invariants. The inspect
+    report is built once per request, each node's part narrowed from it."""
+    cluster = shared_report(state)
     return {
-        "nodes": [node_report(state, info) for info in state.nodes() if info.gpushare],
+        "nodes": [node_report(state, info, cluster) for info in state.nodes() if info.gpushare],
         "violations": violations(state),
         "skipped": [skipped_json(pod) for pod in state.skipped()],
-        "gpushare": shared_report(state),
+        "gpushare": report_json(cluster),
     }

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpushare.core.fit import FitResult, FitStatus, check_fit
+from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.policies import Policy
 from gpushare.extender.binding import _BindMixin
@@ -55,10 +56,8 @@ from gpushare.extender.outcomes import (
     NOT_SYNCED,
     UNKNOWN_NODE,
     _shape,
-    _without,
     describe_fit,
     not_gpushare,
-    pinned_fit,
     skipped_note,
 )
 from gpushare.extender.scoring import policy_value, to_priorities
@@ -149,13 +148,12 @@ class Scheduler(_BindMixin):
 
     def _fit(self, name: str, pod: PodRequest, own: Allocation | None) -> FitResult | None:
         """The fit of ``pod`` on node ``name`` now, or ``None`` for an unknown node; the
-        handshake rule applied (``pinned_fit``)."""
+        handshake rule applied (``gpushare.core.handshake.handshake_fit``)."""
         state = self.state.node_state(name)
         if state is None:
             return None
         if own is not None and own.node == name:
-            base = _without(state, own)
-            return pinned_fit(base, pod, check_fit(base, pod), self.state.pending(name))
+            return handshake_fit(state.without(own), pod, self.state.pending(name))
         key = (name, _shape(pod))
         version = self.state.version(name)
         cached = self._fits.get(key)
@@ -166,7 +164,7 @@ class Scheduler(_BindMixin):
                 self._fits.clear()
             result = check_fit(state, pod)
             self._fits[key] = (version, result)
-        return pinned_fit(state, pod, result, self.state.pending(name))
+        return handshake_fit(state, pod, self.state.pending(name), result)
 
     def _policy_generation(self) -> int:
         generation = getattr(self.policy, "generation", 0)
@@ -185,7 +183,7 @@ class Scheduler(_BindMixin):
         policy is deterministic."""
         name = state.node.name
         if (own is not None and own.node == name) or not self.policy.deterministic:
-            return policy_value(self.policy, _without(state, own), pod)
+            return policy_value(self.policy, state.without(own), pod)
         key = (name, _shape(pod))
         version = self.state.version(name)
         cached = self._values.get(key)

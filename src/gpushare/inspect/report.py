@@ -4,7 +4,8 @@
 Pod objects as plain JSON dicts) into a ``Report``; ``gpushare.inspect.render`` prints it as
 Alibaba's ``kubectl inspect gpushare`` tables or as JSON. Objects are read with
 ``gpushare.kube.codec`` (formats: its package docstring) and pending pods are checked with
-``gpushare.core.fit.check_fit``, the extender's own filter, so the reasons are the extender's.
+``gpushare.core.handshake.handshake_fit``, the extender's own verdict (the fit under the
+device-plugin handshake rule), so the reasons are the extender's.
 
 * **Nodes**: GPU-share nodes (``NodeInfo.gpushare``: label ``gpushare=true`` and GPUs) and any
   node that holds GPU pods, sorted by name. The address is the ``InternalIP`` of
@@ -18,7 +19,7 @@ Alibaba's ``kubectl inspect gpushare`` tables or as JSON. Objects are read with
     but the device plugin has not started it yet (``GpuReport.assumed``, ``PodReport.assigned``);
   - *bound without a record* (bound around the extender) hold memory in kube-scheduler's count
     but no GPU: they count in the node's ``unplaced`` (Alibaba's ``PENDING(Allocated)``);
-  - *not bound* are pending: ``check_fit`` on every GPU-share node (only the ``node`` given, if
+  - *not bound* are pending: ``handshake_fit`` on every GPU-share node (only the ``node`` given, if
     any) says why they do not fit, with the numbers.
 
 * **Amounts** are integers in the node's unit; totals are summed per unit (``UnitTotal``), since
@@ -30,11 +31,12 @@ Alibaba's ``kubectl inspect gpushare`` tables or as JSON. Objects are read with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare.core.fit import FitResult, FitStatus, check_fit
+from gpushare.core.fit import FitResult, FitStatus
+from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.kube.codec import (
     UNITS,
@@ -45,6 +47,7 @@ from gpushare.kube.codec import (
     pod_allocation,
     pod_request,
 )
+from gpushare.kube.codec.handshake import pending_pod
 
 _FINISHED = ("Succeeded", "Failed")
 UNKNOWN_UNIT = "unit unknown"
@@ -260,9 +263,18 @@ _Book = tuple[list[tuple[Allocation, bool]], list[PodRequest]]
 """What the pods say about one node: (allocation, assigned) of placed pods, unplaced pods."""
 
 
-def build_report(snapshot: Snapshot, *, node: str | None = None) -> Report:
+def build_report(
+    snapshot: Snapshot,
+    *,
+    node: str | None = None,
+    pending: Mapping[str, Sequence[PendingPod]] | None = None,
+) -> Report:
     """The report of ``snapshot`` (module doc); with ``node``, of that node alone (pending pods
     are then checked against it only; it is shown even when it is not a GPU-share node).
+    Pending pods are checked with ``gpushare.core.handshake.handshake_fit``, the extender's own
+    verdict: ``pending`` gives the pods that pin equal pods on each node (the extender passes
+    its own, whose pins expire after its handshake timeout); by default they are read from the
+    snapshot (every bound pod the device plugin has not started yet pins).
     Never raises on unreadable objects: they become ``Report.problems``."""
     problems: list[str] = []
     infos: dict[str, tuple[NodeInfo, str | None]] = {}
@@ -279,7 +291,8 @@ def build_report(snapshot: Snapshot, *, node: str | None = None) -> Report:
         problems.append(f"node {node}: not found")
 
     books: dict[str, _Book] = {}
-    pending: list[tuple[str, PodRequest]] = []
+    pins: dict[str, list[PendingPod]] = {}
+    unbound: list[tuple[str, PodRequest]] = []
     for obj in snapshot.pods:
         bound = _dig(obj, "spec", "nodeName") or None
         if node is not None and bound not in (None, node):
@@ -291,10 +304,11 @@ def build_report(snapshot: Snapshot, *, node: str | None = None) -> Report:
             if not request.gpu_containers:
                 continue
             if bound is None:
-                pending.append((request.key, request))
+                unbound.append((request.key, request))
                 continue
             allocation = pod_allocation(obj)
             assigned = alibaba_annotations(obj).assigned is True
+            waiting = pending_pod(obj, allocation) if pending is None and allocation else None
         except CodecError as error:
             problems.append(_line(error))
             continue
@@ -303,6 +317,8 @@ def build_report(snapshot: Snapshot, *, node: str | None = None) -> Report:
             unplaced.append(request)
         else:
             placed.append((allocation, assigned))
+        if waiting is not None:
+            pins.setdefault(str(bound), []).append(waiting)
 
     for name in sorted(set(books) - set(infos)):
         count = len(books[name][0]) + len(books[name][1])
@@ -318,9 +334,10 @@ def build_report(snapshot: Snapshot, *, node: str | None = None) -> Report:
         nodes.append(report)
         states[name] = state
     candidates = [n for n in nodes if n.gpushare or n.name == node]
+    held: Mapping[str, Sequence[PendingPod]] = pins if pending is None else pending
     pending_reports = [
-        _pending_report(key, request, candidates, states)
-        for key, request in sorted(pending, key=lambda item: item[0])
+        _pending_report(key, request, candidates, states, held)
+        for key, request in sorted(unbound, key=lambda item: item[0])
     ]
     return Report(tuple(nodes), tuple(pending_reports), _totals(nodes), tuple(problems), node)
 
@@ -393,6 +410,7 @@ def _pending_report(
     request: PodRequest,
     candidates: list[NodeReport],
     states: Mapping[str, NodeState],
+    pending: Mapping[str, Sequence[PendingPod]],
 ) -> PendingReport:
     fits = []
     for report in candidates:
@@ -401,7 +419,7 @@ def _pending_report(
             text = f"node {report.name}: not a GPU-share node ({report.refusal})"
             fits.append(NodeFit(report.name, report.unit, None, report.refusal, text))
             continue
-        result = check_fit(states[report.name], request)
+        result = handshake_fit(states[report.name], request, pending.get(report.name, ()))
         text = f"node {report.name}: " + (
             "fits" if result.fits else f"{result.describe()} ({label})"
         )
@@ -454,3 +472,23 @@ def _totals(nodes: list[NodeReport]) -> tuple[UnitTotal, ...]:
                   sum(n.total for n in members), sum(n.unhealthy for n in members), len(members))
         for members in groups if members
     )  # fmt: skip
+
+
+def narrow(report: Report, node: str) -> Report:
+    """``report`` (of the whole cluster) as seen from ``node`` alone, without building it
+    again: that node, each pending pod's fit on it (its summary that node's line), the node's
+    totals, and the problems that name it. For a node of ``report``, the same as
+    ``build_report(snapshot, node=node)`` except for unreadable pods, which a cluster report
+    cannot attribute to a node (they stay in the cluster report's ``problems``)."""
+    nodes = tuple(n for n in report.nodes if n.name == node)
+    pending = []
+    for pod in report.pending:
+        fits = [fit for fit in pod.nodes if fit.node == node]
+        pending.append(
+            PendingReport(pod.namespace, pod.name, pod.asks, pod.total, tuple(fits), _summary(fits))
+        )
+    mention = f"node {node}"
+    problems = tuple(
+        p for p in report.problems if p.startswith(f"{mention}:") or f"{mention} " in p
+    )
+    return Report(nodes, tuple(pending), _totals(list(nodes)), problems, node)

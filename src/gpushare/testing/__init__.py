@@ -1,5 +1,7 @@
 """Test fakes and builders shared by the test tiers (test-only: needs the ``test`` extra).
 
+* :mod:`gpushare.testing.core`: builders of core values (nodes, node states, pod requests) for
+  table-driven unit tests.
 * :mod:`gpushare.testing.controlplane`: a real etcd, kube-apiserver, kube-scheduler and kwok on
   loopback (built by ``scripts/build-controlplane.sh``).
 * :mod:`gpushare.testing.nodes`: fake GPU-share nodes (kwok), including the

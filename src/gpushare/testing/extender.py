@@ -22,7 +22,13 @@ import uvicorn
 
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender.state import BindEvent, Binding, ExtenderState
-from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, allocation_annotations
+from gpushare.kube.codec import (
+    ALIYUN_ASSIGNED,
+    GPU_COUNT,
+    GPU_MEM,
+    GPUSHARE_LABEL,
+    allocation_annotations,
+)
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
 
 
@@ -143,6 +149,45 @@ def seed_bound_pods(state: ExtenderState, node: str, used: Sequence[int]) -> Non
             assert result is not None
             assert not isinstance(result, Allocation)
             assert result.ok
+
+
+def populated_state(
+    nodes: int,
+    pods: int,
+    *,
+    pending: int = 0,
+    started: bool = False,
+    gpus_per_node: int = 8,
+    gpu_gib: int = 16,
+) -> tuple[ExtenderState, list[str]]:
+    """A synced state for the benchmarks: ``nodes`` nodes ``node-0000``, ... of
+    ``gpus_per_node`` GPUs of ``gpu_gib`` GiB, ``pods`` bound pods ``bench/pod-<i>`` of 1 or
+    2 GiB spread round-robin over the nodes and their GPUs (about 20 pods a node over 8 GPUs
+    stays under 16 GiB a GPU), started by the device plugin when ``started`` (else not yet),
+    and ``pending`` unbound pods ``bench/pending-<i>`` asking 4 GiB. Returns the state and
+    the node names."""
+    state = ExtenderState()
+    names = [f"node-{i:04d}" for i in range(nodes)]
+    infos = [
+        state.upsert_node(node_json(name, [gpu_gib] * gpus_per_node, unit="GiB")) for name in names
+    ]
+    for i in range(pods):
+        info = infos[i % nodes]
+        share = 1 + (i // nodes) % 2
+        gpu = (i // nodes) % gpus_per_node
+        allocation = Allocation(
+            f"bench/pod-{i}", info.node.name, (ContainerAllocation("main", (gpu,), share),)
+        )
+        notes = allocation_annotations(allocation, info.node, now_ns=0, unit="GiB")
+        if started:
+            notes[ALIYUN_ASSIGNED] = "true"
+        state.observe_pod(
+            pod_json(f"pod-{i}", share, namespace="bench", node=info.node.name, annotations=notes)
+        )
+    for i in range(pending):
+        state.remember_pod(pod_json(f"pending-{i}", 4, namespace="bench"))
+    state.mark_synced()
+    return state, names
 
 
 @contextlib.contextmanager

@@ -1,0 +1,104 @@
+"""``/inspect`` and ``kubectl inspect gpushare`` report building at scale (issue 13, item 6).
+
+(Not ``bench/inspect.py``: run as a script, that name would shadow the standard library's
+``inspect`` module.)
+Run: ``.venv/bin/python bench/inspect_report.py [--nodes 1000] [--pods 20000] [--pending 50]
+[--rounds 5]`` (``make bench-inspect``).
+
+Set-up: ``--nodes`` GPU-share nodes × 8 GPUs of 16 GiB, ``--pods`` bound GPU pods started by the
+device plugin (1 or 2 GiB each, spread over the GPUs) and ``--pending`` unbound GPU pods asking
+4 GiB, held by an ``ExtenderState`` as the watch delivers them. Measured in-process, each
+``--rounds`` times: the extender's ``/inspect`` (the cluster view: ``cluster_report`` and its
+JSON encoding), ``/inspect/<node>`` (``node_report`` of one node) and the kubectl plugin's work
+after the API reads (``build_report`` of the snapshot and the summary table). Reports median and
+p99 (with few rounds, the slowest) in ms. Budgets: cluster view p99 ≤ 1 s, one node ≤ 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from gpushare.extender.report import cluster_report, node_report
+from gpushare.inspect.render import render_summary
+from gpushare.inspect.report import Snapshot, build_report
+from gpushare.testing.extender import populated_state
+
+GPUS_PER_NODE = 8
+GPU_GIB = 16
+
+
+def timed(work: Callable[[], object], rounds: int) -> list[float]:
+    """Milliseconds of ``rounds`` calls of ``work``."""
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        work()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def line(name: str, samples: list[float]) -> str:
+    p99 = float(np.percentile(samples, 99))
+    return f"{name:<34} median {statistics.median(samples):9.1f} ms   p99 {p99:9.1f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=20000)
+    parser.add_argument("--pending", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    state, names = populated_state(
+        args.nodes,
+        args.pods,
+        pending=args.pending,
+        started=True,
+        gpus_per_node=GPUS_PER_NODE,
+        gpu_gib=GPU_GIB,
+    )
+    print(
+        f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.pods} bound pods, {args.pending} "
+        f"pending; set-up {time.perf_counter() - started:.1f} s"
+    )
+    one = state.node(names[len(names) // 2])
+    assert one is not None
+    nodes, pods = state.objects()
+
+    def cluster_view() -> None:
+        json.dumps(cluster_report(state))
+
+    def node_view() -> None:
+        json.dumps(node_report(state, one))
+
+    def kubectl_view() -> None:
+        render_summary(build_report(Snapshot(nodes, pods)))
+
+    def kubectl_node() -> None:
+        render_summary(build_report(Snapshot(nodes, pods), node=one.node.name))
+
+    results = {
+        "/inspect (cluster view)": timed(cluster_view, args.rounds),
+        "/inspect/<node>": timed(node_view, max(args.rounds, 20)),
+        "kubectl inspect gpushare": timed(kubectl_view, args.rounds),
+        "kubectl inspect gpushare NODE": timed(kubectl_node, max(args.rounds, 20)),
+    }
+    for name, samples in results.items():
+        print(line(name, samples))
+    cluster = max(results["/inspect (cluster view)"])
+    node = float(np.percentile(results["/inspect/<node>"], 99))
+    print(
+        f"budgets: cluster view p99 {cluster:.0f} ms (<= 1000: {cluster <= 1000}), "
+        f"one node p99 {node:.1f} ms (<= 50: {node <= 50})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Builders of core values for table-driven tests: nodes, node states and pod requests, in the
+core's unit-free integers (``gpushare.core.model``). Shared by the unit tests of the core, the
+extender and the simulator instead of a copy per test file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpushare.core.model import ContainerRequest, Gpu, Node, NodeState, PodRequest
+
+__all__ = ["DEFAULT_MODEL", "gpu_node", "node_state", "pod_request"]
+
+DEFAULT_MODEL = "T4"
+
+ContainerSpec = tuple[int, int] | tuple[str, int, int] | ContainerRequest
+"""A container: ``(share, count)`` (named ``c0``, ``c1``, ... by position), ``(name, share,
+count)``, or a full ``ContainerRequest``."""
+
+
+def gpu_node(
+    capacities: Sequence[int],
+    *,
+    name: str = "node",
+    model: str = DEFAULT_MODEL,
+    models: Sequence[str] | None = None,
+    healthy: Sequence[bool] | None = None,
+    cpu_milli: int | None = None,
+    memory_mib: int | None = None,
+) -> Node:
+    """Node ``name`` with one GPU per capacity (indices 0..n-1), all of ``model`` unless
+    ``models`` gives one per GPU, healthy unless ``healthy`` says otherwise."""
+    n = len(capacities)
+    gpus = tuple(
+        Gpu(index=i, model=m, capacity=c, healthy=h)
+        for i, (c, m, h) in enumerate(
+            zip(capacities, models or (model,) * n, healthy or (True,) * n, strict=True)
+        )
+    )
+    return Node(name, gpus, cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+
+def node_state(
+    capacities: Sequence[int],
+    used: Sequence[int] | None = None,
+    *,
+    name: str = "node",
+    model: str = DEFAULT_MODEL,
+    models: Sequence[str] | None = None,
+    healthy: Sequence[bool] | None = None,
+    cpu_milli: int | None = None,
+    memory_mib: int | None = None,
+    cpu_used_milli: int = 0,
+    memory_used_mib: int = 0,
+    workload_tags: Mapping[str, int] | None = None,
+) -> NodeState:
+    """The state of a ``gpu_node`` with ``used`` per GPU (default: nothing used)."""
+    node = gpu_node(
+        capacities, name=name, model=model, models=models, healthy=healthy,
+        cpu_milli=cpu_milli, memory_mib=memory_mib,
+    )  # fmt: skip
+    return NodeState(
+        node=node,
+        gpu_used=tuple(used) if used is not None else (0,) * len(capacities),
+        cpu_used_milli=cpu_used_milli,
+        memory_used_mib=memory_used_mib,
+        workload_tags=dict(workload_tags or {}),
+    )
+
+
+def pod_request(
+    *containers: ContainerSpec, key: str = "ns/pod", cpu_milli: int = 0, memory_mib: int = 0
+) -> PodRequest:
+    """Pod ``key`` with ``containers`` (``ContainerSpec``) in spec order."""
+    built: list[ContainerRequest] = []
+    for i, spec in enumerate(containers):
+        if isinstance(spec, ContainerRequest):
+            built.append(spec)
+        elif len(spec) == 3:
+            built.append(ContainerRequest(spec[0], spec[1], spec[2]))
+        else:
+            built.append(ContainerRequest(f"c{i}", spec[0], spec[1]))
+    return PodRequest(key, tuple(built), cpu_milli=cpu_milli, memory_mib=memory_mib)

@@ -1,0 +1,155 @@
+"""``kubectl inspect gpushare`` and the extender give the same verdict and the same reason for
+every pending pod, the device-plugin handshake's pins included (issue 13, item 1): both call
+``gpushare.core.handshake.handshake_verdict``. Bound pods over a GPU's capacity, which the
+extender's ledger skips but counts (issue 11), count in both. Each case builds one node (two
+16 GiB GPUs) with bound pods as the watch feeds them, asks the extender's filter over HTTP (its
+ASGI app) and builds the inspect report from the same objects, as the kubectl plugin reads
+them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gpushare.core.fit import Reason
+from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.extender import ExtenderState, create_app
+from gpushare.extender.outcomes import skipped_note
+from gpushare.inspect.report import Snapshot, build_report
+from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD, allocation_annotations
+from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
+
+NODE = "n1"
+NOW_NS = 1_800_000_000 * 10**9
+
+
+def pin_holder(state: ExtenderState, *containers: tuple[int, tuple[int, ...]]) -> None:
+    """Pod ``default/held`` bound to ``NODE`` by the extender 1 s ago and not started by the
+    device plugin: it pins equal pods. ``containers``: (share, GPU indices) in spec order."""
+    info = state.node(NODE)
+    assert info is not None
+    allocation = Allocation(
+        "default/held",
+        NODE,
+        tuple(ContainerAllocation(f"c{i}", gpus, share) for i, (share, gpus) in
+              enumerate(containers)),
+    )  # fmt: skip
+    notes = allocation_annotations(allocation, info.node, now_ns=NOW_NS - 10**9, unit=info.unit)
+    asks = [share * len(gpus) for share, gpus in containers]
+    pod = pod_json("held", asks if len(asks) > 1 else asks[0], node=NODE, annotations=notes)
+    if len(asks) == 1:  # pod_json names a single container "main"
+        pod["spec"]["containers"][0]["name"] = "c0"
+    result = state.observe_pod(pod)
+    assert result is not None
+    assert not isinstance(result, Allocation)
+    assert result.ok
+
+
+Setup = Callable[[ExtenderState], None]
+
+
+def holder(*containers: tuple[int, tuple[int, ...]]) -> Setup:
+    return lambda state: pin_holder(state, *containers)
+
+
+def used(*amounts: int) -> Setup:
+    return lambda state: seed_bound_pods(state, NODE, amounts)
+
+
+def over_capacity(name: str, amount: int, gpu: int) -> Setup:
+    """A started pod bound to ``NODE`` holding ``amount`` GiB on GPU ``gpu`` (Alibaba's
+    annotations) that does not fit there: the ledger skips it, the extender counts it anyway
+    (``ExtenderState``, "Skipped pods"), and so does inspect (from the annotations)."""
+
+    def run(state: ExtenderState) -> None:
+        notes = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: str(gpu), ALIYUN_POD: str(amount)}
+        state.observe_pod(pod_json(name, amount, node=NODE, annotations=notes))
+        assert [s.pod for s in state.skipped(NODE)] == [f"default/{name}"]
+
+    return run
+
+
+def steps(*setups: Setup) -> Setup:
+    def run(state: ExtenderState) -> None:
+        for setup in setups:
+            setup(state)
+
+    return run
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    setup: Callable[[ExtenderState], None]
+    asks: int
+    status: str  # "fits", "does-not-fit-now", "can-never-fit"
+    reason: Reason
+
+
+CASES = [
+    Case("fits on an idle node", steps(), 4, "fits", Reason.FITS),
+    Case("a full node says no GPU has enough free",
+         used(16, 14), 4, "does-not-fit-now",
+         Reason.INSUFFICIENT_GPU),
+    Case("larger than any GPU can never fit", steps(), 20, "can-never-fit",
+         Reason.SHARE_EXCEEDS_GPU),
+    Case("pinned to the equal pending pod's GPU, which has room",
+         holder((4, (0,))), 4, "fits", Reason.FITS),
+    Case("pinned GPU full while another has room: the handshake holds it",
+         steps(holder((4, (0,))), used(12, 0)), 4,
+         "does-not-fit-now", Reason.HANDSHAKE),
+    Case("pinned pod on a node simply full is told the node is full",
+         steps(holder((4, (0,))), used(12, 14)), 4,
+         "does-not-fit-now", Reason.INSUFFICIENT_GPU),
+    Case("an equal first container with a different shape waits",
+         holder((4, (0,)), (2, (1,))), 4, "does-not-fit-now",
+         Reason.HANDSHAKE),
+    Case("a skipped pod over capacity counts: the other GPU takes the pod",
+         steps(used(14, 0), over_capacity("big", 8, 0)), 4, "fits", Reason.FITS),
+    Case("a skipped pod over capacity counts: the node is full",
+         steps(used(14, 10), over_capacity("big", 8, 1)), 4, "does-not-fit-now",
+         Reason.INSUFFICIENT_GPU),
+    Case("a skipped pod over capacity fills the pinned GPU: the handshake holds it",
+         steps(holder((4, (0,))), used(10, 0), over_capacity("big", 8, 0)), 4,
+         "does-not-fit-now", Reason.HANDSHAKE),
+]  # fmt: skip
+
+
+def filter_reason(state: ExtenderState, asks: int) -> tuple[str, str]:
+    """(status, text) of the extender's filter of a pod asking ``asks`` GiB on ``NODE``."""
+    app = create_app(state, expire_interval_s=None, clock_ns=lambda: NOW_NS)
+    body: dict[str, Any] = {"Pod": pod_json("new", asks), "NodeNames": [NODE], "Nodes": None}
+    with TestClient(app) as client:
+        result = client.post("/gpushare-scheduler/filter", json=body).json()
+    if NODE in (result.get("NodeNames") or []):
+        return "fits", ""
+    if NODE in (result.get("FailedNodes") or {}):
+        return "does-not-fit-now", result["FailedNodes"][NODE]
+    return "can-never-fit", result["FailedAndUnresolvableNodes"][NODE]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_inspect_and_the_extender_agree(case: Case) -> None:
+    state = ExtenderState(wall_clock_ns=lambda: NOW_NS)
+    state.upsert_node(node_json(NODE, [16, 16], unit="GiB"))
+    case.setup(state)
+    state.mark_synced()
+
+    status, text = filter_reason(state, case.asks)
+    nodes, pods = state.objects()
+    pods = tuple(p for p in pods if p["metadata"]["name"] != "new")  # the filter's copy
+    report = build_report(Snapshot(nodes, (*pods, pod_json("new", case.asks))))
+    (pending,) = report.pending
+    (fit,) = pending.nodes
+
+    assert (status, fit.status) == (case.status, case.status)
+    assert fit.reason == str(case.reason)
+    if status != "fits":
+        assert text.startswith(f"gpushare: {case.reason}")
+        assert fit.fit is not None
+        # The extender adds what it counts beyond its ledger (skipped pods), when any.
+        assert text == f"gpushare: {fit.fit.describe()}; unit GiB{skipped_note(state, NODE)}"
