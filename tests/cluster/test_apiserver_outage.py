@@ -34,7 +34,7 @@ from lightkube import Client
 
 from gpushare.kube.client import connect
 from gpushare.kube.nodepods import NodePods
-from gpushare.testing.controlplane import Binaries, ControlPlane, wait_for
+from gpushare.testing.controlplane import Binaries, ControlPlane, ControlPlaneError, wait_for
 from gpushare.testing.failover import FailoverPlan, Replica, replicated_extenders, workload
 from gpushare.testing.live_extender import http_get
 from gpushare.testing.outcome import Outcome, Spec, judge, make_pod, read_outcome
@@ -170,15 +170,33 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
             print(f"stale after {stale_seen}; ready again {recovered:.2f}s after the restart")
             create_pods(kube, SPECS[half:])
 
+            last: list[str] = []
+
             def settled() -> bool | None:
                 outcome = read_outcome(kube, namespace, BY_NAME, NODES)
-                if len(outcome.bound) + len(outcome.pending) != len(SPECS):
+                seen = len(outcome.bound) + len(outcome.pending)
+                last[:] = [
+                    f"{len(outcome.bound)} bound, {len(outcome.pending)} Pending of {len(SPECS)}"
+                ]
+                if seen != len(SPECS):
                     return None
-                if judge(outcome, BY_NAME, NODES):
+                last[:] = judge(outcome, BY_NAME, NODES)[:5]
+                if last:
                     return None
-                return all(inspect_placements(r) == outcome.bound for r in replicas) or None
+                for r in replicas:
+                    ledger = inspect_placements(r)
+                    if ledger != outcome.bound:
+                        names = sorted(set(ledger) | set(outcome.bound))
+                        differ = [(n, ledger.get(n), outcome.bound.get(n)) for n in names]
+                        differ = [d for d in differ if d[1] != d[2]][:5]
+                        last[:] = [f"{r.identity}'s /inspect differs: {differ}"]
+                        return None
+                return True
 
-            wait_for("every pod bound or fitting nowhere, ledgers confirmed", settled, 120)
+            try:
+                wait_for("every pod bound or fitting nowhere, ledgers confirmed", settled, 120)
+            except ControlPlaneError as error:
+                raise ControlPlaneError(f"{error}; last seen: {last}") from error
             final = read_outcome(kube, namespace, BY_NAME, NODES)
             on_node = {n for n, p in final.bound.items() if any(k[0] == WATCHED_NODE for k in p)}
             wait_for("the device plugin's cache", lambda: plugin.names() == on_node or None, 30)

@@ -59,7 +59,7 @@ from gpushare.testing.node.gpu import (
 )
 from gpushare.testing.node.waits import gpu_env_matches_annotations, running, wait_event
 
-# The first use builds the image when `make image` did not (about 7 minutes cold).
+# The first use builds the image when `make image` did not (about 2 minutes cold, more under load).
 pytestmark = [pytest.mark.node, pytest.mark.timeout(1500)]
 
 RELEASE = "chart"
