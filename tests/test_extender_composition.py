@@ -3,7 +3,7 @@
 * No module imports another module's private name (``from gpushare.x import _y``); scanned over
   the whole package, ``gpushare.sim.trace`` and ``gpushare.testing`` excepted (not yet done).
 * A policy's optional members are declared on protocols (``TieBreaking``, ``Generational``)
-  and read with ``tie_break_of`` / ``generation_of``, never with ``getattr``.
+  and read with ``tie_break_of`` / ``generational``, never with ``getattr``.
 * The bind verb owns its locks: ``PodLocks`` runs one pod's binds one at a time and forgets a
   pod's lock once nobody holds or awaits it; ``LoopLock`` is one lock per event loop.
 * ``NodeShapeCache`` answers only at the node version it was given, and stays bounded.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import gpushare
-from gpushare.core.policies import Policy, generation_of, tie_break_of
+from gpushare.core.policies import Policy, generational, tie_break_of
 from gpushare.extender.binding import LoopLock, PodLocks
 from gpushare.extender.memo import NodeShapeCache
 from gpushare.extender.scoring import extender_policy
@@ -32,7 +32,8 @@ from gpushare.testing.extender import node_json, pod_json
 
 PACKAGE = Path(gpushare.__file__).parent
 NOT_YET = ("sim/trace/", "testing/", "deviceplugin/_proto/")
-"""Packages the private-name rule does not cover yet (outside issue 13's extender item)."""
+"""Left out: ``sim.trace`` and ``testing`` still import private names across modules (outside
+issue 13's extender item); ``_proto`` is generated."""
 
 
 def sources() -> list[tuple[str, ast.Module]]:
@@ -91,10 +92,10 @@ def test_optional_policy_members_come_from_their_protocols(
 ) -> None:
     policy = build()
     assert (tie_break_of(policy) is not None) is tie_break, name
-    generational = generation_of(policy)
-    assert (generational is not None) is generation, name
-    if generational is not None:
-        assert isinstance(generational.generation, int)
+    versioned = generational(policy)
+    assert (versioned is not None) is generation, name
+    if versioned is not None:
+        assert isinstance(versioned.generation, int)
 
 
 def test_pod_locks_serialise_one_pod_and_are_forgotten_when_free() -> None:

@@ -44,7 +44,7 @@ from typing import Any
 from gpushare.core.fit import FitResult, FitStatus, check_fit
 from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
-from gpushare.core.policies import Policy, generation_of, tie_break_of
+from gpushare.core.policies import Policy, generational, tie_break_of
 from gpushare.extender.binding import BindVerb
 from gpushare.extender.memo import AnswerMemo, NodeShapeCache, ShapeMemo, shape_key
 from gpushare.extender.outcomes import (
@@ -99,7 +99,7 @@ class Scheduler:
         self.nodes_from_requests = nodes_from_requests
         self.policy = policy
         self._tie_break = tie_break_of(policy)
-        self._generational = generation_of(policy)
+        self._generational = generational(policy)
         self._bind_verb = BindVerb(state, policy, binder, events=events, clock_ns=clock_ns)
         self._fits: NodeShapeCache[FitResult] = NodeShapeCache()
         self._values: NodeShapeCache[float] = NodeShapeCache()

@@ -97,7 +97,7 @@ class TieBreaking(Protocol):
 class Generational(Protocol):
     """A policy's optional member: ``generation`` changes when every score may change (the
     extender's ``AdaptiveFgd`` on a new target workload); callers then drop cached scores.
-    Read it with ``generation_of``."""
+    Read it with ``generational``."""
 
     @property
     def generation(self) -> int:
@@ -111,9 +111,9 @@ def tie_break_of(policy: Policy) -> TieBreak | None:
     return policy.tie_break if isinstance(policy, TieBreaking) else None
 
 
-def generation_of(policy: Policy) -> Generational | None:
-    """``policy`` when it has a ``generation`` (``Generational``), else ``None`` (its scores
-    never all change at once). Resolved once per policy, like ``tie_break_of``."""
+def generational(policy: Policy) -> Generational | None:
+    """``policy`` as a ``Generational`` when it has a ``generation``, else ``None`` (its
+    scores never all change at once). Resolved once per policy, like ``tie_break_of``."""
     return policy if isinstance(policy, Generational) else None
 
 
