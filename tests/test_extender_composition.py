@@ -86,7 +86,9 @@ POLICIES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "build", "tie_break", "generation"), POLICIES)
+@pytest.mark.parametrize(
+    ("name", "build", "tie_break", "generation"), POLICIES, ids=[case[0] for case in POLICIES]
+)
 def test_optional_policy_members_come_from_their_protocols(
     name: str, build: Callable[[], Policy], tie_break: bool, generation: bool
 ) -> None:
@@ -101,24 +103,28 @@ def test_optional_policy_members_come_from_their_protocols(
 def test_pod_locks_serialise_one_pod_and_are_forgotten_when_free() -> None:
     locks = PodLocks()
     trace: list[str] = []
+    gate = asyncio.Event()
 
     async def bind(key: str, tag: str) -> None:
         async with locks.hold(key):
             trace.append(f"{tag} in")
-            await asyncio.sleep(0.01)
+            await gate.wait()
             trace.append(f"{tag} out")
 
-    async def main() -> int:
+    async def main() -> tuple[int, list[str]]:
         work = asyncio.gather(bind("ns/a", "a1"), bind("ns/a", "a2"), bind("ns/b", "b"))
-        await asyncio.sleep(0.001)
-        held = len(locks)
+        for _ in range(5):  # every bind reaches its lock
+            await asyncio.sleep(0)
+        held, inside = len(locks), list(trace)
+        gate.set()
         await work
-        return held
+        return held, inside
 
-    assert asyncio.run(main()) == 2  # ns/a (held and awaited) and ns/b
+    held, inside = asyncio.run(main())
+    assert held == 2  # ns/a (held and awaited) and ns/b
+    assert inside == ["a1 in", "b in"]  # two pods side by side; a2 waits for a1
+    assert trace.index("a1 out") < trace.index("a2 in")
     assert len(locks) == 0
-    assert trace.index("a1 out") < trace.index("a2 in")  # one pod: one at a time
-    assert trace.index("b in") < trace.index("a1 out")  # two pods: side by side
 
 
 def test_loop_lock_is_one_lock_per_event_loop() -> None:
