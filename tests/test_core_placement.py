@@ -13,7 +13,7 @@ from gpushare.core.fit import check_fit
 from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import Gpu, Node, NodeState, PodRequest
 from gpushare.core.placement import Placer
-from gpushare.core.policies import PolicyContext, make_policy
+from gpushare.core.policies import PolicyContext, make_policy, tie_break_of
 from gpushare.testing.core import gpu_node, pod_request
 
 
@@ -116,7 +116,7 @@ def test_cached_decisions_equal_uncached_core_calls(seed: int, policy_name: str)
             continue
         scores = {i: reference.score(placer.states[i], request) for i in fitting}
         best = [i for i, v in scores.items() if v == max(scores.values())]
-        tie_break = getattr(reference, "tie_break", None)
+        tie_break = tie_break_of(reference)
         if tie_break is not None and len(best) > 1:
             ties = {i: tie_break(placer.states[i], request) for i in best}
             best = [i for i, v in ties.items() if v == max(ties.values())]

@@ -132,8 +132,7 @@ bodies = st.one_of(
 
 
 def allocations() -> list[Allocation]:
-    ledger = STATE.ledger
-    return [a for name in ledger.node_names() for a in ledger.allocations(name)]
+    return [a for info in STATE.nodes() for a in STATE.allocations(info.node.name)]
 
 
 def check(response: httpx2.Response) -> Any:
@@ -141,7 +140,7 @@ def check(response: httpx2.Response) -> Any:
     body = response.json()
     text = body.get("Error", "") if isinstance(body, dict) else ""
     assert not text.startswith("gpushare internal error"), text
-    assert STATE.ledger.check_invariants() == []
+    assert STATE.ledger_violations() == []
     return body
 
 

@@ -60,7 +60,7 @@ def delete(kind: str, key: str, obj: dict[str, Any]) -> Change:
 
 
 def used(state: ExtenderState, node: str) -> tuple[int, ...]:
-    return state.ledger.state(node).gpu_used
+    return state.recorded_state(node).gpu_used
 
 
 def fed(*pods: dict[str, Any]) -> StateFeeder:
@@ -77,7 +77,7 @@ def test_bound_pods_are_committed_and_released_when_deleted() -> None:
     pod = bound_pod("a", "n1", 1, 8138)
     feeder = fed(pod)
     assert used(feeder.state, "n1") == (0, 8138)
-    assert not feeder.state.ledger.is_assumed("default/a")
+    assert not feeder.state.is_assumed("default/a")
     feeder.on_pod(delete("Pod", "default/a", pod))
     assert used(feeder.state, "n1") == (0, 0)
     assert feeder.state.pod("default/a") is None
@@ -286,11 +286,11 @@ def test_unknown_outcome_keeps_the_assumption_and_definite_failure_releases_it()
     scheduler, state = scheduler_with(bind_error(BindStage.BIND, Failure.UNREACHABLE))
     result = run(scheduler.bind(args))
     assert "outcome unknown" in result.error
-    assert state.ledger.is_assumed("ns/p")
+    assert state.is_assumed("ns/p")
     scheduler, state = scheduler_with(bind_error(BindStage.BIND, Failure.CONFLICT))
     result = run(scheduler.bind(args))
     assert "failed" in result.error
-    assert state.ledger.allocation("ns/p") is None
+    assert state.allocation("ns/p") is None
 
 
 # -- the Event sink --------------------------------------------------------------------------

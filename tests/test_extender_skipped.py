@@ -74,7 +74,7 @@ def test_a_skipped_bound_pod_is_counted_conservatively(
     assert (skipped.pod, skipped.node, skipped.kind) == (f"default/{pod['metadata']['name']}",
                                                          NODE, kind)  # fmt: skip
     assert (skipped.charges, skipped.whole_node) == (charges, whole_node)
-    assert state.ledger.state(NODE).gpu_free == (32, 40)  # the ledger holds only what it can
+    assert state.recorded_state(NODE).gpu_free == (32, 40)  # the ledger holds only what it can
     node_state = state.node_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == free
@@ -91,7 +91,7 @@ def test_skipped_pods_leave_when_they_go_or_fit() -> None:
     # a goes: the full pod now fits the ledger, and is no longer skipped
     feeder.on_pod(Change("Pod", Action.DELETE, "default/a", A8, A8))
     assert feeder.state.skipped() == []
-    assert feeder.state.ledger.state(NODE).gpu_free == (4, 40)
+    assert feeder.state.recorded_state(NODE).gpu_free == (4, 40)
     # an unreadable pod that finishes unblocks the node
     nan = placed("nan", 4, on(1, "lots"))
     feeder.on_pod(Change("Pod", Action.UPSERT, "default/nan", nan))

@@ -1,9 +1,12 @@
 """Placement decisions over a set of nodes: filter, score, break ties, choose GPUs — cached.
 
-``Placer`` is the one decision loop the simulator (and later the extender) runs. For a pod it
-filters every node with ``check_fit``, scores the fitting ones with the policy's node half, takes
-the best, breaks ties with the policy's optional ``tie_break(state, pod)`` (computed only for the
-tied nodes) and then the lowest ``tie_rank``, and lets the policy's GPU half choose the GPUs.
+``Placer`` is the simulator's decision loop. For a pod it filters every node with
+``check_fit``, scores the fitting ones with the policy's node half, takes the best, breaks ties
+with the policy's optional ``tie_break(state, pod)`` (``TieBreaking``; computed only for the tied
+nodes) and then the lowest ``tie_rank``, and lets the policy's GPU half choose the GPUs. The
+extender does not run it: kube-scheduler picks the node from the extender's filter and
+prioritize answers, which call the same core functions (``check_fit``, the policy's halves,
+``tie_break``) with caches of their own (``gpushare.extender.scheduler``).
 
 Speed comes from caching, not from a second implementation of any rule: a node's fit result and
 score for a pod shape are kept until that node changes (a version counter per node), so a
@@ -13,7 +16,7 @@ shape was last seen; identical node states share one computation. Pure: no I/O, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +24,7 @@ import numpy.typing as npt
 
 from gpushare.core.fit import check_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
-from gpushare.core.policies.base import Policy
+from gpushare.core.policies.base import Policy, tie_break_of
 
 _MEMO_LIMIT = 2_000_000
 
@@ -68,10 +71,7 @@ class Placer:
         self._version = np.zeros(count, dtype=np.int64)
         self._shapes: dict[tuple[object, ...], _ShapeCache] = {}
         self._memo: dict[tuple[object, ...], tuple[bool, float]] = {}
-        tie_break = getattr(policy, "tie_break", None)
-        self._tie_break: Callable[[NodeState, PodRequest], float] | None = (
-            tie_break if callable(tie_break) else None
-        )
+        self._tie_break = tie_break_of(policy)
 
     @property
     def states(self) -> Sequence[NodeState]:

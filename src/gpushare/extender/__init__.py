@@ -2,9 +2,15 @@
 that ask for ``aliyun.com/gpu-mem`` (spec: ``shared/spec/kubernetes-interfaces.md`` §1).
 
 * :mod:`~gpushare.extender.wire` — the extender wire types (msgspec structs, exact JSON keys);
-* :mod:`~gpushare.extender.state` — ``ExtenderState`` (ledger, nodes, pods) and the seams to
+* :mod:`~gpushare.extender.state` — ``ExtenderState`` (nodes, pods, and the ledger behind
+  methods that say what callers need: ``allocation``, ``recorded_state``, ...) and the seams to
   the API server: ``Binder``, ``EventSink``, and the feeding methods ``gpushare.kube`` calls;
 * :mod:`~gpushare.extender.scheduler` — the decisions (filter, prioritize, bind), no HTTP;
+* :mod:`~gpushare.extender.binding` — ``BindVerb``, the bind verb ``Scheduler`` delegates to,
+  with its locks (``PodLocks``, ``LoopLock``);
+* :mod:`~gpushare.extender.memo` — the filter and prioritize caches (``NodeShapeCache``,
+  ``AnswerMemo``) and a pod's ``shape_key``;
+* :mod:`~gpushare.extender.outcomes` — the refusal texts the verbs share;
 * :mod:`~gpushare.extender.scoring` — policies for the extender and the 0–10 mapping;
 * :mod:`~gpushare.extender.report` — the ``/inspect`` report;
 * :mod:`~gpushare.extender.app` — ``create_app``, the starlette app;

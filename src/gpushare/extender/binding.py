@@ -33,20 +33,16 @@ from gpushare.kube.codec import CodecError, NodeInfo, allocation_annotations, po
 log = logging.getLogger("gpushare.extender.scheduler")
 
 
-class _BindMixin:
-    """The bind verb of ``Scheduler``; the attributes are set by ``Scheduler.__init__``."""
+class PodLocks:
+    """One ``asyncio.Lock`` per pod key, kept while someone holds or awaits it: binds of one
+    pod run one at a time."""
 
-    state: ExtenderState
-    policy: Policy
-    binder: Binder
-    events: EventSink | None
-    _clock_ns: Callable[[], int]
-    _locks: dict[str, tuple[asyncio.Lock, int]]
-    _decide: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
-    async def _pod_lock(self, key: str) -> AsyncIterator[None]:
-        """Serialise binds of one pod; the lock lives while someone holds or awaits it."""
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Hold pod ``key``'s lock for the ``async with`` body."""
         lock, users = self._locks.get(key, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
@@ -61,12 +57,49 @@ class _BindMixin:
             else:
                 self._locks[key] = (lock, users - 1)
 
-    def _decide_lock(self) -> asyncio.Lock:
-        """The lock around every decide-and-assume step, one per running event loop."""
+    def __len__(self) -> int:
+        """Pods whose lock is held or awaited now."""
+        return len(self._locks)
+
+
+class LoopLock:
+    """One ``asyncio.Lock`` per running event loop (a lock belongs to the loop it was first
+    used on; an app may be served by one loop after another, as in tests)."""
+
+    def __init__(self) -> None:
+        self._current: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def lock(self) -> asyncio.Lock:
+        """The running loop's lock."""
         loop = asyncio.get_running_loop()
-        if self._decide is None or self._decide[0] is not loop:
-            self._decide = (loop, asyncio.Lock())
-        return self._decide[1]
+        if self._current is None or self._current[0] is not loop:
+            self._current = (loop, asyncio.Lock())
+        return self._current[1]
+
+
+class BindVerb:
+    """The bind verb (``gpushare.extender.scheduler`` module doc): ``policy``'s GPU half on the
+    chosen node, the allocation assumed in ``state``, then ``binder.bind``. ``events`` records
+    each outcome; ``clock_ns`` gives the wall-clock nanoseconds written as
+    ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``. Binds of one pod are serialised (``PodLocks``), and
+    the decide-and-assume step of all binds runs under one lock (``LoopLock``)."""
+
+    def __init__(
+        self,
+        state: ExtenderState,
+        policy: Policy,
+        binder: Binder,
+        *,
+        events: EventSink | None,
+        clock_ns: Callable[[], int],
+    ) -> None:
+        self._state = state
+        self._policy = policy
+        self._binder = binder
+        self._events = events
+        self._clock_ns = clock_ns
+        self._pod_locks = PodLocks()
+        self._decide = LoopLock()
 
     def _reserve(
         self, key: str, pod: PodRequest, node: str, now_ns: int
@@ -75,55 +108,55 @@ class _BindMixin:
         why not (the ledger then unchanged). Under the handshake rule, a pinned pod takes its
         pin's GPUs; the pod is then pending, assumed at ``now_ns``. Synchronous: nothing else
         runs in between."""
-        info = self.state.node(node)
-        state = self.state.node_state(node)
+        info = self._state.node(node)
+        state = self._state.node_state(node)
         if info is None or state is None:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
-        own = self.state.ledger.allocation(key)
+        own = self._state.allocation(key)
         if own is not None and own.node == node and _matches(own, pod):
             return own, info  # a retry: the GPUs chosen before
-        if own is not None and not self.state.ledger.is_assumed(key):
+        if own is not None and not self._state.is_assumed(key):
             return f"gpushare: pod {key} already holds GPUs on node {own.node}"
         base = state.without(own)
         # The pod's own pending entry never pins it (``pin`` skips its key).
-        fit, rule = handshake_verdict(base, pod, self.state.pending(node))
+        fit, rule = handshake_verdict(base, pod, self._state.pending(node))
         if not fit.fits:
             why = describe_fit(fit, info)
             if fit.reason is Reason.HANDSHAKE:
                 why = f"{why}: {rule.describe()}"
             return f"gpushare: pod {key} does not fit node {node} now: {why}"
         forced = rule.status is PinStatus.FORCED
-        containers = fit.assignment if forced else self.policy.choose_gpus(base, pod)
+        containers = fit.assignment if forced else self._policy.choose_gpus(base, pod)
         allocation = Allocation(pod=key, node=node, containers=containers)
         if own is not None:
-            self.state.release(key)  # a stale assumption from an attempt on another node
-        result = self.state.assume(allocation)
+            self._state.release(key)  # a stale assumption from an attempt on another node
+        result = self._state.assume(allocation)
         if not result.ok:
             if own is not None:
-                self.state.assume(own)
+                self._state.assume(own)
             return f"gpushare: {result.describe()}"
-        self.state.note_pending(allocation, [c.name for c in pod.gpu_containers], now_ns)
+        self._state.note_pending(allocation, [c.name for c in pod.gpu_containers], now_ns)
         return allocation, info
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         """The bind verb (module doc); the ``Error`` text names what went wrong."""
         key = f"{args.pod_namespace}/{args.pod_name}"
-        async with self._pod_lock(key):
+        async with self._pod_locks.hold(key):
             message, allocation = await self._bind(key, args)
-        if self.events is not None:
+        if self._events is not None:
             ok = not message
-            text = message or _describe_allocation(key, args.node, allocation, self.state)
+            text = message or _describe_allocation(key, args.node, allocation, self._state)
             event = BindEvent(args.pod_namespace, args.pod_name, args.pod_uid, args.node, ok, text)
             try:
-                await self.events.emit(event)
+                await self._events.emit(event)
             except Exception:
                 log.exception("recording the bind event of pod %s failed", key)
         return ExtenderBindingResult(message)
 
     async def _bind(self, key: str, args: ExtenderBindingArgs) -> tuple[str, Allocation | None]:
-        pod = self.state.pod(key)
+        pod = self._state.pod(key)
         if pod is None:
             return f"gpushare: pod {key} unknown to the extender (never seen)", None
         if args.pod_uid and pod_uid(pod) and pod_uid(pod) != args.pod_uid:
@@ -131,7 +164,7 @@ class _BindMixin:
         bound = pod_node_name(pod)
         if bound:
             if bound == args.node:
-                return "", self.state.ledger.allocation(key)
+                return "", self._state.allocation(key)
             return f"gpushare: pod {key} is already bound to node {bound}, not {args.node}", None
         try:
             request = pod_request(pod)
@@ -140,10 +173,10 @@ class _BindMixin:
         allocation: Allocation | None = None
         annotations: dict[str, str] = {}
         if request.gpu_containers:
-            if not self.state.synced:
+            if not self._state.synced:
                 return NOT_SYNCED, None
             now_ns = self._clock_ns()
-            async with self._decide_lock():
+            async with self._decide.lock():
                 reserved = self._reserve(key, request, args.node, now_ns)
             if isinstance(reserved, str):
                 return reserved, None
@@ -154,7 +187,7 @@ class _BindMixin:
         namespace, name = key.split("/", 1)
         binding = Binding(namespace, name, args.pod_uid or pod_uid(pod), args.node, annotations)
         try:
-            failure = await self.binder.bind(binding)
+            failure = await self._binder.bind(binding)
         except Exception as error:  # the binder's "outcome unknown" (a timeout, no API server)
             log.warning(
                 "binding pod %s to node %s: outcome unknown, GPUs kept assumed: %s",
@@ -167,10 +200,10 @@ class _BindMixin:
                 None,
             )
         if failure is not None:
-            if allocation is not None and self.state.ledger.allocation(key) == allocation:
-                self.state.release(key)
+            if allocation is not None and self._state.allocation(key) == allocation:
+                self._state.release(key)
             return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None
-        self.state.record_bound(key, args.node, annotations)
+        self._state.record_bound(key, args.node, annotations)
         return "", allocation
 
 
@@ -192,12 +225,6 @@ def _describe_allocation(
         for c in (allocation.containers if allocation is not None else ())
     ]
     return f"gpushare: pod {key} bound to node {node}" + (": " + "; ".join(parts) if parts else "")
-
-
-def _shape(pod: PodRequest) -> tuple[object, ...]:
-    """What a fit or a policy value depends on: the pod's shape and its container names (the
-    reasons name the container)."""
-    return (pod.shape, tuple(c.name for c in pod.containers))
 
 
 def _matches(allocation: Allocation, pod: PodRequest) -> bool:

@@ -145,5 +145,5 @@ class StateFeeder:
             "synced: %d nodes (%d GPU-share), %d allocations",
             len(self.state.nodes()),
             sum(1 for info in self.state.nodes() if info.gpushare),
-            sum(len(self.state.ledger.allocations(n)) for n in self.state.ledger.node_names()),
+            self.state.allocation_count(),
         )

@@ -139,7 +139,6 @@ class StateCollector(Collector):
             recorded.add_metric(
                 [str(skip_kind)], float(self._state.skips_recorded.get(skip_kind, 0))
             )
-        ledger = self._state.ledger
         for info in self._state.nodes():
             if not info.gpushare:
                 continue
@@ -147,7 +146,7 @@ class StateCollector(Collector):
             scale = unit_bytes(info.unit)
             used = self._state.counted_used(node.name)
             holders: dict[int, int] = {}
-            for allocation in ledger.allocations(node.name):
+            for allocation in self._state.allocations(node.name):
                 for index, amount in allocation.per_gpu().items():
                     if amount:
                         holders[index] = holders.get(index, 0) + 1

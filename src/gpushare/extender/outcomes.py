@@ -1,19 +1,17 @@
 """Per-node outcome helpers shared by the extender's filter, prioritize and bind: the refusal
-texts, the verdict kinds and a pod's shape key. The verdict itself (the fit under the handshake
-rule) is ``gpushare.core.handshake.handshake_verdict``.
+texts. The verdict itself (the fit under the handshake rule) is
+``gpushare.core.handshake.handshake_verdict``; its kinds are ``gpushare.core.fit.FitStatus``.
 """
 
 from __future__ import annotations
 
 from gpushare.core.fit import FitResult
-from gpushare.core.model import PodRequest
 from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import NodeInfo
 
 NOT_SYNCED = "gpushare: the extender has not finished listing nodes and pods yet"
 UNKNOWN_NODE = "gpushare: node unknown to the extender (not in its node cache)"
 NOT_GPUSHARE = "gpushare: not a GPU-share node"
-_PASS, _FAIL, _NEVER = 0, 1, 2
 
 
 def not_gpushare(info: NodeInfo) -> str:
@@ -34,9 +32,3 @@ def skipped_note(state: ExtenderState, node: str) -> str:
     if not skipped:
         return ""
     return "; counted too, not in the ledger: " + " | ".join(s.describe() for s in skipped)
-
-
-def _shape(pod: PodRequest) -> tuple[object, ...]:
-    """What a fit or a policy value depends on: the pod's shape and its container names (the
-    reasons name the container)."""
-    return (pod.shape, tuple(c.name for c in pod.containers))

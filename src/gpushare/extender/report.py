@@ -44,7 +44,7 @@ def node_report(
     node alone."""
     node = info.node
     used = state.counted_used(node.name)
-    allocations = state.ledger.allocations(node.name)
+    allocations = state.allocations(node.name)
     skipped = state.skipped(node.name)
     devs: list[dict[str, Any]] = []
     for position, gpu in enumerate(node.gpus):
@@ -67,7 +67,7 @@ def node_report(
                     "name": name,
                     "namespace": namespace,
                     "usedGPU": amount,
-                    "assumed": state.ledger.is_assumed(allocation.pod),
+                    "assumed": state.is_assumed(allocation.pod),
                     "containers": [
                         c.container for c in allocation.containers if gpu.index in c.gpu_indices
                     ],
@@ -118,7 +118,7 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
     pod on a missing GPU index over every GPU is in ``usedGPU``, not here), a GPU index a node
     lacks, an allocation that cannot be read. Sorted by node, then GPU (``None`` last)."""
     found: dict[tuple[str, int | None, str], dict[str, Any]] = {}
-    for v in state.ledger.check_invariants():
+    for v in state.ledger_violations():
         found[(v.node, v.gpu_index, str(v.kind))] = {
             "kind": str(v.kind), "node": v.node, "gpu": v.gpu_index, "used": v.used,
             "capacity": v.capacity, "pods": list(v.pods),
@@ -127,14 +127,14 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
     for name in sorted({pod.node for pod in state.skipped()}):
         info = state.node(name)
         gpus = info.node.gpus if info is not None else ()
-        ledger_used = state.ledger.state(name).gpu_used if info is not None else ()
+        ledger_used = state.recorded_state(name).gpu_used if info is not None else ()
         named = [p for p in state.skipped(name) if p.kind is SkipKind.OVER_CAPACITY]
         for position, gpu in enumerate(gpus):
             naming = [p.pod for p in named if dict(p.charges).get(gpu.index)]
             total = ledger_used[position] + sum(dict(p.charges).get(gpu.index, 0) for p in named)
             if total <= gpu.capacity:
                 continue
-            holders = {a.pod for a in state.ledger.allocations(name) if gpu.index in a.per_gpu()}
+            holders = {a.pod for a in state.allocations(name) if gpu.index in a.per_gpu()}
             holders |= set(naming)
             found[(name, gpu.index, over)] = {
                 "kind": over, "node": name, "gpu": gpu.index, "used": total,

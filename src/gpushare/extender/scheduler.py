@@ -37,7 +37,6 @@ are values (result fields); exceptions are bugs.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,17 +44,13 @@ from typing import Any
 from gpushare.core.fit import FitResult, FitStatus, check_fit
 from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
-from gpushare.core.policies import Policy
-from gpushare.extender.binding import _BindMixin
-from gpushare.extender.memo import _MEMO_LIMIT, _Memo
+from gpushare.core.policies import Policy, generational, tie_break_of
+from gpushare.extender.binding import BindVerb
+from gpushare.extender.memo import AnswerMemo, NodeShapeCache, ShapeMemo, shape_key
 from gpushare.extender.outcomes import (
-    _FAIL,
-    _NEVER,
-    _PASS,
     NOT_GPUSHARE,
     NOT_SYNCED,
     UNKNOWN_NODE,
-    _shape,
     describe_fit,
     not_gpushare,
     skipped_note,
@@ -64,14 +59,14 @@ from gpushare.extender.scoring import policy_value, to_priorities
 from gpushare.extender.state import Binder, EventSink, ExtenderState
 from gpushare.extender.wire import (
     ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
     ExtenderFilterResult,
     HostPriority,
     NodeList,
     RequestError,
 )
 from gpushare.kube.codec import CodecError, node_info, pod_request
-
-_CACHE_LIMIT = 500_000
 
 __all__ = [
     "NOT_GPUSHARE",
@@ -83,11 +78,12 @@ __all__ = [
 ]
 
 
-class Scheduler(_BindMixin):
-    """Filter, prioritize and bind (module doc). ``clock_ns`` gives the wall-clock nanoseconds
-    written as ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``; ``events`` records bind outcomes;
-    ``nodes_from_requests`` lets ``Nodes`` requests add or change nodes (``--in-memory`` only;
-    never on a cluster, where the API server is the only source of node state)."""
+class Scheduler:
+    """Filter, prioritize and bind (module doc); bind is ``gpushare.extender.binding.BindVerb``.
+    ``clock_ns`` gives the wall-clock nanoseconds written as ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``;
+    ``events`` records bind outcomes; ``nodes_from_requests`` lets ``Nodes`` requests add or
+    change nodes (``--in-memory`` only; never on a cluster, where the API server is the only
+    source of node state)."""
 
     def __init__(
         self,
@@ -102,17 +98,19 @@ class Scheduler(_BindMixin):
         self.state = state
         self.nodes_from_requests = nodes_from_requests
         self.policy = policy
-        self.binder = binder
-        self.events = events
-        self._clock_ns = clock_ns
-        self._fits: dict[tuple[str, tuple[object, ...]], tuple[int, FitResult]] = {}
-        self._values: dict[tuple[str, tuple[object, ...]], tuple[int, float]] = {}
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._decide: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._tie_break = tie_break_of(policy)
+        self._generational = generational(policy)
+        self._bind_verb = BindVerb(state, policy, binder, events=events, clock_ns=clock_ns)
+        self._fits: NodeShapeCache[FitResult] = NodeShapeCache()
+        self._values: NodeShapeCache[float] = NodeShapeCache()
         self._last_names: list[str] = []  # the last NodeNames, when they had no duplicates
-        self._filter_memo: dict[tuple[object, ...], _Memo] = {}
-        self._prioritize_memo: dict[tuple[object, ...], _Memo] = {}
+        self._filter_memo = AnswerMemo(state)
+        self._prioritize_memo = AnswerMemo(state)
         self._generation = self._policy_generation()
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """The bind verb (module doc); the ``Error`` text names what went wrong."""
+        return await self._bind_verb.bind(args)
 
     # -- filter and prioritize -------------------------------------------------------------
 
@@ -154,24 +152,18 @@ class Scheduler(_BindMixin):
             return None
         if own is not None and own.node == name:
             return handshake_fit(state.without(own), pod, self.state.pending(name))
-        key = (name, _shape(pod))
-        version = self.state.version(name)
-        cached = self._fits.get(key)
-        if cached is not None and cached[0] == version:
-            result = cached[1]
-        else:
-            if len(self._fits) > _CACHE_LIMIT:
-                self._fits.clear()
+        shape, version = shape_key(pod), self.state.version(name)
+        result = self._fits.get(name, shape, version)
+        if result is None:
             result = check_fit(state, pod)
-            self._fits[key] = (version, result)
+            self._fits.put(name, shape, version, result)
         return handshake_fit(state, pod, self.state.pending(name), result)
 
     def _policy_generation(self) -> int:
-        generation = getattr(self.policy, "generation", 0)
-        return generation if isinstance(generation, int) else 0
+        return 0 if self._generational is None else self._generational.generation
 
     def _drop_values_on_new_generation(self) -> None:
-        """Cached values belong to one policy ``generation`` (``core.policies.base``)."""
+        """Cached values belong to one policy ``generation`` (``core.policies.Generational``)."""
         generation = self._policy_generation()
         if generation != self._generation:
             self._values.clear()
@@ -183,16 +175,13 @@ class Scheduler(_BindMixin):
         policy is deterministic."""
         name = state.node.name
         if (own is not None and own.node == name) or not self.policy.deterministic:
-            return policy_value(self.policy, state.without(own), pod)
-        key = (name, _shape(pod))
-        version = self.state.version(name)
-        cached = self._values.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        if len(self._values) > _CACHE_LIMIT:
-            self._values.clear()
-        value = policy_value(self.policy, state, pod)
-        self._values[key] = (version, value)
+            return policy_value(self.policy, state.without(own), pod, tie_break=self._tie_break)
+        shape, version = shape_key(pod), self.state.version(name)
+        cached = self._values.get(name, shape, version)
+        if cached is not None:
+            return cached
+        value = policy_value(self.policy, state, pod, tie_break=self._tie_break)
+        self._values.put(name, shape, version, value)
         return value
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
@@ -211,14 +200,14 @@ class Scheduler(_BindMixin):
         if pod is not None and not pod.gpu_containers:
             passed = names
         elif pod is not None:
-            own = self.state.ledger.allocation(pod.key)
+            own = self.state.allocation(pod.key)
             if names_mode and own is None:
                 return self._filter_memoised(names, pod)
             for name in names:
-                kind, reason = self._outcome(name, pod, own)
-                if kind == _PASS:
+                status, reason = self._outcome(name, pod, own)
+                if status is FitStatus.FITS:
                     passed.append(name)
-                elif kind == _FAIL:
+                elif status is FitStatus.DOES_NOT_FIT_NOW:
                     failed[name] = reason
                 else:
                     unresolvable[name] = reason
@@ -240,7 +229,7 @@ class Scheduler(_BindMixin):
         values: dict[str, float] = {}
         if pod.gpu_containers and self.state.synced:
             self._drop_values_on_new_generation()
-            own = self.state.ledger.allocation(pod.key)
+            own = self.state.allocation(pod.key)
             if own is None and self.policy.deterministic:
                 return self._prioritize_memoised(names, pod)
             for name in names:
@@ -250,17 +239,17 @@ class Scheduler(_BindMixin):
         scores = to_priorities(values, names)
         return [HostPriority(name, scores[name]) for name in names]
 
-    def _outcome(self, name: str, pod: PodRequest, own: Allocation | None) -> tuple[int, str]:
-        """The filter's verdict on node ``name``: (``_PASS``, ``""``), (``_FAIL``, reason) or
-        (``_NEVER``, reason)."""
+    def _outcome(self, name: str, pod: PodRequest, own: Allocation | None) -> tuple[FitStatus, str]:
+        """The filter's verdict on node ``name``: (``FITS``, ``""``), (``DOES_NOT_FIT_NOW``,
+        reason) or (``CAN_NEVER_FIT``, reason: also for an unknown or non-GPU-share node)."""
         info = self.state.node(name)
         result = self._fit(name, pod, own) if info is not None and info.gpushare else None
         if info is None or result is None:
-            return _NEVER, UNKNOWN_NODE if info is None else not_gpushare(info)
+            return FitStatus.CAN_NEVER_FIT, UNKNOWN_NODE if info is None else not_gpushare(info)
         if result.status is FitStatus.FITS:
-            return _PASS, ""
+            return FitStatus.FITS, ""
         why = f"gpushare: {describe_fit(result, info)}{skipped_note(self.state, name)}"
-        return (_FAIL if result.status is FitStatus.DOES_NOT_FIT_NOW else _NEVER), why
+        return result.status, why
 
     def _node_value(self, name: str, pod: PodRequest, own: Allocation | None) -> float | None:
         """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit."""
@@ -270,52 +259,24 @@ class Scheduler(_BindMixin):
             return self._value(state, pod, own)
         return None
 
-    def _memo_entry(
-        self, memo: dict[tuple[object, ...], _Memo], pod: PodRequest, names: list[str]
-    ) -> tuple[_Memo, set[str] | None]:
-        """The memo of the last request of ``pod``'s shape, and the names to re-evaluate in it
-        (``None``: all of them, a fresh memo)."""
-        key = _shape(pod)
-        epoch = self.state.epoch
-        entry = memo.get(key)
-        if entry is not None and entry.names == names:
-            if entry.epoch == epoch:
-                return entry, set()
-            changed = self.state.changed_since(entry.epoch)
-            if changed is not None:
-                entry.epoch = epoch
-                entry.result = None
-                entry.priorities = None
-                return entry, changed & entry.members
-        if len(memo) > _MEMO_LIMIT:
-            memo.clear()
-        entry = _Memo(names, epoch)
-        memo[key] = entry
-        return entry, None
-
     def _filter_memoised(self, names: list[str], pod: PodRequest) -> ExtenderFilterResult:
         """The filter of a GPU pod holding nothing, over ``NodeNames``: the same verdicts as the
         loop in ``filter``, re-evaluated only on the nodes changed since the same request."""
-        entry, changed = self._memo_entry(self._filter_memo, pod, names)
+        entry, changed = self._filter_memo.entry(pod, names)
         if changed is None:
             entry.outcomes = {name: self._outcome(name, pod, None) for name in names}
         else:
             for name in changed:
                 entry.outcomes[name] = self._outcome(name, pod, None)
         if entry.result is None:
-            outcomes = entry.outcomes
-            entry.result = (
-                [name for name, (kind, _) in outcomes.items() if kind == _PASS],
-                {name: why for name, (kind, why) in outcomes.items() if kind == _FAIL},
-                {name: why for name, (kind, why) in outcomes.items() if kind == _NEVER},
-            )
+            entry.result = _split(entry)
         passed, failed, unresolvable = entry.result
         return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable), "")
 
     def _prioritize_memoised(self, names: list[str], pod: PodRequest) -> list[HostPriority]:
         """``prioritize`` of a GPU pod holding nothing under a deterministic policy: the same
         scores as the loop, re-evaluated only on the nodes changed since the same request."""
-        entry, changed = self._memo_entry(self._prioritize_memo, pod, names)
+        entry, changed = self._prioritize_memo.entry(pod, names)
         if changed is None:
             values: dict[str, float] = {}
             for name in names:
@@ -334,6 +295,17 @@ class Scheduler(_BindMixin):
             scores = to_priorities(entry.values, names)
             entry.priorities = [HostPriority(name, scores[name]) for name in names]
         return list(entry.priorities)
+
+
+def _split(entry: ShapeMemo) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """(passed names, failed name → reason, unresolvable name → reason) of ``entry``'s
+    verdicts, in candidate order."""
+    outcomes = entry.outcomes
+    return (
+        [name for name, (status, _) in outcomes.items() if status is FitStatus.FITS],
+        {n: why for n, (st, why) in outcomes.items() if st is FitStatus.DOES_NOT_FIT_NOW},
+        {n: why for n, (st, why) in outcomes.items() if st is FitStatus.CAN_NEVER_FIT},
+    )
 
 
 def _item_name(item: dict[str, Any]) -> str | None:

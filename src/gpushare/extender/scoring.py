@@ -20,11 +20,11 @@ unit. ``extender_policy`` takes them as arguments; ``default_workload`` is a pla
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from gpushare.core.fragmentation import TargetWorkload, TaskShape
 from gpushare.core.model import NodeState, PodRequest
-from gpushare.core.policies import Policy, PolicyContext, make_policy
+from gpushare.core.policies import Policy, PolicyContext, TieBreak, make_policy
 from gpushare.extender.wire import MAX_PRIORITY, MIN_PRIORITY
 
 TIE_BREAK_SCALE = 101.0
@@ -57,11 +57,14 @@ def extender_policy(
     return make_policy(name, context)
 
 
-def policy_value(policy: Policy, state: NodeState, pod: PodRequest) -> float:
-    """The value ranked by ``prioritize`` (module doc). Precondition: ``pod`` fits ``state``."""
+def policy_value(
+    policy: Policy, state: NodeState, pod: PodRequest, *, tie_break: TieBreak | None
+) -> float:
+    """The value ranked by ``prioritize`` (module doc); ``tie_break`` is the policy's
+    (``gpushare.core.policies.tie_break_of``, resolved once by the caller). Precondition:
+    ``pod`` fits ``state``."""
     value = policy.score(state, pod)
-    tie_break: Callable[[NodeState, PodRequest], float] | None = getattr(policy, "tie_break", None)
-    if callable(tie_break):
+    if tie_break is not None:
         value += tie_break(state, pod) / TIE_BREAK_SCALE
     return value
 

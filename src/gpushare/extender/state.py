@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpushare.core.handshake import PendingPod, steps_of
-from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult
+from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult, Violation
 from gpushare.core.model import Allocation, NodeState
 from gpushare.extender.pending import PendingBook
 from gpushare.kube.codec import CodecError, Json, NodeInfo, node_info, pod_allocation, pod_key
@@ -176,7 +176,7 @@ class ExtenderState:
         handshake_timeout_s: float = 300.0,
         wall_clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.ledger = Ledger(clock, assume_ttl_s)
+        self._ledger = Ledger(clock, assume_ttl_s)
         self._pending = PendingBook(handshake_timeout_s)
         self._wall_clock_ns = wall_clock_ns
         self._nodes: dict[str, NodeInfo] = {}
@@ -221,7 +221,7 @@ class ExtenderState:
         if self._nodes.get(name) == info:
             return
         self._nodes[name] = info
-        self.ledger.upsert_node(info.node)
+        self._ledger.upsert_node(info.node)
         self._bump(name)
         for key in sorted(self._waiting.pop(name, ())):
             pod = self._pods.get(key)
@@ -233,7 +233,7 @@ class ExtenderState:
         """Forget node ``name``; allocations on it stay until their pods go (``Ledger``)."""
         self._node_objects.pop(name, None)
         if self._nodes.pop(name, None) is not None:
-            self.ledger.remove_node(name)
+            self._ledger.remove_node(name)
             self._bump(name)
 
     def node(self, name: str) -> NodeInfo | None:
@@ -262,7 +262,7 @@ class ExtenderState:
         cached = self._states.get(name)
         if cached is not None and cached[0] == version:
             return cached[1]
-        state = self._charged(self.ledger.state(name))
+        state = self._charged(self._ledger.state(name))
         self._states[name] = (version, state)
         return state
 
@@ -273,7 +273,7 @@ class ExtenderState:
         extra = list(self.held(state.node.name, gpus=[g.index for g in gpus]))
         everywhere = 0
         indices = {gpu.index for gpu in gpus}
-        for allocation in self.ledger.allocations(state.node.name):
+        for allocation in self._ledger.allocations(state.node.name):
             everywhere += sum(a for i, a in allocation.per_gpu().items() if i not in indices)
         if any(s.whole_node for s in self.skipped(state.node.name)):
             everywhere += max((gpu.capacity for gpu in gpus), default=0)
@@ -304,7 +304,7 @@ class ExtenderState:
         """Units counted on each GPU of node ``name`` (position order) for ``/inspect`` and
         ``/metrics``: the ledger's plus what skipped pods are charged with (``held``); a
         whole-node block is not memory and is left out (``node_state`` counts it)."""
-        ledger_used = self.ledger.state(name).gpu_used
+        ledger_used = self._ledger.state(name).gpu_used
         return tuple(u + h for u, h in zip(ledger_used, self.held(name), strict=True))
 
     def skipped(self, node: str | None = None) -> list[SkippedPod]:
@@ -402,14 +402,14 @@ class ExtenderState:
             return None
         for node in self._pending.put(allocation.node, pending, key):
             self._bump(node)
-        result = self.ledger.apply(allocation, allow_unhealthy=True)
+        result = self._ledger.apply(allocation, allow_unhealthy=True)
         if result.outcome is LedgerOutcome.UNKNOWN_NODE:
             self._waiting.setdefault(allocation.node, set()).add(key)
         if result.outcome is LedgerOutcome.CONFLICT:
             previous = self.release(key)
-            result = self.ledger.apply(allocation, allow_unhealthy=True)
+            result = self._ledger.apply(allocation, allow_unhealthy=True)
             if not result.ok and previous is not None:
-                self.ledger.assume(previous)
+                self._ledger.assume(previous)
         if result.ok or result.outcome is LedgerOutcome.UNKNOWN_NODE:
             self._unskip(key)
         else:
@@ -470,9 +470,38 @@ class ExtenderState:
 
     # -- allocations -----------------------------------------------------------------------
 
+    def allocation(self, key: str) -> Allocation | None:
+        """Pod ``namespace/name``'s allocation in the ledger, assumed or committed, or ``None``
+        (a skipped pod has none: ``skipped``)."""
+        return self._ledger.allocation(key)
+
+    def is_assumed(self, key: str) -> bool:
+        """True when pod ``namespace/name`` holds an assumed allocation (bound by us, not yet
+        seen bound by the watch)."""
+        return self._ledger.is_assumed(key)
+
+    def allocations(self, node: str) -> tuple[Allocation, ...]:
+        """The allocations the ledger records on ``node`` (committed + assumed), sorted by pod
+        key; empty for a node with none, known or not. Skipped pods are not among them."""
+        return self._ledger.allocations(node)
+
+    def allocation_count(self) -> int:
+        """How many allocations the ledger records on the nodes it knows."""
+        return sum(len(self._ledger.allocations(n)) for n in self._ledger.node_names())
+
+    def recorded_state(self, name: str) -> NodeState:
+        """Node ``name`` with only what the ledger records on it: unlike ``node_state``, what
+        skipped pods are charged with is left out. ``KeyError`` for an unknown node."""
+        return self._ledger.state(name)
+
+    def ledger_violations(self) -> list[Violation]:
+        """The ledger's broken invariants (``Ledger.check_invariants``): a GPU over capacity,
+        an allocation on a GPU index its node lacks; empty when all is well."""
+        return self._ledger.check_invariants()
+
     def assume(self, allocation: Allocation) -> LedgerResult:
         """``Ledger.assume``, keeping versions right."""
-        result = self.ledger.assume(allocation)
+        result = self._ledger.assume(allocation)
         self._bump(allocation.node)
         return result
 
@@ -480,7 +509,7 @@ class ExtenderState:
         """``Ledger.release``, keeping versions right; the pod is no longer pending."""
         for node in self._pending.drop(key):
             self._bump(node)
-        allocation = self.ledger.release(key)
+        allocation = self._ledger.release(key)
         if allocation is not None:
             self._bump(allocation.node)
         return allocation
@@ -488,7 +517,7 @@ class ExtenderState:
     def expire(self) -> list[Allocation]:
         """``Ledger.expire``: drop assumed allocations past their deadline, and pending pods
         past the handshake timeout."""
-        expired = self.ledger.expire()
+        expired = self._ledger.expire()
         for allocation in expired:
             for node in self._pending.drop(allocation.pod):
                 self._bump(node)

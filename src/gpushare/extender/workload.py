@@ -25,11 +25,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
-from gpushare.core.policies import Policy
+from gpushare.core.policies import Policy, TieBreak, tie_break_of
 from gpushare.extender.scoring import default_workload, extender_policy
 from gpushare.kube.codec import CodecError, pod_request
 from gpushare.kube.watch import Action, Change
@@ -140,6 +139,7 @@ class AdaptiveFgd:
         self.tracker = tracker
         self._built_for: TargetWorkload | None = None
         self._generation = 0
+        self._inner_tie_break: TieBreak | None = None
         self._inner = self._current()
 
     @property
@@ -168,6 +168,7 @@ class AdaptiveFgd:
             self._inner = extender_policy(
                 self._name, gpu_unit=self.tracker.gpu_unit, workload=workload
             )
+            self._inner_tie_break = tie_break_of(self._inner)
             self._built_for = workload
             self._generation += 1
         return self._inner
@@ -177,9 +178,9 @@ class AdaptiveFgd:
         return self._current().score(state, pod)
 
     def tie_break(self, state: NodeState, pod: PodRequest) -> float:
-        inner: Any = self._current()
-        tie_break = getattr(inner, "tie_break", None)
-        return float(tie_break(state, pod)) if callable(tie_break) else 0.0
+        self._current()
+        tie_break = self._inner_tie_break
+        return float(tie_break(state, pod)) if tie_break is not None else 0.0
 
     def choose_gpus(self, state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
         self.tracker.observe(pod)

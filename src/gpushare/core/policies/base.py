@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpushare.core.fit import (
     GpuPicker,
@@ -78,10 +78,43 @@ class Policy(Protocol):
         ...
 
 
-# Optional, looked up with getattr by ``gpushare.core.placement.Placer``:
-#   tie_break(state, pod) -> float   higher wins among nodes with the best score;
-#   generation: int                  changes when every score may change (a new target
-#                                    workload): callers drop cached scores.
+TieBreak = Callable[[NodeState, PodRequest], float]
+"""A policy's tie-break: higher wins among the nodes with the best score."""
+
+
+@runtime_checkable
+class TieBreaking(Protocol):
+    """A policy's optional member: it orders the nodes that tie on ``score`` (``fgd-cpu``).
+    Read it with ``tie_break_of`` (``gpushare.core.placement.Placer``, the extender's
+    prioritize)."""
+
+    def tie_break(self, state: NodeState, pod: PodRequest) -> float:
+        """Higher wins among the nodes with the best score. Precondition: ``pod`` fits."""
+        ...
+
+
+@runtime_checkable
+class Generational(Protocol):
+    """A policy's optional member: ``generation`` changes when every score may change (the
+    extender's ``AdaptiveFgd`` on a new target workload); callers then drop cached scores.
+    Read it with ``generational``."""
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever every score may change."""
+        ...
+
+
+def tie_break_of(policy: Policy) -> TieBreak | None:
+    """``policy.tie_break`` when the policy has one (``TieBreaking``), else ``None``. An
+    ``isinstance`` check on a protocol: callers resolve it once per policy, not per node."""
+    return policy.tie_break if isinstance(policy, TieBreaking) else None
+
+
+def generational(policy: Policy) -> Generational | None:
+    """``policy`` as a ``Generational`` when it has a ``generation``, else ``None`` (its
+    scores never all change at once). Resolved once per policy, like ``tie_break_of``."""
+    return policy if isinstance(policy, Generational) else None
 
 
 PolicyFactory = Callable[[PolicyContext], Policy]
