@@ -54,7 +54,7 @@ from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, Gpu, MemoryUnit
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
-from gpushare.kube.codec import CodecError, Json, pod_key
+from gpushare.kube.codec import CodecError, Json, pod_deleting, pod_finished, pod_key, pod_uid
 from gpushare.kube.codec.handshake import handshake_annotations, pending_pod
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventType
@@ -66,8 +66,6 @@ ALLOCATED = "GPUAllocated"
 FAILED = "FailedGPUAllocation"
 
 log = logging.getLogger(__name__)
-
-_FINISHED = ("Succeeded", "Failed")
 
 
 class PodSource(Protocol):
@@ -268,9 +266,9 @@ class HandshakeAllocator:
             except CodecError:
                 continue
             present.add(key)
-            uid = (pod.get("metadata") or {}).get("uid")
+            uid = pod_uid(pod)
             if uid:
-                uids[key] = str(uid)
+                uids[key] = uid
             found = self._pending(pod)
             if found is not None:
                 pending.append(found)
@@ -280,9 +278,7 @@ class HandshakeAllocator:
         return match_allocate(units, pending)
 
     def _pending(self, pod: Json) -> PendingPod | None:
-        meta = pod.get("metadata") or {}
-        status = pod.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("phase") in _FINISHED:
+        if pod_deleting(pod) or pod_finished(pod):
             return None
         try:
             found = pending_pod(pod)

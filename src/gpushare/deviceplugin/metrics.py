@@ -89,6 +89,7 @@ from prometheus_client.registry import Collector
 
 from gpushare.deviceplugin.inventory import Gpu
 from gpushare.deviceplugin.nvml import Nvml, NvmlError
+from gpushare.kube.codec import object_name, object_namespace, pod_container_names, pod_uid
 
 __all__ = [
     "ALLOCATE_OUTCOMES",
@@ -192,32 +193,15 @@ class PodRef:
     containers: Mapping[str, str] = field(default_factory=dict)
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def pods_by_uid(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodRef]:
     """Pod JSON objects (e.g. ``NodePods.pods()``) indexed by ``metadata.uid``; container IDs
     from ``status.containerStatuses`` (and init and ephemeral containers). Pods without a UID
     are left out."""
     index: dict[str, PodRef] = {}
     for pod in pods:
-        meta = _mapping(pod.get("metadata"))
-        uid = meta.get("uid")
-        if not isinstance(uid, str) or not uid:
-            continue
-        status = _mapping(pod.get("status"))
-        containers: dict[str, str] = {}
-        for kind in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
-            entries = status.get(kind)
-            for raw in entries if isinstance(entries, list) else []:
-                entry = _mapping(raw)
-                ident, name = entry.get("containerID"), entry.get("name")
-                if isinstance(ident, str) and ident and isinstance(name, str):
-                    containers[ident.rpartition("://")[2]] = name
-        index[uid] = PodRef(
-            str(meta.get("namespace") or ""), str(meta.get("name") or ""), containers
-        )
+        uid = pod_uid(pod)
+        if uid:
+            index[uid] = PodRef(object_namespace(pod), object_name(pod), pod_container_names(pod))
     return index
 
 

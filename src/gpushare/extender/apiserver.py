@@ -38,7 +38,7 @@ from typing import Protocol
 
 from gpushare.extender.state import BindEvent, Binding, SkippedPod
 from gpushare.kube.binder import BindResult
-from gpushare.kube.codec import ALLOCATION
+from gpushare.kube.codec import ALLOCATION, pod_annotation
 from gpushare.kube.errors import BindError, BindStage, Failure, KubeError
 from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
@@ -103,7 +103,7 @@ class ApiBinder:
         """``None`` (bound), an error text (not bound), or re-raise ``error`` (unknown)."""
         if error.failure is Failure.ALREADY_BOUND and error.bound_node == binding.node:
             observed = error.observed_pod or {}
-            recorded = ((observed.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION)
+            recorded = pod_annotation(observed, ALLOCATION)
             wanted = binding.annotations.get(ALLOCATION)
             if recorded != wanted:
                 log.warning(

@@ -69,7 +69,7 @@ from gpushare.extender.wire import (
     NodeList,
     RequestError,
 )
-from gpushare.kube.codec import CodecError, node_info, pod_request
+from gpushare.kube.codec import CodecError, node_info, object_name, pod_request
 
 _CACHE_LIMIT = 500_000
 
@@ -338,6 +338,4 @@ class Scheduler(_BindMixin):
 
 def _item_name(item: dict[str, Any]) -> str | None:
     """``metadata.name`` of a node in a ``Nodes`` request, or ``None``."""
-    meta = item.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) and name else None
+    return object_name(item) or None

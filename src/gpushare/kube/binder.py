@@ -34,6 +34,7 @@ from lightkube.core import resource as lightkube_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
+from gpushare.kube.codec import pod_deletion_timestamp, pod_node_name, pod_uid
 from gpushare.kube.errors import CLIENT_ERRORS, BindError, BindStage, Failure, classify
 from gpushare.kube.refs import PodRef
 
@@ -112,10 +113,9 @@ class Binder:
         except CLIENT_ERRORS as exc:
             raise self._error(pod, node, BindStage.READ, exc) from exc
         current = obj.to_dict()
-        meta = current.get("metadata") or {}
-        bound = (current.get("spec") or {}).get("nodeName")
-        if meta.get("uid") != pod.uid:
-            detail = f"pod was recreated: UID is {meta.get('uid')}, not {pod.uid}"
+        uid, bound = pod_uid(current), pod_node_name(current)
+        if uid != pod.uid:
+            detail = f"pod was recreated: UID is {uid or None}, not {pod.uid}"
             raise BindError(pod.key, node, BindStage.READ, Failure.NOT_FOUND, detail)
         if bound:
             raise BindError(
@@ -127,8 +127,8 @@ class Binder:
                 bound_node=bound,
                 observed_pod=current,
             )
-        if meta.get("deletionTimestamp"):
-            detail = f"pod is being deleted (since {meta['deletionTimestamp']})"
+        if deleted_at := pod_deletion_timestamp(current):
+            detail = f"pod is being deleted (since {deleted_at})"
             raise BindError(pod.key, node, BindStage.READ, Failure.NOT_FOUND, detail)
         return current
 
