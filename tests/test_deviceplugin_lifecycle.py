@@ -22,8 +22,8 @@ from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.inventory import (
     UNHEALTHY,
     DeviceListTooLargeError,
-    Gpu,
     MemoryUnit,
+    PhysicalGpu,
     build_devices,
     gpu_of_device,
     parse_fake_gpus,
@@ -64,7 +64,7 @@ class EchoAllocator:
         )
 
 
-def _service(gpus: list[Gpu] | None = None) -> DevicePluginService:
+def _service(gpus: list[PhysicalGpu] | None = None) -> DevicePluginService:
     return DevicePluginService(
         parse_fake_gpus(SPEC) if gpus is None else gpus, MemoryUnit.GIB, EchoAllocator()
     )

@@ -190,7 +190,7 @@ def test_unlabelled_node_takes_no_pods_but_counts_what_it_holds() -> None:
 
 @dataclass
 class FakeBinder:
-    """``gpushare.kube.binder.Binder`` stand-in: raises ``error`` or succeeds; ``delay_s``."""
+    """``gpushare.kube.binder.PodBinder`` stand-in: raises ``error`` or succeeds; ``delay_s``."""
 
     error: BindError | None = None
     delay_s: float = 0.0

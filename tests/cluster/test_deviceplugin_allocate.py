@@ -34,12 +34,12 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
-from gpushare.core.model import Gpu as CoreGpu
+from gpushare.core.model import Gpu
 from gpushare.core.model import Node as CoreNode
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.daemon import EVENT_COMPONENT
-from gpushare.deviceplugin.inventory import Gpu, MemoryUnit, device_id, parse_fake_gpus
+from gpushare.deviceplugin.inventory import MemoryUnit, PhysicalGpu, device_id, parse_fake_gpus
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import DevicePluginService, serve
 from gpushare.kube.client import connect
@@ -61,7 +61,7 @@ pytestmark = pytest.mark.cluster
 
 T = TypeVar("T")
 GPUS = parse_fake_gpus("2x16GiB:T4")
-CORE_NODE = CoreNode("n", (CoreGpu(0, "T4", 16), CoreGpu(1, "T4", 16)))
+CORE_NODE = CoreNode("n", (Gpu(0, "T4", 16), Gpu(1, "T4", 16)))
 _names = itertools.count()
 PLUGIN_RULES = [
     PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch", "patch"]),
@@ -107,7 +107,7 @@ def bound_pod(
 async def plugin(
     plane: ControlPlane,
     node: str,
-    gpus: list[Gpu],
+    gpus: list[PhysicalGpu],
     *,
     mps: bool = False,
     mps_paths: MpsPaths | None = None,

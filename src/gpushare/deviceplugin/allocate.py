@@ -51,7 +51,7 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, Gpu, MemoryUnit
+from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, MemoryUnit, PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
 from gpushare.kube.codec import CodecError, Json, pod_deleting, pod_finished, pod_key, pod_uid
@@ -103,7 +103,12 @@ class AllocateEvents(Protocol):
 
 
 def container_envs(
-    step: Step, pod_units: int, gpus: Mapping[int, Gpu], unit: MemoryUnit, *, mps: bool = False
+    step: Step,
+    pod_units: int,
+    gpus: Mapping[int, PhysicalGpu],
+    unit: MemoryUnit,
+    *,
+    mps: bool = False,
 ) -> dict[str, str]:
     """The environment of the container answered by ``step`` (module doc). ``gpus`` by index;
     ``KeyError`` when a GPU of the step is not in it."""
@@ -139,7 +144,7 @@ class HandshakeAllocator:
     def __init__(
         self,
         node_name: str,
-        gpus: Callable[[], Sequence[Gpu]],
+        gpus: Callable[[], Sequence[PhysicalGpu]],
         unit: MemoryUnit,
         pods: PodSource,
         *,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.health import HealthWatcher
-from gpushare.deviceplugin.inventory import Gpu, Inventory, MemoryUnit
+from gpushare.deviceplugin.inventory import Inventory, MemoryUnit, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.metrics import (
     DEFAULT_METRICS_HOST,
@@ -106,7 +106,7 @@ class DaemonOptions:
     mps_check_interval_s: float = 5.0
 
 
-def inventory_gpus(gpus: list[Gpu], unit: MemoryUnit) -> list[InventoryGpu]:
+def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryGpu]:
     """The node-inventory records of ``gpus`` (memory in whole ``unit``)."""
     return [InventoryGpu(g.index, g.uuid, g.model, g.units(unit), g.healthy) for g in gpus]
 

@@ -1,6 +1,6 @@
 """The extender's ``Binder`` and ``EventSink`` on the API server (``gpushare.kube``).
 
-:class:`ApiBinder` adapts :class:`gpushare.kube.binder.Binder` (create ``pods/binding`` with the
+:class:`ApiBinder` adapts :class:`gpushare.kube.binder.PodBinder` (create ``pods/binding`` with the
 pod's UID as a precondition and the allocation annotations, merged atomically with the node) to
 the extender's ``Binder`` protocol, whose three answers mean:
 
@@ -55,7 +55,7 @@ _UNKNOWN_WHILE_BINDING = frozenset({Failure.SERVER, Failure.UNREACHABLE})
 
 
 class PodBinder(Protocol):
-    """What :class:`ApiBinder` needs: :class:`gpushare.kube.binder.Binder`'s ``bind``."""
+    """What :class:`ApiBinder` needs: :class:`gpushare.kube.binder.PodBinder`'s ``bind``."""
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> BindResult:
         """Annotate and bind ``pod``; raises ``BindError``."""

@@ -1,7 +1,7 @@
 """Bind a pod to a node, recording the allocation on it in the same call (design.md, "Source of
 truth").
 
-:meth:`Binder.bind` creates ``pods/{name}/binding`` (kubernetes-interfaces.md 4.1) with the
+:meth:`PodBinder.bind` creates ``pods/{name}/binding`` (kubernetes-interfaces.md 4.1) with the
 allocation annotations in the Binding's ``metadata.annotations`` and the pod's UID as a
 precondition. The API server sets ``spec.nodeName`` and merges the annotations **atomically**:
 a pod is never bound without its allocation, and of concurrent binds of one pod exactly one
@@ -38,7 +38,7 @@ from gpushare.kube.codec import pod_deletion_timestamp, pod_node_name, pod_uid
 from gpushare.kube.errors import CLIENT_ERRORS, BindError, BindStage, Failure, classify
 from gpushare.kube.refs import PodRef
 
-__all__ = ["BindResult", "Binder"]
+__all__ = ["BindResult", "PodBinder"]
 
 
 class _BindingRequest(dict[str, Any], lightkube_resource.NamespacedSubResource):
@@ -73,7 +73,7 @@ class BindResult:
     annotations: Mapping[str, str]
 
 
-class Binder:
+class PodBinder:
     """Binds pods, with their annotations, through ``client`` (owned by the caller).
 
     ``attempts`` (>= 1) is how many times a bind is tried when a 409 leaves the pod unbound and
