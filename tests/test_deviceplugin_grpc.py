@@ -21,7 +21,6 @@ from gpushare.deviceplugin.inventory import (
     DeviceListTooLargeError,
     FakeGpuSpecError,
     FakeInventory,
-    MemoryUnit,
     PhysicalGpu,
     check_message_size,
     device_id,
@@ -30,6 +29,7 @@ from gpushare.deviceplugin.inventory import (
     parse_fake_gpus,
 )
 from gpushare.deviceplugin.server import ALLOCATE_NOT_READY, DevicePluginService, serve
+from gpushare.kube.codec import MemoryUnit
 
 if TYPE_CHECKING:
     from gpushare.deviceplugin._proto.api_pb2_grpc import DevicePluginAsyncStub

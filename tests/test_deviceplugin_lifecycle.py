@@ -22,7 +22,6 @@ from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.inventory import (
     UNHEALTHY,
     DeviceListTooLargeError,
-    MemoryUnit,
     PhysicalGpu,
     build_devices,
     gpu_of_device,
@@ -31,7 +30,7 @@ from gpushare.deviceplugin.inventory import (
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.registration import RegistrationError, register
 from gpushare.deviceplugin.server import DevicePluginService, options, serve
-from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec import GPU_MEM, MemoryUnit
 from gpushare.testing.kubelet import FakeKubelet, KubeletError, ResourceView
 
 SPEC = "2x4GiB:T4"

@@ -20,7 +20,7 @@ from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
 from gpushare.extender.state import ExtenderState, UnwiredBinder
 from gpushare.extender.wire import ExtenderArgs, decode, encode
-from gpushare.kube.codec import allocation_annotations
+from gpushare.kube.codec import MemoryUnit, allocation_annotations
 from gpushare.testing.extender import node_json, pod_json
 
 NODES = [f"n{i}" for i in range(8)]
@@ -48,7 +48,7 @@ def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> No
             allocation = Allocation(
                 f"b/p{bound}", info.node.name, (ContainerAllocation("main", (gpu,), share),)
             )
-            notes = allocation_annotations(allocation, info.node, now_ns=0, unit="GiB")
+            notes = allocation_annotations(allocation, info.node, now_ns=0, unit=MemoryUnit.GIB)
             state.observe_pod(
                 pod_json(f"p{bound}", share, namespace="b", node=info.node.name, annotations=notes)
             )

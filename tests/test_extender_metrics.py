@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.metrics import ExtenderMetrics, unit_bytes
-from gpushare.kube.codec import ALIYUN_IDX, allocation_annotations
+from gpushare.kube.codec import ALIYUN_IDX, MemoryUnit, allocation_annotations
 from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS
 from gpushare.testing.extender import (
     RecordingBinder,
@@ -318,8 +318,8 @@ def test_gpu_gauges(
 
 @pytest.mark.parametrize(
     ("unit", "expected"),
-    [("GiB", GIB), ("MiB", MIB), (None, GIB)],
+    [(MemoryUnit.GIB, GIB), (MemoryUnit.MIB, MIB), (None, GIB)],
     ids=["GiB", "MiB", "unknown is GiB"],
 )
-def test_unit_bytes(unit: str | None, expected: int) -> None:
+def test_unit_bytes(unit: MemoryUnit | None, expected: int) -> None:
     assert unit_bytes(unit) == expected

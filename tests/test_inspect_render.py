@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpushare.inspect import Snapshot, build_report, render_detail, render_summary, report_json
-from gpushare.kube.codec import ALIYUN_ASSIGNED, INVENTORY, node_info
+from gpushare.kube.codec import ALIYUN_ASSIGNED, INVENTORY, MemoryUnit, node_info
 from gpushare.testing.extender import alibaba_node_json, node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 from gpushare.testing.pods import bound_gpu_pod
@@ -54,7 +54,7 @@ def bound(
     info = node_info(on)
     pod: Json = bound_gpu_pod(
         namespace, name, info.node, containers, assume_ns=1_700_000_000_000_000_000,
-        unit=info.unit or "GiB",
+        unit=info.unit or MemoryUnit.GIB,
     ).to_dict()  # fmt: skip
     if assigned:
         pod["metadata"]["annotations"][ALIYUN_ASSIGNED] = "true"

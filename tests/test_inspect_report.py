@@ -15,7 +15,7 @@ import pytest
 from gpushare.core.fit import FitStatus, Reason
 from gpushare.inspect import Report, Snapshot, build_report
 from gpushare.inspect.report import narrow
-from gpushare.kube.codec import ALIYUN_ASSIGNED, ALLOCATION, INVENTORY, node_info
+from gpushare.kube.codec import ALIYUN_ASSIGNED, ALLOCATION, INVENTORY, MemoryUnit, node_info
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 from gpushare.testing.pods import bound_gpu_pod
@@ -40,7 +40,7 @@ def bound(
 ) -> Json:
     info = node_info(on)
     pod: Json = bound_gpu_pod(
-        namespace, name, info.node, containers, assume_ns=1, unit=info.unit or "GiB"
+        namespace, name, info.node, containers, assume_ns=1, unit=info.unit or MemoryUnit.GIB
     ).to_dict()
     if assigned:
         pod["metadata"]["annotations"][ALIYUN_ASSIGNED] = "true"

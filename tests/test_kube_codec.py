@@ -30,6 +30,7 @@ from gpushare.kube.codec import (
     GPU_MODELS_ANNOTATION,
     INVENTORY,
     CodecError,
+    MemoryUnit,
     alibaba_annotations,
     allocation_annotations,
     node_info,
@@ -321,7 +322,7 @@ ROUND_TRIPS: list[tuple[str, dict[str, Any], Allocation, dict[str, str]]] = [
 def test_allocation_round_trip(
     pod: dict[str, Any], allocation: Allocation, alibaba: dict[str, str]
 ) -> None:
-    annotations = allocation_annotations(allocation, NODE4, now_ns=NOW_NS, unit="MiB")
+    annotations = allocation_annotations(allocation, NODE4, now_ns=NOW_NS, unit=MemoryUnit.MIB)
     expected = {
         **alibaba,
         ALIYUN_ASSIGNED: "false",

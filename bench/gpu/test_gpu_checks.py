@@ -34,12 +34,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpushare.core.handshake import Step
 from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.allocate import container_envs
-from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, MemoryUnit, PhysicalGpu
+from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import PluginRunner
 from gpushare.deviceplugin.metrics import DevicePluginMetrics
 from gpushare.deviceplugin.mps import MpsControl, MpsPaths, MpsSupervisor
 from gpushare.deviceplugin.nvml import COMPUTE_MODE_NAMES, NvmlInventory
 from gpushare.deviceplugin.server import DevicePluginService
+from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.kubelet import FakeKubelet
 
 HERE = Path(__file__).resolve().parent

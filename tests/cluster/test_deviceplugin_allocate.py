@@ -39,13 +39,14 @@ from gpushare.core.model import Node as CoreNode
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.daemon import EVENT_COMPONENT
-from gpushare.deviceplugin.inventory import MemoryUnit, PhysicalGpu, device_id, parse_fake_gpus
+from gpushare.deviceplugin.inventory import PhysicalGpu, device_id, parse_fake_gpus
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import DevicePluginService, serve
 from gpushare.kube.client import connect
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     GPU_MEM,
+    MemoryUnit,
 )
 from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS
 from gpushare.kube.events import EventRecorder

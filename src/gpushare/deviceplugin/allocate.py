@@ -51,10 +51,18 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, MemoryUnit, PhysicalGpu
+from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
-from gpushare.kube.codec import CodecError, Json, pod_deleting, pod_finished, pod_key, pod_uid
+from gpushare.kube.codec import (
+    CodecError,
+    Json,
+    MemoryUnit,
+    pod_deleting,
+    pod_finished,
+    pod_key,
+    pod_uid,
+)
 from gpushare.kube.codec.handshake import handshake_annotations, pending_pod
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventType

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.health import HealthWatcher
-from gpushare.deviceplugin.inventory import Inventory, MemoryUnit, PhysicalGpu
+from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.metrics import (
     DEFAULT_METRICS_HOST,
@@ -59,7 +59,7 @@ from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.client import AsyncClient
-from gpushare.kube.codec import InventoryGpu
+from gpushare.kube.codec import InventoryGpu, MemoryUnit
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventRecorder, EventType
 from gpushare.kube.nodepods import NodePods

@@ -11,7 +11,6 @@ declaration such as `"2x16GiB:T4"`, parsed by `parse_fake_gpus`, which always lo
 
 from __future__ import annotations
 
-import enum
 import logging
 import re
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec import GPU_MEM, MemoryUnit
 
 __all__ = [
     "HEALTHY",
@@ -32,7 +31,6 @@ __all__ = [
     "FakeGpuSpecError",
     "FakeInventory",
     "Inventory",
-    "MemoryUnit",
     "PhysicalGpu",
     "build_devices",
     "check_message_size",
@@ -58,18 +56,6 @@ MAX_GPU_MEMORY_MIB = 1024 * 1024
 _MAX_DIGITS = 12
 _ID_SEPARATOR = "-_-"
 _MAX_DEVICE_ID_CHARS = 63
-
-
-class MemoryUnit(enum.StrEnum):
-    """The node's unit for `aliyun.com/gpu-mem`: one advertised device per unit per GPU."""
-
-    GIB = "GiB"
-    MIB = "MiB"
-
-    @property
-    def mib(self) -> int:
-        """Size of one unit in MiB."""
-        return 1024 if self is MemoryUnit.GIB else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +94,9 @@ class FakeGpuSpecError(ValueError):
 
 
 _GROUP = re.compile(
-    r"^(?:(?P<count>\d+)\s*[xX×]\s*)?(?P<size>\d+)\s*(?P<unit>GiB|MiB)(?::(?P<model>.*))?$"
+    r"^(?:(?P<count>\d+)\s*[xX×]\s*)?(?P<size>\d+)\s*(?P<unit>"
+    + "|".join(MemoryUnit)
+    + r")(?::(?P<model>.*))?$"
 )
 _SPEC_HELP = (
     "expected comma-separated groups COUNTxSIZE(GiB|MiB)[:MODEL], e.g. '2x16GiB:T4' or "
@@ -133,9 +121,12 @@ def parse_fake_gpus(spec: str) -> list[PhysicalGpu]:
         if match is None:
             raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}; {_SPEC_HELP}")
         count = _bounded(group, match["count"] or "1", "GPU count", 1, MAX_FAKE_GPUS)
-        memory_mib = _bounded(
-            group, match["size"], f"memory in {match['unit']}", 1, _per_unit(match["unit"])
-        ) * (1024 if match["unit"] == "GiB" else 1)
+        memory_mib = (
+            _bounded(
+                group, match["size"], f"memory in {match['unit']}", 1, _per_unit(match["unit"])
+            )
+            * MemoryUnit(match["unit"]).mib
+        )
         model = "FakeGPU" if match["model"] is None else match["model"].strip()
         if len(gpus) + count > MAX_FAKE_GPUS:
             raise FakeGpuSpecError(
@@ -161,7 +152,7 @@ def parse_fake_gpus(spec: str) -> list[PhysicalGpu]:
 
 
 def _per_unit(unit: str) -> int:
-    return MAX_GPU_MEMORY_MIB // 1024 if unit == "GiB" else MAX_GPU_MEMORY_MIB
+    return MAX_GPU_MEMORY_MIB // MemoryUnit(unit).mib
 
 
 def _bounded(group: str, digits: str, what: str, low: int, high: int) -> int:

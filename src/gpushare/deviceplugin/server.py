@@ -33,12 +33,12 @@ from grpc import aio
 
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.inventory import (
-    MemoryUnit,
     PhysicalGpu,
     check_message_size,
     device_id,
     list_and_watch_response,
 )
+from gpushare.kube.codec import MemoryUnit
 
 __all__ = [
     "ALLOCATE_NOT_READY",

@@ -39,8 +39,8 @@ from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.kube.codec import (
-    UNITS,
     CodecError,
+    MemoryUnit,
     NodeInfo,
     alibaba_annotations,
     node_info,
@@ -449,7 +449,7 @@ def _summary(fits: list[NodeFit]) -> str:
 
 
 def _totals(nodes: list[NodeReport]) -> tuple[UnitTotal, ...]:
-    groups = [[n for n in nodes if n.unit == unit] for unit in (*UNITS, None)]
+    groups = [[n for n in nodes if n.unit == unit] for unit in (*MemoryUnit, None)]
     return tuple(
         UnitTotal(members[0].unit, sum(n.allocated for n in members),
                   sum(n.total for n in members), sum(n.unhealthy for n in members), len(members))

@@ -27,6 +27,7 @@ from gpushare.kube.codec import (
     GPU_COUNT,
     GPU_MEM,
     GPUSHARE_LABEL,
+    MemoryUnit,
     allocation_annotations,
 )
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
@@ -178,7 +179,7 @@ def populated_state(
         allocation = Allocation(
             f"bench/pod-{i}", info.node.name, (ContainerAllocation("main", (gpu,), share),)
         )
-        notes = allocation_annotations(allocation, info.node, now_ns=0, unit="GiB")
+        notes = allocation_annotations(allocation, info.node, now_ns=0, unit=MemoryUnit.GIB)
         if started:
             notes[ALIYUN_ASSIGNED] = "true"
         state.observe_pod(
