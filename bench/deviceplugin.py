@@ -141,7 +141,9 @@ def main() -> int:
     with ControlPlane(Binaries.locate()) as plane:
         node = "bench-gpu-node"
         with plane.client() as kube:
-            create_nodes(kube, [gpu_node(node, [FakeGpu(g.index, 80) for g in GPUS], unit="GiB")])
+            create_nodes(
+                kube, [gpu_node(node, [FakeGpu(g.index, 80) for g in GPUS], unit=MemoryUnit.GIB)]
+            )
         handshake: list[float] = []
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}: {args.pods} pending pods ...", flush=True)

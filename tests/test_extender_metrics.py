@@ -201,7 +201,9 @@ def two_step_pod(state: ExtenderState, node: str, *, started: int) -> None:
 
 
 def gib_node(state: ExtenderState) -> None:
-    state.upsert_node(node_json("g", [FakeGpu(0, 16, "T4"), FakeGpu(1, 40, "A100")], unit="GiB"))
+    state.upsert_node(
+        node_json("g", [FakeGpu(0, 16, "T4"), FakeGpu(1, 40, "A100")], unit=MemoryUnit.GIB)
+    )
 
 
 # Each case: a state builder, the handshake timeout, and the expected (family, node, gpu, model)
@@ -230,7 +232,9 @@ def build_alibaba(state: ExtenderState) -> None:
 
 def build_unhealthy(state: ExtenderState) -> None:
     state.upsert_node(
-        node_json("u", [FakeGpu(0, 16, "T4"), FakeGpu(1, 16, "T4", healthy=False)], unit="GiB")
+        node_json(
+            "u", [FakeGpu(0, 16, "T4"), FakeGpu(1, 16, "T4", healthy=False)], unit=MemoryUnit.GIB
+        )
     )
 
 

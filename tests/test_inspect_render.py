@@ -31,7 +31,9 @@ UPDATE = os.environ.get("GPUSHARE_UPDATE_GOLDEN") == "1"
 Json = dict[str, Any]
 
 
-def node(name: str, gpus: Sequence[int | FakeGpu], ip: str, unit: str = "GiB") -> Json:
+def node(
+    name: str, gpus: Sequence[int | FakeGpu], ip: str, unit: MemoryUnit = MemoryUnit.GIB
+) -> Json:
     """A GPU-share node (``gpu_node``) with an InternalIP."""
     result = node_json(name, gpus, unit=unit)
     result["status"]["addresses"] = [
@@ -130,7 +132,7 @@ def mixed_units() -> Snapshot:
     """A GiB node, a MiB node and an Alibaba node (capacity only, unit unknown) with a pod bound
     to it without an allocation record (Alibaba's PENDING column)."""
     gib = node("gib", [16], "10.0.0.1")
-    mib = node("mib", [16276, 16276], "10.0.0.2", unit="MiB")
+    mib = node("mib", [16276, 16276], "10.0.0.2", unit=MemoryUnit.MIB)
     old = alibaba_node_json("old", 30, 2)
     pods = (
         bound("default", "g", gib, [("main", (0,), 8)]),

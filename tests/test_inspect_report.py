@@ -23,7 +23,9 @@ from gpushare.testing.pods import bound_gpu_pod
 Json = dict[str, Any]
 
 
-def node(name: str, gpus: Sequence[int | FakeGpu], unit: str = "GiB", ip: str = "") -> Json:
+def node(
+    name: str, gpus: Sequence[int | FakeGpu], unit: MemoryUnit = MemoryUnit.GIB, ip: str = ""
+) -> Json:
     result = node_json(name, gpus, unit=unit)
     if ip:
         result["status"]["addresses"] = [{"type": "InternalIP", "address": ip}]
@@ -196,7 +198,7 @@ def case_unplaced_on_alibaba_node() -> None:
 
 
 def case_units_are_totalled_apart() -> None:
-    gib, mib = node("g", [16]), node("m", [16276], unit="MiB")
+    gib, mib = node("g", [16]), node("m", [16276], unit=MemoryUnit.MIB)
     r = report([mib, gib], [bound("x", mib, [("main", (0,), 8138)])])
     assert [(t.unit, t.allocated, t.total) for t in r.totals] == [
         ("GiB", 0, 16), ("MiB", 8138, 16276),
@@ -279,7 +281,7 @@ def test_report_is_pure_and_deterministic() -> None:
 
 def test_narrowing_the_cluster_report_gives_each_nodes_own_report() -> None:
     """``narrow`` (one report per /inspect request) equals building the node's report alone."""
-    n1, n2, n3 = node("n1", [16, 16]), node("n2", [8]), node("n3", [16], unit="MiB")
+    n1, n2, n3 = node("n1", [16, 16]), node("n2", [8]), node("n3", [16], unit=MemoryUnit.MIB)
     pods = [
         bound("a", n1, [("main", (0,), 12)]),
         bound("b", n1, [("main", (1,), 12)], assigned=False),

@@ -449,7 +449,7 @@ def test_pod_allocation_rejects_garbage(pod: dict[str, Any], message: str) -> No
 
 def test_node_from_inventory() -> None:
     gpus = [FakeGpu(0, 16, "V100"), FakeGpu(1, 40, "A100", healthy=False)]
-    info = node_info(node_json("n1", gpus, unit="GiB"))
+    info = node_info(node_json("n1", gpus, unit=MemoryUnit.GIB))
     assert info.node == Node("n1", (Gpu(0, "V100", 16), Gpu(1, "A100", 40, healthy=False)))
     assert (info.gpushare, info.unit, info.source, info.labelled) == (
         True,

@@ -76,7 +76,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 @pytest.fixture
 def node(kube: Client) -> Iterator[str]:
     name = f"dp-node-{next(_names)}-{int(time.time())}"
-    create_nodes(kube, [gpu_node(name, [FakeGpu(0, 16), FakeGpu(1, 16)], unit="GiB")])
+    create_nodes(kube, [gpu_node(name, [FakeGpu(0, 16), FakeGpu(1, 16)], unit=MemoryUnit.GIB)])
     yield name
     delete_nodes(kube, [name])
 

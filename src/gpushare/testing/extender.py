@@ -33,7 +33,9 @@ from gpushare.kube.codec import (
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
 
 
-def node_json(name: str, gpus: Sequence[int | FakeGpu], *, unit: str = "MiB") -> dict[str, Any]:
+def node_json(
+    name: str, gpus: Sequence[int | FakeGpu], *, unit: MemoryUnit = MemoryUnit.MIB
+) -> dict[str, Any]:
     """A GPU-share Node as JSON (``gpu_node``), per-GPU memories in ``unit``."""
     result: dict[str, Any] = gpu_node(name, gpus, unit=unit).to_dict()
     return result
@@ -170,7 +172,8 @@ def populated_state(
     state = ExtenderState()
     names = [f"node-{i:04d}" for i in range(nodes)]
     infos = [
-        state.upsert_node(node_json(name, [gpu_gib] * gpus_per_node, unit="GiB")) for name in names
+        state.upsert_node(node_json(name, [gpu_gib] * gpus_per_node, unit=MemoryUnit.GIB))
+        for name in names
     ]
     for i in range(pods):
         info = infos[i % nodes]

@@ -30,8 +30,15 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare.deviceplugin.inventory import parse_fake_gpus
 from gpushare.kube import nodepods, nodes
-from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, pod_allocation, pod_finished
+from gpushare.kube.codec import (
+    GPU_COUNT_ANNOTATION,
+    GPU_MEM,
+    MemoryUnit,
+    pod_allocation,
+    pod_finished,
+)
 from gpushare.testing.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -278,11 +285,8 @@ class GpuStack:
         self.plugin.stop()
 
     def total_units(self) -> int:
-        total = 0
-        for part in self.fake_gpus.split(","):
-            count, _, rest = part.partition("x")
-            total += int(count) * int(rest.split("GiB")[0])
-        return total
+        """The ``aliyun.com/gpu-mem`` devices the plugin advertises (its default unit, GiB)."""
+        return sum(gpu.units(MemoryUnit.GIB) for gpu in parse_fake_gpus(self.fake_gpus))
 
     def wait_capacity(self, timeout_s: float = 60.0) -> None:
         want = str(self.total_units())
