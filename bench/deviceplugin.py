@@ -35,9 +35,10 @@ from gpushare.core.model import Gpu as CoreGpu
 from gpushare.core.model import Node as CoreNode
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.allocate import HandshakeAllocator
-from gpushare.deviceplugin.inventory import MemoryUnit, device_id, parse_fake_gpus
+from gpushare.deviceplugin.inventory import device_id, parse_fake_gpus
 from gpushare.deviceplugin.server import DevicePluginService, serve
 from gpushare.kube.client import connect
+from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.nodepods import NodePods
 from gpushare.testing.controlplane import Binaries, ControlPlane
 from gpushare.testing.nodes import FakeGpu, create_nodes, gpu_node
@@ -140,7 +141,9 @@ def main() -> int:
     with ControlPlane(Binaries.locate()) as plane:
         node = "bench-gpu-node"
         with plane.client() as kube:
-            create_nodes(kube, [gpu_node(node, [FakeGpu(g.index, 80) for g in GPUS], unit="GiB")])
+            create_nodes(
+                kube, [gpu_node(node, [FakeGpu(g.index, 80) for g in GPUS], unit=MemoryUnit.GIB)]
+            )
         handshake: list[float] = []
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}: {args.pods} pending pods ...", flush=True)

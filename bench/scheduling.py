@@ -32,7 +32,7 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec import GPU_MEM, MemoryUnit
 from gpushare.testing.controlplane import (
     Binaries,
     ControlPlane,
@@ -132,7 +132,7 @@ def main() -> int:
         started = time.monotonic()
         create_nodes(
             kube,
-            [gpu_node(f"bench-{i:04d}", [16] * 8, unit="GiB") for i in range(args.nodes)],
+            [gpu_node(f"bench-{i:04d}", [16] * 8, unit=MemoryUnit.GIB) for i in range(args.nodes)],
             timeout=600,
         )
         print(f"  {time.monotonic() - started:.0f} s", flush=True)

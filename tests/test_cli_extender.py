@@ -15,6 +15,7 @@ from gpushare.cli import extender as extender_cli
 from gpushare.cli.extender import build_state
 from gpushare.cli.main import main
 from gpushare.extender.live import LiveOptions
+from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.extender import node_json, plain_node_json
 
 
@@ -29,7 +30,7 @@ def test_help_lists_the_options() -> None:
 
 @pytest.mark.parametrize("wrap", [True, False], ids=["NodeList", "list of nodes"])
 def test_build_state_preloads_nodes(tmp_path: Path, wrap: bool) -> None:
-    items = [node_json("n1", [16, 16], unit="GiB"), plain_node_json("cpu")]
+    items = [node_json("n1", [16, 16], unit=MemoryUnit.GIB), plain_node_json("cpu")]
     path = tmp_path / "nodes.json"
     path.write_text(json.dumps({"kind": "NodeList", "items": items} if wrap else items))
     state = build_state(path, assume_ttl_s=5)

@@ -24,6 +24,7 @@ from gpushare.cli.inspect import (
     inspect,
 )
 from gpushare.cli.main import main
+from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.errors import ApiCallError, Failure
 from gpushare.kube.snapshot import ClusterObjects
 from gpushare.testing.extender import node_json, plain_node_json
@@ -223,7 +224,7 @@ def test_unreadable_nodes_are_named(cluster: list[dict[str, Any]]) -> None:
 
 
 def test_node_argument(cluster: list[dict[str, Any]]) -> None:
-    cluster.extend([node_json("gpu-1", [16, 16], unit="GiB"), plain_node_json("cpu-only")])
+    cluster.extend([node_json("gpu-1", [16, 16], unit=MemoryUnit.GIB), plain_node_json("cpu-only")])
     assert one_error_line(run("nope")) == "node nope not found"
     result = run("gpu-1")
     assert result.exit_code == 0, result.output
@@ -235,7 +236,7 @@ def test_node_argument(cluster: list[dict[str, Any]]) -> None:
 
 
 def test_json_output(cluster: list[dict[str, Any]]) -> None:
-    cluster.append(node_json("gpu-1", [16, 16], unit="GiB"))
+    cluster.append(node_json("gpu-1", [16, 16], unit=MemoryUnit.GIB))
     result = run("-o", "json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)

@@ -21,8 +21,7 @@ from gpushare.deviceplugin.inventory import (
     DeviceListTooLargeError,
     FakeGpuSpecError,
     FakeInventory,
-    Gpu,
-    MemoryUnit,
+    PhysicalGpu,
     check_message_size,
     device_id,
     gpu_of_device,
@@ -30,6 +29,7 @@ from gpushare.deviceplugin.inventory import (
     parse_fake_gpus,
 )
 from gpushare.deviceplugin.server import ALLOCATE_NOT_READY, DevicePluginService, serve
+from gpushare.kube.codec import MemoryUnit
 
 if TYPE_CHECKING:
     from gpushare.deviceplugin._proto.api_pb2_grpc import DevicePluginAsyncStub
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 Scenario: TypeAlias = "Callable[[DevicePluginAsyncStub, DevicePluginService], Awaitable[None]]"
 
 
-def _run(tmp_path: Path, gpus: list[Gpu], unit: MemoryUnit, scenario: Scenario) -> None:
+def _run(tmp_path: Path, gpus: list[PhysicalGpu], unit: MemoryUnit, scenario: Scenario) -> None:
     """Serve on `tmp_path`, dial it as kubelet would, run `scenario`, stop and check cleanup."""
 
     async def main() -> None:

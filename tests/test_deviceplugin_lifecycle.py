@@ -22,8 +22,7 @@ from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.inventory import (
     UNHEALTHY,
     DeviceListTooLargeError,
-    Gpu,
-    MemoryUnit,
+    PhysicalGpu,
     build_devices,
     gpu_of_device,
     parse_fake_gpus,
@@ -31,7 +30,7 @@ from gpushare.deviceplugin.inventory import (
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.registration import RegistrationError, register
 from gpushare.deviceplugin.server import DevicePluginService, options, serve
-from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec import GPU_MEM, MemoryUnit
 from gpushare.testing.kubelet import FakeKubelet, KubeletError, ResourceView
 
 SPEC = "2x4GiB:T4"
@@ -64,7 +63,7 @@ class EchoAllocator:
         )
 
 
-def _service(gpus: list[Gpu] | None = None) -> DevicePluginService:
+def _service(gpus: list[PhysicalGpu] | None = None) -> DevicePluginService:
     return DevicePluginService(
         parse_fake_gpus(SPEC) if gpus is None else gpus, MemoryUnit.GIB, EchoAllocator()
     )

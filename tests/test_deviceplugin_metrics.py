@@ -20,12 +20,12 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.metrics import (
     ALLOCATE_OUTCOMES,
     CgroupPod,
     DevicePluginMetrics,
-    PodRef,
+    PodContainers,
     pod_of_cgroup,
     pod_of_pid,
     pods_by_uid,
@@ -155,22 +155,22 @@ PODS_CASES = [
                 },
             )
         ],
-        {UID: PodRef("ml", "trainer", {CID: "main", CID2: "sidecar", UID: "init"})},
+        {UID: PodContainers("ml", "trainer", {CID: "main", CID2: "sidecar", UID: "init"})},
         id="runtime prefixes dropped, init containers too",
     ),
     pytest.param(
         [pod(UID, {"containerStatuses": [{"name": "main"}]})],
-        {UID: PodRef("ml", "trainer", {})},
+        {UID: PodContainers("ml", "trainer", {})},
         id="a container not started yet has no ID",
     ),
-    pytest.param([pod(UID, {})], {UID: PodRef("ml", "trainer", {})}, id="no status"),
+    pytest.param([pod(UID, {})], {UID: PodContainers("ml", "trainer", {})}, id="no status"),
     pytest.param([pod(None, {})], {}, id="no UID: left out"),
     pytest.param([], {}, id="no pods"),
 ]
 
 
 @pytest.mark.parametrize(("pods", "expected"), PODS_CASES)
-def test_pods_by_uid(pods: list[dict[str, Any]], expected: dict[str, PodRef]) -> None:
+def test_pods_by_uid(pods: list[dict[str, Any]], expected: dict[str, PodContainers]) -> None:
     assert pods_by_uid(pods) == expected
 
 
@@ -233,7 +233,7 @@ def process(device: FakeDevice, index: int, pid: int, *names: str) -> Key:
     )
 
 
-def nvml_node(tmp_path: Path) -> tuple[FakeNvml, list[Gpu], DevicePluginMetrics]:
+def nvml_node(tmp_path: Path) -> tuple[FakeNvml, list[PhysicalGpu], DevicePluginMetrics]:
     """A T4 and an A100 with processes: 100 in pod ml/trainer (container main) on both GPUs,
     101 in a pod the plugin does not know, 102 outside Kubernetes, 103 gone from /proc, 104
     with no memory figure, 105 in the pod's own cgroup."""
@@ -257,7 +257,7 @@ def nvml_node(tmp_path: Path) -> tuple[FakeNvml, list[Gpu], DevicePluginMetrics]
     )
     calls: list[int] = []
 
-    def pods() -> Mapping[str, PodRef]:
+    def pods() -> Mapping[str, PodContainers]:
         calls.append(1)
         return index
 
@@ -331,7 +331,7 @@ def test_allocate_and_registration_series() -> None:
 
 
 def test_without_nvml_only_the_inventory_and_the_counters() -> None:
-    gpus = [Gpu(0, "GPU-fa4e0000-0000-4000-8000-000000000000", 0, "T4", 16 * 1024)]
+    gpus = [PhysicalGpu(0, "GPU-fa4e0000-0000-4000-8000-000000000000", 0, "T4", 16 * 1024)]
     metrics = DevicePluginMetrics(NODE, lambda: gpus)
     samples, types = scrape(metrics)
     assert set(types) == {

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.mps import (
     MPS_DOWN,
     MPS_RESTARTED,
@@ -46,7 +46,7 @@ class World:
     root: Path
     binary: Path
     nvml: FakeNvml
-    gpus: list[Gpu]
+    gpus: list[PhysicalGpu]
     health: list[bool] = field(default_factory=list)
     events: list[tuple[str, str, bool]] = field(default_factory=list)
     changed: asyncio.Event | None = None
@@ -96,7 +96,7 @@ def world() -> Iterator[World]:
     devices = [FakeDevice(uuid, i, "Tesla T4", 16 * GIB) for i, uuid in enumerate(UUIDS)]
     nvml = FakeNvml(devices)
     nvml.init()
-    gpus = [Gpu(i, uuid, i, "Tesla T4", 16 * 1024) for i, uuid in enumerate(UUIDS)]
+    gpus = [PhysicalGpu(i, uuid, i, "Tesla T4", 16 * 1024) for i, uuid in enumerate(UUIDS)]
     w = World(root, mps_control.install(root / "bin"), nvml, gpus)
     try:
         yield w

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpushare.deviceplugin import gpucheck
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.nvml import (
     ERROR_GPU_IS_LOST,
     ERROR_LIBRARY_NOT_FOUND,
@@ -37,20 +37,20 @@ UNAVAILABLE_HINT = "NVML could not be loaded/initialised"
         pytest.param(
             [T4, A100],
             [
-                Gpu(0, T4.uuid, 1, "Tesla T4", 15_109),
-                Gpu(1, A100.uuid, 0, "NVIDIA A100-SXM4-80GB", 81_920),
+                PhysicalGpu(0, T4.uuid, 1, "Tesla T4", 15_109),
+                PhysicalGpu(1, A100.uuid, 0, "NVIDIA A100-SXM4-80GB", 81_920),
             ],
             id="two heterogeneous GPUs: fields, NVML index order, MiB rounded down",
         ),
         pytest.param(
             [FakeDevice("GPU-1", 3, "L4", 2**20 - 1), FakeDevice("GPU-2", 2, "L4", 2**20)],
-            [Gpu(0, "GPU-1", 3, "L4", 0), Gpu(1, "GPU-2", 2, "L4", 1)],
+            [PhysicalGpu(0, "GPU-1", 3, "L4", 0), PhysicalGpu(1, "GPU-2", 2, "L4", 1)],
             id="one byte short of a MiB rounds down to the MiB below",
         ),
         pytest.param([], [], id="no GPUs is an empty inventory"),
     ],
 )
-def test_discovery(devices: list[FakeDevice], expected: list[Gpu]) -> None:
+def test_discovery(devices: list[FakeDevice], expected: list[PhysicalGpu]) -> None:
     inventory = NvmlInventory(FakeNvml(devices))
     assert inventory.fake is False
     assert inventory.gpus() == expected

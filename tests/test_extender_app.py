@@ -32,6 +32,7 @@ from gpushare.kube.codec import (
     ALLOCATION,
     GPU_COUNT_ANNOTATION,
     GPU_MEM,
+    MemoryUnit,
     allocation_annotations,
     node_info,
 )
@@ -684,7 +685,7 @@ def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
     state = ExtenderState()
     node = node_json("late", [GPU, GPU])
     allocation = Allocation("default/early", "late", (ContainerAllocation("main", (1,), 4069),))
-    notes = allocation_annotations(allocation, node_info(node).node, now_ns=1, unit="MiB")
+    notes = allocation_annotations(allocation, node_info(node).node, now_ns=1, unit=MemoryUnit.MIB)
     result = state.observe_pod(pod_json("early", 4069, node="late", annotations=notes))
     assert result is not None
     assert not isinstance(result, Allocation)

@@ -22,7 +22,7 @@ from gpushare.extender.state import SkippedPod
 from gpushare.extender.wire import ExtenderArgs, ExtenderBindingArgs
 from gpushare.kube.binder import BindResult
 from gpushare.kube.cache import CacheStats
-from gpushare.kube.codec import ALLOCATION, allocation_annotations, node_info
+from gpushare.kube.codec import ALLOCATION, MemoryUnit, allocation_annotations, node_info
 from gpushare.kube.errors import ApiCallError, BindError, BindStage, Failure
 from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
@@ -46,7 +46,7 @@ def bound_pod(
     """A pod bound to ``node`` holding ``amount`` on GPU ``gpu``, as the API server has it."""
     allocation = Allocation(f"default/{name}", node, (ContainerAllocation("main", (gpu,), amount),))
     notes = allocation_annotations(
-        allocation, node_info(node_json(node, [GPU, GPU])).node, now_ns=1, unit="MiB"
+        allocation, node_info(node_json(node, [GPU, GPU])).node, now_ns=1, unit=MemoryUnit.MIB
     )
     return pod_json(name, amount, node=node, annotations=notes, uid=uid)
 
@@ -190,7 +190,7 @@ def test_unlabelled_node_takes_no_pods_but_counts_what_it_holds() -> None:
 
 @dataclass
 class FakeBinder:
-    """``gpushare.kube.binder.Binder`` stand-in: raises ``error`` or succeeds; ``delay_s``."""
+    """``gpushare.kube.binder.PodBinder`` stand-in: raises ``error`` or succeeds; ``delay_s``."""
 
     error: BindError | None = None
     delay_s: float = 0.0

@@ -20,7 +20,7 @@ from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
 from gpushare.extender.state import ExtenderState, UnwiredBinder
 from gpushare.extender.wire import ExtenderArgs, decode, encode
-from gpushare.kube.codec import allocation_annotations
+from gpushare.kube.codec import MemoryUnit, allocation_annotations
 from gpushare.testing.extender import node_json, pod_json
 
 NODES = [f"n{i}" for i in range(8)]
@@ -34,7 +34,7 @@ def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> No
     state = ExtenderState(change_log_limit=5)
     state.mark_synced()
     for name in NODES:
-        state.upsert_node(node_json(name, [16] * 4, unit="GiB"))
+        state.upsert_node(node_json(name, [16] * 4, unit=MemoryUnit.GIB))
     long_lived = Scheduler(state, extender_policy(policy), UnwiredBinder())
     bound = 0
     for _ in range(150):
@@ -48,7 +48,7 @@ def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> No
             allocation = Allocation(
                 f"b/p{bound}", info.node.name, (ContainerAllocation("main", (gpu,), share),)
             )
-            notes = allocation_annotations(allocation, info.node, now_ns=0, unit="GiB")
+            notes = allocation_annotations(allocation, info.node, now_ns=0, unit=MemoryUnit.GIB)
             state.observe_pod(
                 pod_json(f"p{bound}", share, namespace="b", node=info.node.name, annotations=notes)
             )
@@ -59,7 +59,7 @@ def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> No
             state.remove_node(rng.choice(NODES))
         elif roll < 0.6:
             gpus = [rng.choice([8, 16])] * rng.choice([2, 4])
-            state.upsert_node(node_json(rng.choice(NODES), gpus, unit="GiB"))
+            state.upsert_node(node_json(rng.choice(NODES), gpus, unit=MemoryUnit.GIB))
         else:
             names = [*NODES, "ghost"] if rng.random() < 0.8 else rng.sample([*NODES, "ghost"], 5)
             if rng.random() < 0.1:

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.metrics import ExtenderMetrics, unit_bytes
-from gpushare.kube.codec import ALIYUN_IDX, allocation_annotations
+from gpushare.kube.codec import ALIYUN_IDX, MemoryUnit, allocation_annotations
 from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS
 from gpushare.testing.extender import (
     RecordingBinder,
@@ -201,7 +201,9 @@ def two_step_pod(state: ExtenderState, node: str, *, started: int) -> None:
 
 
 def gib_node(state: ExtenderState) -> None:
-    state.upsert_node(node_json("g", [FakeGpu(0, 16, "T4"), FakeGpu(1, 40, "A100")], unit="GiB"))
+    state.upsert_node(
+        node_json("g", [FakeGpu(0, 16, "T4"), FakeGpu(1, 40, "A100")], unit=MemoryUnit.GIB)
+    )
 
 
 # Each case: a state builder, the handshake timeout, and the expected (family, node, gpu, model)
@@ -230,7 +232,9 @@ def build_alibaba(state: ExtenderState) -> None:
 
 def build_unhealthy(state: ExtenderState) -> None:
     state.upsert_node(
-        node_json("u", [FakeGpu(0, 16, "T4"), FakeGpu(1, 16, "T4", healthy=False)], unit="GiB")
+        node_json(
+            "u", [FakeGpu(0, 16, "T4"), FakeGpu(1, 16, "T4", healthy=False)], unit=MemoryUnit.GIB
+        )
     )
 
 
@@ -318,8 +322,8 @@ def test_gpu_gauges(
 
 @pytest.mark.parametrize(
     ("unit", "expected"),
-    [("GiB", GIB), ("MiB", MIB), (None, GIB)],
+    [(MemoryUnit.GIB, GIB), (MemoryUnit.MIB, MIB), (None, GIB)],
     ids=["GiB", "MiB", "unknown is GiB"],
 )
-def test_unit_bytes(unit: str | None, expected: int) -> None:
+def test_unit_bytes(unit: MemoryUnit | None, expected: int) -> None:
     assert unit_bytes(unit) == expected

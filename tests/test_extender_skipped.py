@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.state import SkipKind
-from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD
+from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD, MemoryUnit
 from gpushare.kube.watch import Action, Change
 from gpushare.testing.extender import node_json, pod_json
 
@@ -38,7 +38,9 @@ def on(index: int | str, amount: int | str) -> dict[str, str]:
 
 def feeder_with(*pods: dict[str, Any]) -> StateFeeder:
     feeder = StateFeeder(ExtenderState())
-    feeder.on_node(Change("Node", Action.UPSERT, NODE, node_json(NODE, [GPU, GPU], unit="GiB")))
+    feeder.on_node(
+        Change("Node", Action.UPSERT, NODE, node_json(NODE, [GPU, GPU], unit=MemoryUnit.GIB))
+    )
     for pod in pods:
         key = f"default/{pod['metadata']['name']}"
         feeder.on_pod(Change("Pod", Action.UPSERT, key, pod))

@@ -15,7 +15,7 @@ from gpushare.extender.scoring import default_workload
 from gpushare.extender.state import UnwiredBinder
 from gpushare.extender.wire import ExtenderArgs, decode, encode
 from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker, live_policy
-from gpushare.kube.codec import node_info, pod_request
+from gpushare.kube.codec import MemoryUnit, node_info, pod_request
 from gpushare.kube.watch import Action, Change
 from gpushare.testing.core import pod_request as build_pod
 from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
@@ -88,7 +88,7 @@ def test_policy_workload_reflects_scored_pods() -> None:
     assert isinstance(policy, AdaptiveFgd)
     assert policy.workload == default_workload(16)
     before = policy.generation
-    node = node_info(node_json("n1", [16, 16], unit="GiB")).node
+    node = node_info(node_json("n1", [16, 16], unit=MemoryUnit.GIB)).node
     state = NodeState.empty(node)
     for i in range(4):
         policy.score(state, _pod(f"default/p{i}", 4))
@@ -101,7 +101,7 @@ def test_app_fgd_scores_with_the_cluster_workload() -> None:
     tracker = WorkloadTracker(16)
     policy = live_policy("fgd-cpu", 16, tracker)
     state = ExtenderState()
-    state.upsert_node(node_json("n1", [16, 16], unit="GiB"))
+    state.upsert_node(node_json("n1", [16, 16], unit=MemoryUnit.GIB))
     state.mark_synced()
     app = create_app(state, policy=policy, gpu_unit=16, expire_interval_s=None)
     assert app.state.scheduler.policy is policy
@@ -117,7 +117,7 @@ def test_cached_scores_follow_a_new_workload() -> None:
     state = ExtenderState()
     used = {"n0": [10, 10], "n1": [0, 6], "n2": [12, 10]}  # GiB in use on two 16 GiB GPUs
     for name in used:
-        state.upsert_node(node_json(name, [16, 16], unit="GiB"))
+        state.upsert_node(node_json(name, [16, 16], unit=MemoryUnit.GIB))
     for name, amounts in used.items():
         seed_bound_pods(state, name, amounts)
     state.mark_synced()

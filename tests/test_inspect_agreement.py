@@ -20,7 +20,13 @@ from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.outcomes import skipped_note
 from gpushare.inspect.report import Snapshot, build_report
-from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD, allocation_annotations
+from gpushare.kube.codec import (
+    ALIYUN_ASSIGNED,
+    ALIYUN_IDX,
+    ALIYUN_POD,
+    MemoryUnit,
+    allocation_annotations,
+)
 from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
 
 NODE = "n1"
@@ -135,7 +141,7 @@ def filter_reason(state: ExtenderState, asks: int) -> tuple[str, str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_inspect_and_the_extender_agree(case: Case) -> None:
     state = ExtenderState(wall_clock_ns=lambda: NOW_NS)
-    state.upsert_node(node_json(NODE, [16, 16], unit="GiB"))
+    state.upsert_node(node_json(NODE, [16, 16], unit=MemoryUnit.GIB))
     case.setup(state)
     state.mark_synced()
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpushare.inspect import Snapshot, build_report, render_detail, render_summary, report_json
-from gpushare.kube.codec import ALIYUN_ASSIGNED, INVENTORY, node_info
+from gpushare.kube.codec import ALIYUN_ASSIGNED, INVENTORY, MemoryUnit, node_info
 from gpushare.testing.extender import alibaba_node_json, node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 from gpushare.testing.pods import bound_gpu_pod
@@ -31,7 +31,9 @@ UPDATE = os.environ.get("GPUSHARE_UPDATE_GOLDEN") == "1"
 Json = dict[str, Any]
 
 
-def node(name: str, gpus: Sequence[int | FakeGpu], ip: str, unit: str = "GiB") -> Json:
+def node(
+    name: str, gpus: Sequence[int | FakeGpu], ip: str, unit: MemoryUnit = MemoryUnit.GIB
+) -> Json:
     """A GPU-share node (``gpu_node``) with an InternalIP."""
     result = node_json(name, gpus, unit=unit)
     result["status"]["addresses"] = [
@@ -54,7 +56,7 @@ def bound(
     info = node_info(on)
     pod: Json = bound_gpu_pod(
         namespace, name, info.node, containers, assume_ns=1_700_000_000_000_000_000,
-        unit=info.unit or "GiB",
+        unit=info.unit or MemoryUnit.GIB,
     ).to_dict()  # fmt: skip
     if assigned:
         pod["metadata"]["annotations"][ALIYUN_ASSIGNED] = "true"
@@ -130,7 +132,7 @@ def mixed_units() -> Snapshot:
     """A GiB node, a MiB node and an Alibaba node (capacity only, unit unknown) with a pod bound
     to it without an allocation record (Alibaba's PENDING column)."""
     gib = node("gib", [16], "10.0.0.1")
-    mib = node("mib", [16276, 16276], "10.0.0.2", unit="MiB")
+    mib = node("mib", [16276, 16276], "10.0.0.2", unit=MemoryUnit.MIB)
     old = alibaba_node_json("old", 30, 2)
     pods = (
         bound("default", "g", gib, [("main", (0,), 8)]),

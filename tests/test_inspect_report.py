@@ -15,7 +15,7 @@ import pytest
 from gpushare.core.fit import FitStatus, Reason
 from gpushare.inspect import Report, Snapshot, build_report
 from gpushare.inspect.report import narrow
-from gpushare.kube.codec import ALIYUN_ASSIGNED, ALLOCATION, INVENTORY, node_info
+from gpushare.kube.codec import ALIYUN_ASSIGNED, ALLOCATION, INVENTORY, MemoryUnit, node_info
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 from gpushare.testing.pods import bound_gpu_pod
@@ -23,7 +23,9 @@ from gpushare.testing.pods import bound_gpu_pod
 Json = dict[str, Any]
 
 
-def node(name: str, gpus: Sequence[int | FakeGpu], unit: str = "GiB", ip: str = "") -> Json:
+def node(
+    name: str, gpus: Sequence[int | FakeGpu], unit: MemoryUnit = MemoryUnit.GIB, ip: str = ""
+) -> Json:
     result = node_json(name, gpus, unit=unit)
     if ip:
         result["status"]["addresses"] = [{"type": "InternalIP", "address": ip}]
@@ -40,7 +42,7 @@ def bound(
 ) -> Json:
     info = node_info(on)
     pod: Json = bound_gpu_pod(
-        namespace, name, info.node, containers, assume_ns=1, unit=info.unit or "GiB"
+        namespace, name, info.node, containers, assume_ns=1, unit=info.unit or MemoryUnit.GIB
     ).to_dict()
     if assigned:
         pod["metadata"]["annotations"][ALIYUN_ASSIGNED] = "true"
@@ -196,7 +198,7 @@ def case_unplaced_on_alibaba_node() -> None:
 
 
 def case_units_are_totalled_apart() -> None:
-    gib, mib = node("g", [16]), node("m", [16276], unit="MiB")
+    gib, mib = node("g", [16]), node("m", [16276], unit=MemoryUnit.MIB)
     r = report([mib, gib], [bound("x", mib, [("main", (0,), 8138)])])
     assert [(t.unit, t.allocated, t.total) for t in r.totals] == [
         ("GiB", 0, 16), ("MiB", 8138, 16276),
@@ -279,7 +281,7 @@ def test_report_is_pure_and_deterministic() -> None:
 
 def test_narrowing_the_cluster_report_gives_each_nodes_own_report() -> None:
     """``narrow`` (one report per /inspect request) equals building the node's report alone."""
-    n1, n2, n3 = node("n1", [16, 16]), node("n2", [8]), node("n3", [16], unit="MiB")
+    n1, n2, n3 = node("n1", [16, 16]), node("n2", [8]), node("n3", [16], unit=MemoryUnit.MIB)
     pods = [
         bound("a", n1, [("main", (0,), 12)]),
         bound("b", n1, [("main", (1,), 12)], assigned=False),

@@ -30,6 +30,7 @@ from gpushare.kube.codec import (
     GPU_MODELS_ANNOTATION,
     INVENTORY,
     CodecError,
+    MemoryUnit,
     alibaba_annotations,
     allocation_annotations,
     node_info,
@@ -321,7 +322,7 @@ ROUND_TRIPS: list[tuple[str, dict[str, Any], Allocation, dict[str, str]]] = [
 def test_allocation_round_trip(
     pod: dict[str, Any], allocation: Allocation, alibaba: dict[str, str]
 ) -> None:
-    annotations = allocation_annotations(allocation, NODE4, now_ns=NOW_NS, unit="MiB")
+    annotations = allocation_annotations(allocation, NODE4, now_ns=NOW_NS, unit=MemoryUnit.MIB)
     expected = {
         **alibaba,
         ALIYUN_ASSIGNED: "false",
@@ -448,7 +449,7 @@ def test_pod_allocation_rejects_garbage(pod: dict[str, Any], message: str) -> No
 
 def test_node_from_inventory() -> None:
     gpus = [FakeGpu(0, 16, "V100"), FakeGpu(1, 40, "A100", healthy=False)]
-    info = node_info(node_json("n1", gpus, unit="GiB"))
+    info = node_info(node_json("n1", gpus, unit=MemoryUnit.GIB))
     assert info.node == Node("n1", (Gpu(0, "V100", 16), Gpu(1, "A100", 40, healthy=False)))
     assert (info.gpushare, info.unit, info.source, info.labelled) == (
         True,

@@ -13,6 +13,7 @@ from gpushare.kube.codec import (
     GPUSHARE_LABEL,
     INVENTORY,
     InventoryGpu,
+    MemoryUnit,
     inventory_annotation,
     node_info,
 )
@@ -161,10 +162,10 @@ def test_the_fakes_use_the_same_encoder() -> None:
     expected = inventory_annotation(
         "GiB", [fakes[0].inventory_gpu("n1"), InventoryGpu(1, UUID1, A100, 40, healthy=False)]
     )
-    assert fake_inventory_annotation("n1", fakes, "GiB") == expected
+    assert fake_inventory_annotation("n1", fakes, MemoryUnit.GIB) == expected
     node = gpu_node("n1", fakes)
     assert node.metadata is not None
     assert (node.metadata.annotations or {})[INVENTORY] == expected
     assert json.loads(expected)["gpus"][1] == fakes[1].to_json("n1")
     with pytest.raises(ValueError, match="unit must be one of GiB, MiB, got 'KiB'"):
-        fake_inventory_annotation("n1", fakes, "KiB")
+        fake_inventory_annotation("n1", fakes, "KiB")  # type: ignore[arg-type]

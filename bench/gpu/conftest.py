@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.nvml import NvmlInventory, NvmlUnavailableError, PynvmlBackend
 
 
@@ -36,7 +36,7 @@ def nvml_inventory() -> Iterator[NvmlInventory]:
 
 
 @pytest.fixture(scope="session")
-def gpu(nvml_inventory: NvmlInventory) -> Gpu:
+def gpu(nvml_inventory: NvmlInventory) -> PhysicalGpu:
     """The first GPU (the checks run on one)."""
     return nvml_inventory.gpus()[0]
 

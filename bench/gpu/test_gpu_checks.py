@@ -34,12 +34,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpushare.core.handshake import Step
 from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.allocate import container_envs
-from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, Gpu, MemoryUnit
+from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import PluginRunner
 from gpushare.deviceplugin.metrics import DevicePluginMetrics
 from gpushare.deviceplugin.mps import MpsControl, MpsPaths, MpsSupervisor
 from gpushare.deviceplugin.nvml import COMPUTE_MODE_NAMES, NvmlInventory
 from gpushare.deviceplugin.server import DevicePluginService
+from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.kubelet import FakeKubelet
 
 HERE = Path(__file__).resolve().parent
@@ -79,7 +80,7 @@ class TwoContainers:
     answered as ``HandshakeAllocator`` answers with a managed daemon (``container_envs`` plus the
     daemon's variables and mounts); the API-server handshake is proven without a GPU."""
 
-    def __init__(self, gpu: Gpu, share: int, paths: MpsPaths) -> None:
+    def __init__(self, gpu: PhysicalGpu, share: int, paths: MpsPaths) -> None:
         self._gpu, self._paths = gpu, paths
         self._steps = [Step("a", (gpu.index,), share), Step("b", (gpu.index,), share)]
 
@@ -94,7 +95,7 @@ class TwoContainers:
 
 @contextlib.asynccontextmanager
 async def managed_mps(
-    nvml_inventory: NvmlInventory, gpu: Gpu, binary: str, root: Path
+    nvml_inventory: NvmlInventory, gpu: PhysicalGpu, binary: str, root: Path
 ) -> AsyncIterator[MpsPaths]:
     paths = MpsPaths(root)
     healthy: list[bool] = []
@@ -113,7 +114,7 @@ async def managed_mps(
         print("MPS control.log:\n" + (paths.log_dir / "control.log").read_text(errors="replace"))
 
 
-def run_client(envs: Mapping[str, str], gpu: Gpu, mib: int) -> dict[str, object]:
+def run_client(envs: Mapping[str, str], gpu: PhysicalGpu, mib: int) -> dict[str, object]:
     env = {**os.environ, **envs, "CUDA_VISIBLE_DEVICES": gpu.uuid}
     done = subprocess.run(
         [sys.executable, str(CUDA_ALLOC), "--mib", str(mib)],
@@ -129,7 +130,7 @@ def run_client(envs: Mapping[str, str], gpu: Gpu, mib: int) -> dict[str, object]
 
 
 def test_b_two_containers_one_within_its_share_one_past_it(
-    nvml_inventory: NvmlInventory, gpu: Gpu, libcuda: None, mps_control_binary: str
+    nvml_inventory: NvmlInventory, gpu: PhysicalGpu, libcuda: None, mps_control_binary: str
 ) -> None:
     share = max(1, gpu.units(UNIT) // 4)  # a quarter of the GPU each, in GiB
     share_mib = share * UNIT.mib
@@ -175,7 +176,7 @@ def test_b_two_containers_one_within_its_share_one_past_it(
 
 
 def test_c_process_memory_metrics_match_nvidia_smi(
-    nvml_inventory: NvmlInventory, gpu: Gpu, libcuda: None
+    nvml_inventory: NvmlInventory, gpu: PhysicalGpu, libcuda: None
 ) -> None:
     client = subprocess.Popen(
         [sys.executable, str(CUDA_ALLOC), "--mib", "1024", "--hold-s", "60"],

@@ -34,18 +34,19 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
-from gpushare.core.model import Gpu as CoreGpu
+from gpushare.core.model import Gpu
 from gpushare.core.model import Node as CoreNode
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.daemon import EVENT_COMPONENT
-from gpushare.deviceplugin.inventory import Gpu, MemoryUnit, device_id, parse_fake_gpus
+from gpushare.deviceplugin.inventory import PhysicalGpu, device_id, parse_fake_gpus
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import DevicePluginService, serve
 from gpushare.kube.client import connect
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     GPU_MEM,
+    MemoryUnit,
 )
 from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS
 from gpushare.kube.events import EventRecorder
@@ -61,7 +62,7 @@ pytestmark = pytest.mark.cluster
 
 T = TypeVar("T")
 GPUS = parse_fake_gpus("2x16GiB:T4")
-CORE_NODE = CoreNode("n", (CoreGpu(0, "T4", 16), CoreGpu(1, "T4", 16)))
+CORE_NODE = CoreNode("n", (Gpu(0, "T4", 16), Gpu(1, "T4", 16)))
 _names = itertools.count()
 PLUGIN_RULES = [
     PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch", "patch"]),
@@ -75,7 +76,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 @pytest.fixture
 def node(kube: Client) -> Iterator[str]:
     name = f"dp-node-{next(_names)}-{int(time.time())}"
-    create_nodes(kube, [gpu_node(name, [FakeGpu(0, 16), FakeGpu(1, 16)], unit="GiB")])
+    create_nodes(kube, [gpu_node(name, [FakeGpu(0, 16), FakeGpu(1, 16)], unit=MemoryUnit.GIB)])
     yield name
     delete_nodes(kube, [name])
 
@@ -107,7 +108,7 @@ def bound_pod(
 async def plugin(
     plane: ControlPlane,
     node: str,
-    gpus: list[Gpu],
+    gpus: list[PhysicalGpu],
     *,
     mps: bool = False,
     mps_paths: MpsPaths | None = None,

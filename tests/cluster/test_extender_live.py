@@ -48,7 +48,7 @@ from lightkube.resources.core_v1 import Event, Namespace, Pod
 from lightkube.types import PatchType
 
 from gpushare.extender.live import LiveOptions
-from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec import GPU_MEM, MemoryUnit
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import (
     ControlPlane,
@@ -203,8 +203,8 @@ def live(control_plane: ControlPlane) -> Iterator[Live]:
         create_nodes(
             kube,
             [
-                *(gpu_node(n, [GPU, GPU], unit="MiB", labels=a) for n in (N1, N2, N3)),
-                gpu_node(N4, [GPU] * 4, unit="MiB", labels=b),
+                *(gpu_node(n, [GPU, GPU], unit=MemoryUnit.MIB, labels=a) for n in (N1, N2, N3)),
+                gpu_node(N4, [GPU] * 4, unit=MemoryUnit.MIB, labels=b),
             ],
         )
         stack.callback(delete_nodes, kube, [N1, N2, N3, N4])

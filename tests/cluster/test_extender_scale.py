@@ -42,6 +42,7 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from gpushare.extender.live import LiveOptions
+from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.watch import Backoff
 from gpushare.testing import outcome as outcomes
 from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
@@ -167,7 +168,8 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
     with contextlib.ExitStack() as stack:
         kube = stack.enter_context(control_plane.client())
         create_nodes(
-            kube, [gpu_node(n, gpus, unit="GiB", labels=GROUP) for n, gpus in NODES.items()]
+            kube,
+            [gpu_node(n, gpus, unit=MemoryUnit.GIB, labels=GROUP) for n, gpus in NODES.items()],
         )
         stack.callback(delete_nodes, kube, list(NODES))
         kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))

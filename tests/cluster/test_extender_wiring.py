@@ -98,7 +98,7 @@ def scripted_prioritize(args: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"Host": n, "Score": 10 if n == preferred else 0} for n in args["NodeNames"] or []]
 
 
-class Binder:
+class ScriptedBinder:
     """The bind verb: POST pods/binding with its own ServiceAccount, the UID as precondition.
 
     A raw request: lightkube (1.0.1) decodes the 201 ``Status`` answer as a ``Binding`` and
@@ -224,7 +224,7 @@ def test_extender_wiring(control_plane: ControlPlane, kube: Client) -> None:
         ScriptedExtender(
             on_filter=scripted_filter,
             on_prioritize=scripted_prioritize,
-            on_bind=Binder(control_plane, binder_token),
+            on_bind=ScriptedBinder(control_plane, binder_token),
         ) as extender,
         control_plane.scheduler(
             "kube-scheduler-wiring",

@@ -37,7 +37,7 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
 
-from gpushare.kube.binder import Binder, BindResult
+from gpushare.kube.binder import BindResult, PodBinder
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import connect
 from gpushare.kube.codec import GPU_MEM
@@ -327,7 +327,7 @@ def test_binder_annotates_binds_and_refuses_a_second_bind(
 
     async def scenario() -> tuple[BindError, BindError]:
         async with async_client(control_plane, binder_config) as client:
-            binder = Binder(client)
+            binder = PodBinder(client)
             result = await binder.bind(ref, gpu0, first)
             assert (result.node, dict(result.annotations)) == (gpu0, first)
             errors = []
@@ -365,7 +365,7 @@ def test_concurrent_binds_of_one_pod_have_one_winner(
 
     async def scenario() -> list[list[BindResult | BaseException]]:
         async with async_client(control_plane) as client:
-            binder = Binder(client)
+            binder = PodBinder(client)
             outcomes = []
             for ref in refs:
                 attempts = [
@@ -419,7 +419,7 @@ def test_binder_errors(
             }
             for case, (client, ref, node) in cases.items():
                 with pytest.raises(BindError) as caught:
-                    await Binder(client).bind(ref, node, {"gpushare.io/test": case})
+                    await PodBinder(client).bind(ref, node, {"gpushare.io/test": case})
                 errors[case] = caught.value
         return errors
 

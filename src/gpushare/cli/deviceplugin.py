@@ -21,7 +21,6 @@ from gpushare.deviceplugin.inventory import (
     FakeGpuSpecError,
     FakeInventory,
     Inventory,
-    MemoryUnit,
     check_message_size,
 )
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME
@@ -30,6 +29,7 @@ from gpushare.deviceplugin.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_ROOT
 from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
+from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.errors import KubeError
 
 

@@ -42,7 +42,7 @@ import click
 from gpushare.inspect.render import render_detail, render_summary, report_json
 from gpushare.inspect.report import Snapshot, build_report
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
-from gpushare.kube.codec import GPUSHARE_LABEL
+from gpushare.kube.codec import GPUSHARE_LABEL, object_name
 from gpushare.kube.errors import ApiCallError, Failure, KubeError
 from gpushare.kube.snapshot import LIST_NODES, ClusterObjects, read_cluster, server_url
 
@@ -185,13 +185,7 @@ async def _read(
 
 
 def _node_names(nodes: tuple[dict[str, Any], ...]) -> set[str]:
-    names = set()
-    for obj in nodes:
-        meta = obj.get("metadata")
-        name = meta.get("name") if isinstance(meta, dict) else None
-        if isinstance(name, str):
-            names.add(name)
-    return names
+    return {object_name(obj) for obj in nodes} - {""}
 
 
 def _no_gpushare_nodes(problems: tuple[str, ...]) -> InspectError:

@@ -51,10 +51,18 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, Gpu, MemoryUnit
+from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
-from gpushare.kube.codec import CodecError, Json, pod_key
+from gpushare.kube.codec import (
+    CodecError,
+    Json,
+    MemoryUnit,
+    pod_deleting,
+    pod_finished,
+    pod_key,
+    pod_uid,
+)
 from gpushare.kube.codec.handshake import handshake_annotations, pending_pod
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventType
@@ -66,8 +74,6 @@ ALLOCATED = "GPUAllocated"
 FAILED = "FailedGPUAllocation"
 
 log = logging.getLogger(__name__)
-
-_FINISHED = ("Succeeded", "Failed")
 
 
 class PodSource(Protocol):
@@ -105,7 +111,12 @@ class AllocateEvents(Protocol):
 
 
 def container_envs(
-    step: Step, pod_units: int, gpus: Mapping[int, Gpu], unit: MemoryUnit, *, mps: bool = False
+    step: Step,
+    pod_units: int,
+    gpus: Mapping[int, PhysicalGpu],
+    unit: MemoryUnit,
+    *,
+    mps: bool = False,
 ) -> dict[str, str]:
     """The environment of the container answered by ``step`` (module doc). ``gpus`` by index;
     ``KeyError`` when a GPU of the step is not in it."""
@@ -141,7 +152,7 @@ class HandshakeAllocator:
     def __init__(
         self,
         node_name: str,
-        gpus: Callable[[], Sequence[Gpu]],
+        gpus: Callable[[], Sequence[PhysicalGpu]],
         unit: MemoryUnit,
         pods: PodSource,
         *,
@@ -268,9 +279,9 @@ class HandshakeAllocator:
             except CodecError:
                 continue
             present.add(key)
-            uid = (pod.get("metadata") or {}).get("uid")
+            uid = pod_uid(pod)
             if uid:
-                uids[key] = str(uid)
+                uids[key] = uid
             found = self._pending(pod)
             if found is not None:
                 pending.append(found)
@@ -280,9 +291,7 @@ class HandshakeAllocator:
         return match_allocate(units, pending)
 
     def _pending(self, pod: Json) -> PendingPod | None:
-        meta = pod.get("metadata") or {}
-        status = pod.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("phase") in _FINISHED:
+        if pod_deleting(pod) or pod_finished(pod):
             return None
         try:
             found = pending_pod(pod)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.health import HealthWatcher
-from gpushare.deviceplugin.inventory import Gpu, Inventory, MemoryUnit
+from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.metrics import (
     DEFAULT_METRICS_HOST,
@@ -59,7 +59,7 @@ from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.client import AsyncClient
-from gpushare.kube.codec import InventoryGpu
+from gpushare.kube.codec import InventoryGpu, MemoryUnit
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventRecorder, EventType
 from gpushare.kube.nodepods import NodePods
@@ -106,7 +106,7 @@ class DaemonOptions:
     mps_check_interval_s: float = 5.0
 
 
-def inventory_gpus(gpus: list[Gpu], unit: MemoryUnit) -> list[InventoryGpu]:
+def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryGpu]:
     """The node-inventory records of ``gpus`` (memory in whole ``unit``)."""
     return [InventoryGpu(g.index, g.uuid, g.model, g.units(unit), g.healthy) for g in gpus]
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from gpushare.deviceplugin.health import HealthWatcher
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.nvml import (
     Nvml,
     NvmlError,
@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_gpus(nvml: Nvml, gpus: Sequence[Gpu]) -> None:
+def _print_gpus(nvml: Nvml, gpus: Sequence[PhysicalGpu]) -> None:
     print(f"{len(gpus)} GPU(s) found by NVML")
     for gpu in gpus:
         try:
@@ -64,7 +64,7 @@ def _print_gpus(nvml: Nvml, gpus: Sequence[Gpu]) -> None:
         )
 
 
-async def _watch(nvml: Nvml, gpus: Sequence[Gpu], watch_s: float) -> None:
+async def _watch(nvml: Nvml, gpus: Sequence[PhysicalGpu], watch_s: float) -> None:
     async def on_change(index: int, healthy: bool) -> None:
         print(f"GPU {index} is now {'healthy' if healthy else 'UNHEALTHY'}", flush=True)
 

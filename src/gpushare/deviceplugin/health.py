@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.nvml import (
     ERROR_NOT_SUPPORTED,
     EVENT_TYPE_XID_CRITICAL_ERROR,
@@ -55,7 +55,7 @@ OnHealthChange = Callable[[int, bool], Awaitable[None]]
 
 @dataclass(slots=True)
 class _Watched:
-    gpu: Gpu
+    gpu: PhysicalGpu
     device: DeviceHandle
     healthy: bool = True
     last_xid: int | None = None
@@ -83,7 +83,7 @@ class HealthWatcher:
     def __init__(
         self,
         nvml: Nvml,
-        gpus: Sequence[Gpu],
+        gpus: Sequence[PhysicalGpu],
         on_change: OnHealthChange,
         *,
         enabled: bool = True,

@@ -11,7 +11,6 @@ declaration such as `"2x16GiB:T4"`, parsed by `parse_fake_gpus`, which always lo
 
 from __future__ import annotations
 
-import enum
 import logging
 import re
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec import GPU_MEM, MemoryUnit
 
 __all__ = [
     "HEALTHY",
@@ -31,9 +30,8 @@ __all__ = [
     "DeviceListTooLargeError",
     "FakeGpuSpecError",
     "FakeInventory",
-    "Gpu",
     "Inventory",
-    "MemoryUnit",
+    "PhysicalGpu",
     "build_devices",
     "check_message_size",
     "device_id",
@@ -60,21 +58,11 @@ _ID_SEPARATOR = "-_-"
 _MAX_DEVICE_ID_CHARS = 63
 
 
-class MemoryUnit(enum.StrEnum):
-    """The node's unit for `aliyun.com/gpu-mem`: one advertised device per unit per GPU."""
-
-    GIB = "GiB"
-    MIB = "MiB"
-
-    @property
-    def mib(self) -> int:
-        """Size of one unit in MiB."""
-        return 1024 if self is MemoryUnit.GIB else 1
-
-
 @dataclass(frozen=True, slots=True)
-class Gpu:
-    """One physical (or declared fake) GPU on the node."""
+class PhysicalGpu:
+    """One physical (or declared fake) GPU on the node, as NVML (or ``--fake-gpus``) gives it:
+    UUID, minor number, memory in MiB. Not ``gpushare.core.model.Gpu``, the unit-free GPU the
+    scheduler places on (its capacity in the node's unit)."""
 
     index: int
     uuid: str
@@ -96,7 +84,7 @@ class Inventory(Protocol):
         """True when the GPUs are a declaration rather than discovered hardware."""
         ...
 
-    def gpus(self) -> list[Gpu]:
+    def gpus(self) -> list[PhysicalGpu]:
         """The GPUs, ordered by index."""
         ...
 
@@ -106,7 +94,9 @@ class FakeGpuSpecError(ValueError):
 
 
 _GROUP = re.compile(
-    r"^(?:(?P<count>\d+)\s*[xX×]\s*)?(?P<size>\d+)\s*(?P<unit>GiB|MiB)(?::(?P<model>.*))?$"
+    r"^(?:(?P<count>\d+)\s*[xX×]\s*)?(?P<size>\d+)\s*(?P<unit>"
+    + "|".join(MemoryUnit)
+    + r")(?::(?P<model>.*))?$"
 )
 _SPEC_HELP = (
     "expected comma-separated groups COUNTxSIZE(GiB|MiB)[:MODEL], e.g. '2x16GiB:T4' or "
@@ -114,7 +104,7 @@ _SPEC_HELP = (
 )
 
 
-def parse_fake_gpus(spec: str) -> list[Gpu]:
+def parse_fake_gpus(spec: str) -> list[PhysicalGpu]:
     """Parse a `--fake-gpus` declaration into GPUs with deterministic fake UUIDs.
 
     Groups are comma-separated `COUNTxSIZE<GiB|MiB>[:MODEL]`; COUNT defaults to 1 and MODEL to
@@ -124,16 +114,19 @@ def parse_fake_gpus(spec: str) -> list[Gpu]:
     """
     if not spec.strip():
         raise FakeGpuSpecError(f"empty --fake-gpus declaration; {_SPEC_HELP}")
-    gpus: list[Gpu] = []
+    gpus: list[PhysicalGpu] = []
     for raw in spec.split(","):
         group = raw.strip()
         match = _GROUP.match(group)
         if match is None:
             raise FakeGpuSpecError(f"bad --fake-gpus group {group!r}; {_SPEC_HELP}")
         count = _bounded(group, match["count"] or "1", "GPU count", 1, MAX_FAKE_GPUS)
-        memory_mib = _bounded(
-            group, match["size"], f"memory in {match['unit']}", 1, _per_unit(match["unit"])
-        ) * (1024 if match["unit"] == "GiB" else 1)
+        memory_mib = (
+            _bounded(
+                group, match["size"], f"memory in {match['unit']}", 1, _per_unit(match["unit"])
+            )
+            * MemoryUnit(match["unit"]).mib
+        )
         model = "FakeGPU" if match["model"] is None else match["model"].strip()
         if len(gpus) + count > MAX_FAKE_GPUS:
             raise FakeGpuSpecError(
@@ -147,7 +140,7 @@ def parse_fake_gpus(spec: str) -> list[Gpu]:
         for _ in range(count):
             index = len(gpus)
             gpus.append(
-                Gpu(
+                PhysicalGpu(
                     index=index,
                     uuid=f"GPU-fa4e0000-0000-4000-8000-{index:012x}",
                     minor=index,
@@ -159,7 +152,7 @@ def parse_fake_gpus(spec: str) -> list[Gpu]:
 
 
 def _per_unit(unit: str) -> int:
-    return MAX_GPU_MEMORY_MIB // 1024 if unit == "GiB" else MAX_GPU_MEMORY_MIB
+    return MAX_GPU_MEMORY_MIB // MemoryUnit(unit).mib
 
 
 def _bounded(group: str, digits: str, what: str, low: int, high: int) -> int:
@@ -192,18 +185,18 @@ class FakeInventory:
         """Always True."""
         return True
 
-    def gpus(self) -> list[Gpu]:
+    def gpus(self) -> list[PhysicalGpu]:
         """The declared GPUs."""
         return list(self._gpus)
 
-    def set_health(self, index: int, healthy: bool) -> Gpu:
+    def set_health(self, index: int, healthy: bool) -> PhysicalGpu:
         """Mark GPU `index` healthy or not (for tests and health simulation)."""
         gpu = replace(self._gpus[index], healthy=healthy)
         self._gpus[index] = gpu
         return gpu
 
 
-def device_id(gpu: Gpu, n: int) -> str:
+def device_id(gpu: PhysicalGpu, n: int) -> str:
     """The advertised device ID for unit `n` of `gpu`: `<UUID>-_-<n>`."""
     ident = f"{gpu.uuid}{_ID_SEPARATOR}{n}"
     if len(ident) > _MAX_DEVICE_ID_CHARS:
@@ -222,7 +215,7 @@ def gpu_of_device(ident: str) -> str:
     return uuid
 
 
-def build_devices(gpus: Sequence[Gpu], unit: MemoryUnit) -> list[api_pb2.Device]:
+def build_devices(gpus: Sequence[PhysicalGpu], unit: MemoryUnit) -> list[api_pb2.Device]:
     """One device per memory unit per GPU, health taken from its GPU."""
     return [
         api_pb2.Device(ID=device_id(gpu, n), health=HEALTHY if gpu.healthy else UNHEALTHY)
@@ -231,7 +224,9 @@ def build_devices(gpus: Sequence[Gpu], unit: MemoryUnit) -> list[api_pb2.Device]
     ]
 
 
-def list_and_watch_response(gpus: Sequence[Gpu], unit: MemoryUnit) -> api_pb2.ListAndWatchResponse:
+def list_and_watch_response(
+    gpus: Sequence[PhysicalGpu], unit: MemoryUnit
+) -> api_pb2.ListAndWatchResponse:
     """The full ListAndWatch message for the current GPUs."""
     return api_pb2.ListAndWatchResponse(devices=build_devices(gpus, unit))
 
@@ -268,7 +263,7 @@ def _device_entry_bytes(ident: str, health: str) -> int:
 
 
 def check_message_size(
-    gpus: Sequence[Gpu], unit: MemoryUnit, limit: int = KUBELET_MAX_MESSAGE_BYTES
+    gpus: Sequence[PhysicalGpu], unit: MemoryUnit, limit: int = KUBELET_MAX_MESSAGE_BYTES
 ) -> int:
     """Serialised size of the worst-case ListAndWatch message; raise if it exceeds `limit`.
 

@@ -87,8 +87,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.nvml import Nvml, NvmlError
+from gpushare.kube.codec import object_name, object_namespace, pod_container_names, pod_uid
 
 __all__ = [
     "ALLOCATE_OUTCOMES",
@@ -98,7 +99,7 @@ __all__ = [
     "CgroupPod",
     "DevicePluginMetrics",
     "MetricsServer",
-    "PodRef",
+    "PodContainers",
     "pod_of_cgroup",
     "pod_of_pid",
     "pods_by_uid",
@@ -183,7 +184,7 @@ def pod_of_pid(pid: int, proc_root: Path = Path("/proc")) -> CgroupPod | None:
 
 
 @dataclass(frozen=True, slots=True)
-class PodRef:
+class PodContainers:
     """A pod of the node: namespace, name, and container names by container ID (the ID
     without its ``<runtime>://`` prefix)."""
 
@@ -192,32 +193,17 @@ class PodRef:
     containers: Mapping[str, str] = field(default_factory=dict)
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def pods_by_uid(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodRef]:
+def pods_by_uid(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodContainers]:
     """Pod JSON objects (e.g. ``NodePods.pods()``) indexed by ``metadata.uid``; container IDs
     from ``status.containerStatuses`` (and init and ephemeral containers). Pods without a UID
     are left out."""
-    index: dict[str, PodRef] = {}
+    index: dict[str, PodContainers] = {}
     for pod in pods:
-        meta = _mapping(pod.get("metadata"))
-        uid = meta.get("uid")
-        if not isinstance(uid, str) or not uid:
-            continue
-        status = _mapping(pod.get("status"))
-        containers: dict[str, str] = {}
-        for kind in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
-            entries = status.get(kind)
-            for raw in entries if isinstance(entries, list) else []:
-                entry = _mapping(raw)
-                ident, name = entry.get("containerID"), entry.get("name")
-                if isinstance(ident, str) and ident and isinstance(name, str):
-                    containers[ident.rpartition("://")[2]] = name
-        index[uid] = PodRef(
-            str(meta.get("namespace") or ""), str(meta.get("name") or ""), containers
-        )
+        uid = pod_uid(pod)
+        if uid:
+            index[uid] = PodContainers(
+                object_namespace(pod), object_name(pod), pod_container_names(pod)
+            )
     return index
 
 
@@ -230,10 +216,10 @@ class _StateCollector(Collector):
     def __init__(
         self,
         node: str,
-        gpus: Callable[[], Sequence[Gpu]],
+        gpus: Callable[[], Sequence[PhysicalGpu]],
         *,
         nvml: Nvml | None,
-        pods: Callable[[], Mapping[str, PodRef]] | None,
+        pods: Callable[[], Mapping[str, PodContainers]] | None,
         proc_root: Path,
         nvml_errors: Counter | None,
     ) -> None:
@@ -259,7 +245,7 @@ class _StateCollector(Collector):
             self._collect_nvml(self._nvml, gpus, *families[2:])
         return list(families)
 
-    def _failed(self, gpu: Gpu, what: str, error: NvmlError) -> None:
+    def _failed(self, gpu: PhysicalGpu, what: str, error: NvmlError) -> None:
         log.debug("metrics: %s of GPU %d (%s) failed: %s", what, gpu.index, gpu.uuid, error)
         if self._nvml_errors is not None:
             self._nvml_errors.labels(self._node).inc()
@@ -267,12 +253,12 @@ class _StateCollector(Collector):
     def _collect_nvml(
         self,
         nvml: Nvml,
-        gpus: Sequence[Gpu],
+        gpus: Sequence[PhysicalGpu],
         used: GaugeMetricFamily,
         utilization: GaugeMetricFamily,
         processes: GaugeMetricFamily,
     ) -> None:
-        pods: Mapping[str, PodRef] | None = None
+        pods: Mapping[str, PodContainers] | None = None
         for gpu in gpus:
             labels = [self._node, str(gpu.index), gpu.uuid]
             try:
@@ -304,7 +290,7 @@ class _StateCollector(Collector):
                 pod_labels = self._pod_labels(pid, pods or {})
                 processes.add_metric([*labels, str(pid), *pod_labels], float(by_pid[pid]))
 
-    def _pod_labels(self, pid: int, pods: Mapping[str, PodRef]) -> tuple[str, str, str]:
+    def _pod_labels(self, pid: int, pods: Mapping[str, PodContainers]) -> tuple[str, str, str]:
         """(pod, namespace, container) of ``pid``, ``""`` where unknown."""
         found = pod_of_pid(pid, self._proc_root)
         if found is None:
@@ -363,10 +349,10 @@ class DevicePluginMetrics:
     def __init__(
         self,
         node: str,
-        gpus: Callable[[], Sequence[Gpu]],
+        gpus: Callable[[], Sequence[PhysicalGpu]],
         *,
         nvml: Nvml | None = None,
-        pods: Callable[[], Mapping[str, PodRef]] | None = None,
+        pods: Callable[[], Mapping[str, PodContainers]] | None = None,
         proc_root: Path = Path("/proc"),
         registry: CollectorRegistry | None = None,
     ) -> None:

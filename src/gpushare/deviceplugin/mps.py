@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.nvml import (
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
     COMPUTE_MODE_NAMES,
@@ -213,7 +213,7 @@ class MpsSupervisor:
 
     control: MpsControl
     nvml: Nvml
-    gpus: Sequence[Gpu]
+    gpus: Sequence[PhysicalGpu]
     on_health: OnMpsHealth
     events: Callable[[str, str, bool], Awaitable[None]] | None = None
     check_interval_s: float = 5.0

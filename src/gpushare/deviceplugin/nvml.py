@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, NewType, Protocol
 
-from gpushare.deviceplugin.inventory import Gpu
+from gpushare.deviceplugin.inventory import PhysicalGpu
 
 __all__ = [
     "COMPUTE_MODE_DEFAULT",
@@ -348,10 +348,10 @@ class NvmlInventory:
                 gpu.memory_mib,
             )
 
-    def _discover(self, index: int) -> Gpu:
+    def _discover(self, index: int) -> PhysicalGpu:
         try:
             device = self.nvml.device_handle_by_index(index)
-            return Gpu(
+            return PhysicalGpu(
                 index=index,
                 uuid=self.nvml.device_uuid(device),
                 minor=self.nvml.device_minor_number(device),
@@ -366,7 +366,7 @@ class NvmlInventory:
         """Always False: the GPUs are discovered hardware."""
         return False
 
-    def gpus(self) -> list[Gpu]:
+    def gpus(self) -> list[PhysicalGpu]:
         """The GPUs found at construction, ordered by NVML index, all `healthy=True`."""
         return list(self._gpus)
 

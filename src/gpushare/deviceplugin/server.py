@@ -33,12 +33,12 @@ from grpc import aio
 
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.inventory import (
-    Gpu,
-    MemoryUnit,
+    PhysicalGpu,
     check_message_size,
     device_id,
     list_and_watch_response,
 )
+from gpushare.kube.codec import MemoryUnit
 
 __all__ = [
     "ALLOCATE_NOT_READY",
@@ -148,7 +148,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
     def __init__(
         self,
-        gpus: Sequence[Gpu],
+        gpus: Sequence[PhysicalGpu],
         unit: MemoryUnit = MemoryUnit.GIB,
         allocator: Allocator | None = None,
     ) -> None:
@@ -169,7 +169,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return self._unit
 
     @property
-    def gpus(self) -> list[Gpu]:
+    def gpus(self) -> list[PhysicalGpu]:
         """The current GPUs (with health)."""
         return list(self._gpus)
 

@@ -1,6 +1,6 @@
 """The extender's ``Binder`` and ``EventSink`` on the API server (``gpushare.kube``).
 
-:class:`ApiBinder` adapts :class:`gpushare.kube.binder.Binder` (create ``pods/binding`` with the
+:class:`ApiBinder` adapts :class:`gpushare.kube.binder.PodBinder` (create ``pods/binding`` with the
 pod's UID as a precondition and the allocation annotations, merged atomically with the node) to
 the extender's ``Binder`` protocol, whose three answers mean:
 
@@ -38,7 +38,7 @@ from typing import Protocol
 
 from gpushare.extender.state import BindEvent, Binding, SkippedPod
 from gpushare.kube.binder import BindResult
-from gpushare.kube.codec import ALLOCATION
+from gpushare.kube.codec import ALLOCATION, pod_annotation
 from gpushare.kube.errors import BindError, BindStage, Failure, KubeError
 from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
@@ -55,7 +55,7 @@ _UNKNOWN_WHILE_BINDING = frozenset({Failure.SERVER, Failure.UNREACHABLE})
 
 
 class PodBinder(Protocol):
-    """What :class:`ApiBinder` needs: :class:`gpushare.kube.binder.Binder`'s ``bind``."""
+    """What :class:`ApiBinder` needs: :class:`gpushare.kube.binder.PodBinder`'s ``bind``."""
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> BindResult:
         """Annotate and bind ``pod``; raises ``BindError``."""
@@ -103,7 +103,7 @@ class ApiBinder:
         """``None`` (bound), an error text (not bound), or re-raise ``error`` (unknown)."""
         if error.failure is Failure.ALREADY_BOUND and error.bound_node == binding.node:
             observed = error.observed_pod or {}
-            recorded = ((observed.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION)
+            recorded = pod_annotation(observed, ALLOCATION)
             wanted = binding.annotations.get(ALLOCATION)
             if recorded != wanted:
                 log.warning(

@@ -24,11 +24,16 @@ from gpushare.extender.state import (
     Binding,
     EventSink,
     ExtenderState,
-    pod_node_name,
-    pod_uid,
 )
 from gpushare.extender.wire import ExtenderBindingArgs, ExtenderBindingResult
-from gpushare.kube.codec import CodecError, NodeInfo, allocation_annotations, pod_request
+from gpushare.kube.codec import (
+    CodecError,
+    NodeInfo,
+    allocation_annotations,
+    pod_node_name,
+    pod_request,
+    pod_uid,
+)
 
 log = logging.getLogger("gpushare.extender.scheduler")
 

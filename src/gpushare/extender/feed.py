@@ -32,9 +32,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpushare.core.ledger import LedgerOutcome, LedgerResult
-from gpushare.extender.state import ExtenderState, SkippedPod, pod_uid
+from gpushare.extender.state import ExtenderState, SkippedPod
 from gpushare.kube.cache import CacheStats, ClusterCache
-from gpushare.kube.codec import CodecError, Json
+from gpushare.kube.codec import CodecError, Json, pod_uid
 from gpushare.kube.watch import Action, Change
 
 log = logging.getLogger(__name__)

@@ -48,12 +48,12 @@ from gpushare.extender.feed import StateFeeder
 from gpushare.extender.forward import LEADER_URL_ANNOTATION, LeaderForwarder, leader_url
 from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
-from gpushare.extender.state import ExtenderState, SkippedPod, pod_uid
+from gpushare.extender.state import ExtenderState, SkippedPod
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
-from gpushare.kube.binder import Binder as KubeBinder
+from gpushare.kube.binder import PodBinder
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import AsyncClient
-from gpushare.kube.codec import Json
+from gpushare.kube.codec import Json, pod_uid
 from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
 from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.kube.watch import Backoff
@@ -174,7 +174,7 @@ class LiveExtender:
             ),
             timeout_s=options.event_timeout_s,
         )
-        self.binder = ApiBinder(KubeBinder(client), timeout_s=options.bind_timeout_s)
+        self.binder = ApiBinder(PodBinder(client), timeout_s=options.bind_timeout_s)
         self.elector: LeaderElector | None = None
         self.leadership: Leadership | None = None
         self.forwarder: LeaderForwarder | None = None

@@ -66,11 +66,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from gpushare.extender.state import ExtenderState, SkipKind
+from gpushare.kube.codec import MemoryUnit
 
 __all__ = [
     "DURATION_BUCKETS",
     "OUTCOMES",
-    "UNIT_BYTES",
     "VERBS",
     "ExtenderMetrics",
     "StateCollector",
@@ -97,14 +97,13 @@ DURATION_BUCKETS = (
     5.0,
     10.0,
 )
-UNIT_BYTES = {"GiB": 2**30, "MiB": 2**20}
-"""Bytes in one unit of ``aliyun.com/gpu-mem``, by ``NodeInfo.unit``."""
 _GPU_LABELS = ["node", "gpu", "model"]
 
 
-def unit_bytes(unit: str | None) -> int:
-    """Bytes in one of the node's units; GiB when the unit is unknown (module doc)."""
-    return UNIT_BYTES.get(unit or "GiB", UNIT_BYTES["GiB"])
+def unit_bytes(unit: MemoryUnit | None) -> int:
+    """Bytes in one of the node's units (``NodeInfo.unit``); GiB when the unit is unknown
+    (module doc)."""
+    return (unit or MemoryUnit.GIB).mib * 2**20
 
 
 class StateCollector(Collector):

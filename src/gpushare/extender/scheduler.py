@@ -66,7 +66,7 @@ from gpushare.extender.wire import (
     NodeList,
     RequestError,
 )
-from gpushare.kube.codec import CodecError, node_info, pod_request
+from gpushare.kube.codec import CodecError, node_info, object_name, pod_request
 
 __all__ = [
     "NOT_GPUSHARE",
@@ -310,6 +310,4 @@ def _split(entry: ShapeMemo) -> tuple[list[str], dict[str, str], dict[str, str]]
 
 def _item_name(item: dict[str, Any]) -> str | None:
     """``metadata.name`` of a node in a ``Nodes`` request, or ``None``."""
-    meta = item.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) and name else None
+    return object_name(item) or None

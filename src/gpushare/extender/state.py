@@ -57,10 +57,19 @@ from gpushare.core.handshake import PendingPod, steps_of
 from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult, Violation
 from gpushare.core.model import Allocation, NodeState
 from gpushare.extender.pending import PendingBook
-from gpushare.kube.codec import CodecError, Json, NodeInfo, node_info, pod_allocation, pod_key
+from gpushare.kube.codec import (
+    CodecError,
+    Json,
+    NodeInfo,
+    node_info,
+    pod_allocation,
+    pod_finished,
+    pod_key,
+    pod_node_name,
+    pod_uid,
+)
 from gpushare.kube.codec.handshake import pending_pod
 
-FINISHED_PHASES = ("Succeeded", "Failed")
 CHANGE_LOG_LIMIT = 4096
 REQUESTED_LIMIT = 1024
 """Pods kept from filter requests alone (``remember_pod``): bounded, whatever clients send."""
@@ -384,7 +393,7 @@ class ExtenderState:
         """
         key = pod_key(pod)
         self._requested.pop(key, None)  # the API server's copy supersedes a request's
-        if pod_phase(pod) in FINISHED_PHASES:
+        if pod_finished(pod):
             return self.forget_pod(key)
         node = pod_node_name(pod)
         try:
@@ -559,24 +568,3 @@ class ExtenderState:
             self._log_base += len(self._log)
             self._log.clear()
         self._log.append(name)
-
-
-def pod_node_name(pod: Json) -> str:
-    """``spec.nodeName``, or ``""`` when the pod is not bound."""
-    spec = pod.get("spec")
-    name = spec.get("nodeName") if isinstance(spec, Mapping) else None
-    return name if isinstance(name, str) else ""
-
-
-def pod_uid(pod: Json) -> str:
-    """``metadata.uid``, or ``""``."""
-    meta = pod.get("metadata")
-    uid = meta.get("uid") if isinstance(meta, Mapping) else None
-    return uid if isinstance(uid, str) else ""
-
-
-def pod_phase(pod: Json) -> str:
-    """``status.phase``, or ``""``."""
-    status = pod.get("status")
-    phase = status.get("phase") if isinstance(status, Mapping) else None
-    return phase if isinstance(phase, str) else ""

@@ -30,15 +30,13 @@ from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, TieBreak, tie_break_of
 from gpushare.extender.scoring import default_workload, extender_policy
-from gpushare.kube.codec import CodecError, pod_request
+from gpushare.kube.codec import CodecError, pod_finished, pod_request
 from gpushare.kube.watch import Action, Change
 
 log = logging.getLogger(__name__)
 
 WORKLOAD_POLICIES = frozenset({"fgd", "fgd-cpu"})
 """The policies whose scores depend on the target workload."""
-
-_FINISHED = ("Succeeded", "Failed")
 
 
 class WorkloadTracker:
@@ -88,9 +86,7 @@ class WorkloadTracker:
         """A ``ClusterCache`` pod listener: bound and pending pods count, finished and
         deleted pods leave; a pod whose spec cannot be read is skipped."""
         obj = change.obj
-        status = obj.get("status")
-        phase = status.get("phase") if isinstance(status, dict) else None
-        if change.action is Action.DELETE or phase in _FINISHED:
+        if change.action is Action.DELETE or pod_finished(obj):
             self.forget(change.key)
             return
         try:

@@ -39,17 +39,20 @@ from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.kube.codec import (
-    UNITS,
     CodecError,
+    MemoryUnit,
     NodeInfo,
     alibaba_annotations,
     node_info,
+    node_internal_ip,
+    object_name,
     pod_allocation,
+    pod_finished,
+    pod_node_name,
     pod_request,
 )
 from gpushare.kube.codec.handshake import pending_pod
 
-_FINISHED = ("Succeeded", "Failed")
 UNKNOWN_UNIT = "unit unknown"
 
 
@@ -235,26 +238,6 @@ class Report:
 # -- reading the snapshot ----------------------------------------------------------------------
 
 
-def _dig(obj: Mapping[str, Any], *keys: str) -> object:
-    """``obj[k1][k2]...`` or ``None`` when a level is missing or not an object (no errors)."""
-    value: object = obj
-    for key in keys:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
-def _internal_ip(obj: Mapping[str, Any]) -> str | None:
-    addresses = _dig(obj, "status", "addresses")
-    for item in addresses if isinstance(addresses, list) else ():
-        if isinstance(item, Mapping) and item.get("type") == "InternalIP":
-            address = item.get("address")
-            if isinstance(address, str) and address:
-                return address
-    return None
-
-
 def _line(error: Exception) -> str:
     return " ".join(str(error).split())
 
@@ -279,14 +262,14 @@ def build_report(
     problems: list[str] = []
     infos: dict[str, tuple[NodeInfo, str | None]] = {}
     for obj in snapshot.nodes:
-        if node is not None and _dig(obj, "metadata", "name") != node:
+        if node is not None and object_name(obj) != node:
             continue
         try:
             info = node_info(obj)
         except CodecError as error:
             problems.append(_line(error))
             continue
-        infos[info.node.name] = (info, _internal_ip(obj))
+        infos[info.node.name] = (info, node_internal_ip(obj))
     if node is not None and node not in infos and not problems:
         problems.append(f"node {node}: not found")
 
@@ -294,10 +277,10 @@ def build_report(
     pins: dict[str, list[PendingPod]] = {}
     unbound: list[tuple[str, PodRequest]] = []
     for obj in snapshot.pods:
-        bound = _dig(obj, "spec", "nodeName") or None
+        bound = pod_node_name(obj) or None
         if node is not None and bound not in (None, node):
             continue
-        if _dig(obj, "status", "phase") in _FINISHED:
+        if pod_finished(obj):
             continue
         try:
             request = pod_request(obj)
@@ -466,7 +449,7 @@ def _summary(fits: list[NodeFit]) -> str:
 
 
 def _totals(nodes: list[NodeReport]) -> tuple[UnitTotal, ...]:
-    groups = [[n for n in nodes if n.unit == unit] for unit in (*UNITS, None)]
+    groups = [[n for n in nodes if n.unit == unit] for unit in (*MemoryUnit, None)]
     return tuple(
         UnitTotal(members[0].unit, sum(n.allocated for n in members),
                   sum(n.total for n in members), sum(n.unhealthy for n in members), len(members))

@@ -1,7 +1,7 @@
 """Bind a pod to a node, recording the allocation on it in the same call (design.md, "Source of
 truth").
 
-:meth:`Binder.bind` creates ``pods/{name}/binding`` (kubernetes-interfaces.md 4.1) with the
+:meth:`PodBinder.bind` creates ``pods/{name}/binding`` (kubernetes-interfaces.md 4.1) with the
 allocation annotations in the Binding's ``metadata.annotations`` and the pod's UID as a
 precondition. The API server sets ``spec.nodeName`` and merges the annotations **atomically**:
 a pod is never bound without its allocation, and of concurrent binds of one pod exactly one
@@ -34,10 +34,11 @@ from lightkube.core import resource as lightkube_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
+from gpushare.kube.codec import pod_deletion_timestamp, pod_node_name, pod_uid
 from gpushare.kube.errors import CLIENT_ERRORS, BindError, BindStage, Failure, classify
 from gpushare.kube.refs import PodRef
 
-__all__ = ["BindResult", "Binder"]
+__all__ = ["BindResult", "PodBinder"]
 
 
 class _BindingRequest(dict[str, Any], lightkube_resource.NamespacedSubResource):
@@ -72,7 +73,7 @@ class BindResult:
     annotations: Mapping[str, str]
 
 
-class Binder:
+class PodBinder:
     """Binds pods, with their annotations, through ``client`` (owned by the caller).
 
     ``attempts`` (>= 1) is how many times a bind is tried when a 409 leaves the pod unbound and
@@ -112,10 +113,9 @@ class Binder:
         except CLIENT_ERRORS as exc:
             raise self._error(pod, node, BindStage.READ, exc) from exc
         current = obj.to_dict()
-        meta = current.get("metadata") or {}
-        bound = (current.get("spec") or {}).get("nodeName")
-        if meta.get("uid") != pod.uid:
-            detail = f"pod was recreated: UID is {meta.get('uid')}, not {pod.uid}"
+        uid, bound = pod_uid(current), pod_node_name(current)
+        if uid != pod.uid:
+            detail = f"pod was recreated: UID is {uid or None}, not {pod.uid}"
             raise BindError(pod.key, node, BindStage.READ, Failure.NOT_FOUND, detail)
         if bound:
             raise BindError(
@@ -127,8 +127,8 @@ class Binder:
                 bound_node=bound,
                 observed_pod=current,
             )
-        if meta.get("deletionTimestamp"):
-            detail = f"pod is being deleted (since {meta['deletionTimestamp']})"
+        if deleted_at := pod_deletion_timestamp(current):
+            detail = f"pod is being deleted (since {deleted_at})"
             raise BindError(pod.key, node, BindStage.READ, Failure.NOT_FOUND, detail)
         return current
 

@@ -31,15 +31,14 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL
+from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL, is_gpushare_node
 from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector, WatchStats
 
 __all__ = [
@@ -74,12 +73,6 @@ def requests_gpu_mem(pod: Pod) -> bool:
         ):
             return True
     return False
-
-
-def is_gpushare_node(node: Mapping[str, Any]) -> bool:
-    """Whether a node (plain dict) carries the label ``gpushare=true``."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(GPUSHARE_LABEL) == "true")
 
 
 def _node_key(node: Node) -> str:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from lightkube.models.meta_v1 import ObjectMeta
 
+from gpushare.kube.codec import pod_finished
 from gpushare.kube.errors import CLIENT_ERRORS, Failure, classify
 
 __all__ = ["Action", "Backoff", "Change", "KubeObject", "ListResult", "Reflector", "WatchStats"]
@@ -98,8 +99,7 @@ class Change:
         """A pod that holds nothing any more: deleted, or phase ``Succeeded``/``Failed``."""
         if self.action is Action.DELETE:
             return True
-        phase = (self.obj.get("status") or {}).get("phase")
-        return phase in ("Succeeded", "Failed")
+        return pod_finished(self.obj)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,12 +27,15 @@ from gpushare.kube.codec import (
     GPU_COUNT,
     GPU_MEM,
     GPUSHARE_LABEL,
+    MemoryUnit,
     allocation_annotations,
 )
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
 
 
-def node_json(name: str, gpus: Sequence[int | FakeGpu], *, unit: str = "MiB") -> dict[str, Any]:
+def node_json(
+    name: str, gpus: Sequence[int | FakeGpu], *, unit: MemoryUnit = MemoryUnit.MIB
+) -> dict[str, Any]:
     """A GPU-share Node as JSON (``gpu_node``), per-GPU memories in ``unit``."""
     result: dict[str, Any] = gpu_node(name, gpus, unit=unit).to_dict()
     return result
@@ -169,7 +172,8 @@ def populated_state(
     state = ExtenderState()
     names = [f"node-{i:04d}" for i in range(nodes)]
     infos = [
-        state.upsert_node(node_json(name, [gpu_gib] * gpus_per_node, unit="GiB")) for name in names
+        state.upsert_node(node_json(name, [gpu_gib] * gpus_per_node, unit=MemoryUnit.GIB))
+        for name in names
     ]
     for i in range(pods):
         info = infos[i % nodes]
@@ -178,7 +182,7 @@ def populated_state(
         allocation = Allocation(
             f"bench/pod-{i}", info.node.name, (ContainerAllocation("main", (gpu,), share),)
         )
-        notes = allocation_annotations(allocation, info.node, now_ns=0, unit="GiB")
+        notes = allocation_annotations(allocation, info.node, now_ns=0, unit=MemoryUnit.GIB)
         if started:
             notes[ALIYUN_ASSIGNED] = "true"
         state.observe_pod(

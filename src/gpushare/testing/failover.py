@@ -42,6 +42,7 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Pod
 
+from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -219,7 +220,7 @@ def replicated_extenders(
         create_nodes(
             kube,
             [
-                gpu_node(n, [plan.gpu_gib] * plan.gpus_per_node, unit="GiB", labels=group)
+                gpu_node(n, [plan.gpu_gib] * plan.gpus_per_node, unit=MemoryUnit.GIB, labels=group)
                 for n in nodes
             ],
             timeout=300.0,

@@ -42,7 +42,14 @@ from lightkube.models.core_v1 import NodeStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
-from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, INVENTORY, InventoryGpu
+from gpushare.kube.codec import (
+    GPU_COUNT,
+    GPU_MEM,
+    GPUSHARE_LABEL,
+    INVENTORY,
+    InventoryGpu,
+    MemoryUnit,
+)
 from gpushare.kube.codec import inventory_annotation as encode_inventory
 from gpushare.testing.controlplane import (
     KWOK_NODE_ANNOTATION,
@@ -79,7 +86,9 @@ def fake_gpu_uuid(node_name: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{index}')}"
 
 
-def inventory_annotation(node_name: str, gpus: Sequence[FakeGpu], unit: str = "GiB") -> str:
+def inventory_annotation(
+    node_name: str, gpus: Sequence[FakeGpu], unit: MemoryUnit = MemoryUnit.GIB
+) -> str:
     """The ``gpushare.io/gpu-inventory`` value for ``gpus`` (see the module docstring); the
     codec's encoder (``gpushare.kube.codec.inventory_annotation``), so ``ValueError`` for a bad
     unit, repeated indices or memory <= 0."""
@@ -119,7 +128,7 @@ def gpu_node(
     name: str,
     gpus: Sequence[int | FakeGpu],
     *,
-    unit: str = "GiB",
+    unit: MemoryUnit = MemoryUnit.GIB,
     model: str = DEFAULT_MODEL,
     cpu: str = "32",
     memory: str = "256Gi",

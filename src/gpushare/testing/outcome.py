@@ -31,6 +31,7 @@ from gpushare.kube.codec import (
     ALLOCATION,
     GPU_COUNT_ANNOTATION,
     GPU_MEM,
+    MemoryUnit,
 )
 
 __all__ = ["Ask", "Outcome", "Spec", "fits_somewhere", "judge", "make_pod"]
@@ -104,7 +105,11 @@ class Outcome:
 
 
 def read_outcome(
-    kube: Client, namespace: str, specs: Mapping[str, Spec], nodes: Nodes, unit: str = "GiB"
+    kube: Client,
+    namespace: str,
+    specs: Mapping[str, Spec],
+    nodes: Nodes,
+    unit: MemoryUnit = MemoryUnit.GIB,
 ) -> Outcome:
     """Every pod of ``namespace`` read back (``specs``: what each asked)."""
     outcome = Outcome()
@@ -132,7 +137,11 @@ def read_outcome(
 
 
 def placement_of(
-    spec: Spec, node: str, annotations: Mapping[str, str], nodes: Nodes, unit: str = "GiB"
+    spec: Spec,
+    node: str,
+    annotations: Mapping[str, str],
+    nodes: Nodes,
+    unit: MemoryUnit = MemoryUnit.GIB,
 ) -> tuple[Placement, str]:
     """Where ``spec``'s annotations put it on ``node``, and what is wrong ('' if nothing)."""
     raw = annotations.get(ALLOCATION)

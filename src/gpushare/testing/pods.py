@@ -12,7 +12,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from gpushare.core.model import Allocation, ContainerAllocation, Node
-from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, allocation_annotations
+from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, MemoryUnit, allocation_annotations
 
 __all__ = ["bound_gpu_pod"]
 
@@ -26,7 +26,7 @@ def bound_gpu_pod(
     containers: Sequence[tuple[str, tuple[int, ...], int]],
     *,
     assume_ns: int,
-    unit: str = "GiB",
+    unit: MemoryUnit = MemoryUnit.GIB,
 ) -> Pod:
     """Pod ``namespace/name`` bound to ``node`` (``spec.nodeName``) whose GPU containers are
     (name, GPU indices, share per GPU) in spec order; each asks share × GPUs of

@@ -44,6 +44,10 @@ the label, or with neither, is not a GPU-share node (``NodeInfo.refusal`` says w
 unlabelled node's GPUs are still read, so pods already on it keep counting. CPU and memory are
 left to kube-scheduler (``None``).
 
+**Plain fields** (``fields``): names, a pod's UID, node, phase, "finished" (``Succeeded`` or
+``Failed``, ``TERMINAL_PHASES``: the one place that rule is written), "being deleted", container
+IDs, a node's label and InternalIP. These readers are lenient (a missing field reads as empty).
+
 Garbage raises ``CodecError`` naming the object, the key, the value and what is accepted.
 """
 
@@ -61,12 +65,27 @@ from gpushare.kube.codec.common import (
     GPU_MODELS_ANNOTATION,
     GPUSHARE_LABEL,
     INVENTORY,
-    UNITS,
     CodecError,
     Json,
+    MemoryUnit,
     parse_quantity,
     pod_key,
     whole_quantity,
+)
+from gpushare.kube.codec.fields import (
+    TERMINAL_PHASES,
+    is_gpushare_node,
+    node_internal_ip,
+    object_name,
+    object_namespace,
+    pod_annotation,
+    pod_container_names,
+    pod_deleting,
+    pod_deletion_timestamp,
+    pod_finished,
+    pod_node_name,
+    pod_phase,
+    pod_uid,
 )
 from gpushare.kube.codec.inventory import InventoryGpu, inventory_annotation
 from gpushare.kube.codec.nodes import NodeInfo, node_info
@@ -92,19 +111,32 @@ __all__ = [
     "GPU_MEM",
     "GPU_MODELS_ANNOTATION",
     "INVENTORY",
-    "UNITS",
+    "TERMINAL_PHASES",
     "AlibabaAnnotations",
     "CodecError",
     "InventoryGpu",
     "Json",
+    "MemoryUnit",
     "NodeInfo",
     "alibaba_annotations",
     "allocation_annotations",
     "inventory_annotation",
+    "is_gpushare_node",
     "node_info",
+    "node_internal_ip",
+    "object_name",
+    "object_namespace",
     "parse_quantity",
     "pod_allocation",
+    "pod_annotation",
+    "pod_container_names",
+    "pod_deleting",
+    "pod_deletion_timestamp",
+    "pod_finished",
     "pod_key",
+    "pod_node_name",
+    "pod_phase",
     "pod_request",
+    "pod_uid",
     "whole_quantity",
 ]

@@ -3,6 +3,7 @@ quantities, and typed accessors for plain JSON dicts. Pure; no I/O."""
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from collections.abc import Mapping
@@ -23,7 +24,23 @@ ALIYUN_DEV = "ALIYUN_COM_GPU_MEM_DEV"
 ALIYUN_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
 ALIYUN_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
 ALIYUN_KEYS = (ALIYUN_IDX, ALIYUN_POD, ALIYUN_DEV, ALIYUN_ASSIGNED, ALIYUN_ASSUME_TIME)
-UNITS = ("GiB", "MiB")
+
+
+class MemoryUnit(enum.StrEnum):
+    """The unit of ``aliyun.com/gpu-mem`` on a node (design.md, "Units"): the device plugin
+    advertises one device per unit per GPU, and the inventory annotation, the allocation
+    annotations and the ledger count whole units. The project's only memory-unit vocabulary:
+    ``MemoryUnit("GiB")`` reads one (``ValueError`` for anything else); members are strings
+    (``"GiB"``, ``"MiB"``) wherever JSON is written."""
+
+    GIB = "GiB"
+    MIB = "MiB"
+
+    @property
+    def mib(self) -> int:
+        """Size of one unit in MiB (1024 for GiB, 1 for MiB)."""
+        return 1024 if self is MemoryUnit.GIB else 1
+
 
 Json = Mapping[str, Any]
 """A Kubernetes object as decoded JSON."""

@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpushare.kube.codec.common import UNITS, is_int
+from gpushare.kube.codec.common import MemoryUnit, is_int
 
 __all__ = ["MAX_INVENTORY_GPUS", "InventoryGpu", "inventory_annotation"]
 
@@ -65,17 +65,19 @@ def _check(gpu: InventoryGpu) -> None:
         raise ValueError(f"{where}: healthy must be a boolean, got {gpu.healthy!r}")
 
 
-def inventory_annotation(unit: str, gpus: Sequence[InventoryGpu]) -> str:
+def inventory_annotation(unit: MemoryUnit | str, gpus: Sequence[InventoryGpu]) -> str:
     """The ``gpushare.io/gpu-inventory`` value for ``gpus`` in ``unit``: compact JSON
     ``{"unit": unit, "gpus": [...]}``, the GPUs sorted by index.
 
-    ``unit`` must be one of ``UNITS`` (``"GiB"``, ``"MiB"``); indices distinct integers >= 0;
-    ``memory`` an integer > 0; at most ``MAX_INVENTORY_GPUS`` GPUs; no GPUs is allowed (a node
-    that publishes none). Raises ``ValueError`` naming the bad value otherwise. Inverse:
-    ``node_info`` (unit, per-GPU memory, model and health, ``NodeInfo.uuids``).
+    ``unit`` must be a ``MemoryUnit`` (or its value, ``"GiB"``, ``"MiB"``); indices distinct
+    integers >= 0; ``memory`` an integer > 0; at most ``MAX_INVENTORY_GPUS`` GPUs; no GPUs is
+    allowed (a node that publishes none). Raises ``ValueError`` naming the bad value otherwise.
+    Inverse: ``node_info`` (unit, per-GPU memory, model and health, ``NodeInfo.uuids``).
     """
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    try:
+        unit = MemoryUnit(unit)
+    except ValueError:
+        raise ValueError(f"unit must be one of {', '.join(MemoryUnit)}, got {unit!r}") from None
     if len(gpus) > MAX_INVENTORY_GPUS:
         raise ValueError(f"at most {MAX_INVENTORY_GPUS} GPUs per node, got {len(gpus)}")
     for gpu in gpus:

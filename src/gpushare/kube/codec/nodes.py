@@ -11,15 +11,17 @@ from gpushare.kube.codec.common import (
     GPU_MEM,
     GPUSHARE_LABEL,
     INVENTORY,
-    UNITS,
     CodecError,
     Json,
+    MemoryUnit,
     annotations_of,
     is_int,
     mapping,
     parse_json,
     whole_quantity,
 )
+
+_UNIT_NAMES = frozenset(unit.value for unit in MemoryUnit)
 
 # -- nodes -----------------------------------------------------------------------------------
 
@@ -36,7 +38,7 @@ class NodeInfo:
     ``node`` has the GPUs the node publishes (none when it publishes none); ``gpushare`` tells
     a memory-shared node: labelled ``gpushare=true`` **and** publishing GPUs (inventory or
     capacity). An unlabelled node keeps its GPUs here so that pods already placed on it are
-    still counted, but takes no new GPU-memory pods. ``unit`` is ``"GiB"``/``"MiB"`` from the
+    still counted, but takes no new GPU-memory pods. ``unit`` is the ``MemoryUnit`` from the
     inventory, ``None`` when unknown; ``source`` is ``"inventory"``, ``"capacity"`` (Alibaba's
     fallback) or ``"none"``; ``uuids`` per GPU position (``""`` when unknown); ``labelled``:
     label ``gpushare=true``.
@@ -44,7 +46,7 @@ class NodeInfo:
 
     node: Node
     gpushare: bool
-    unit: str | None = None
+    unit: MemoryUnit | None = None
     source: str = "none"
     uuids: tuple[str, ...] = ()
     labelled: bool = False
@@ -61,13 +63,15 @@ class NodeInfo:
         )
 
 
-def _inventory(raw: str, subject: str) -> tuple[str, list[Gpu], list[str]]:
+def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]]:
     def bad(problem: str) -> CodecError:
         return CodecError(subject, f"annotation {INVENTORY}", raw, problem, _INVENTORY_ACCEPTED)
 
     document = parse_json(raw, subject, INVENTORY, _INVENTORY_ACCEPTED)
-    if not isinstance(document, dict) or document.get("unit") not in UNITS:
+    named = document.get("unit") if isinstance(document, dict) else None
+    if not isinstance(named, str) or named not in _UNIT_NAMES:
         raise bad("unit missing or unknown")
+    unit = MemoryUnit(named)
     items = document.get("gpus")
     if not isinstance(items, list) or len(items) > 1024:
         raise bad("no gpus list of at most 1024 GPUs")
@@ -90,7 +94,7 @@ def _inventory(raw: str, subject: str) -> tuple[str, list[Gpu], list[str]]:
     if len(set(indices)) != len(indices):
         raise bad(f"GPU indices repeat: {indices}")
     gpus.sort(key=lambda pair: pair[0].index)
-    return document["unit"], [gpu for gpu, _ in gpus], [uuid for _, uuid in gpus]
+    return unit, [gpu for gpu, _ in gpus], [uuid for _, uuid in gpus]
 
 
 def node_info(obj: Json) -> NodeInfo:

@@ -23,6 +23,7 @@ from gpushare.kube.codec.common import (
     GPU_MODELS_ANNOTATION,
     CodecError,
     Json,
+    MemoryUnit,
     annotations_of,
     decimal,
     is_int,
@@ -295,7 +296,7 @@ def alibaba_annotations(pod: Json) -> AlibabaAnnotations:
 
 
 def allocation_annotations(
-    allocation: Allocation, node: Node, *, now_ns: int, unit: str | None = None
+    allocation: Allocation, node: Node, *, now_ns: int, unit: MemoryUnit | None = None
 ) -> dict[str, str]:
     """The annotations recording ``allocation`` on ``node`` (module doc); ``now_ns`` is the
     assume time in nanoseconds since the Unix epoch; ``unit`` the node's memory unit when known.

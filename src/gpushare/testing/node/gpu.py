@@ -30,8 +30,15 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare.deviceplugin.inventory import parse_fake_gpus
 from gpushare.kube import nodepods, nodes
-from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, pod_allocation
+from gpushare.kube.codec import (
+    GPU_COUNT_ANNOTATION,
+    GPU_MEM,
+    MemoryUnit,
+    pod_allocation,
+    pod_finished,
+)
 from gpushare.testing.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -56,7 +63,6 @@ PLUGIN_RULES = [
 PRINT_ENV = 'trap "exit 0" TERM; env | sort; while :; do sleep 1; done'
 """A container command: print the environment once (read back with ``kubectl logs``), then
 idle until SIGTERM (sh as PID 1 ignores it otherwise)."""
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def _python_cli(*args: str) -> list[str]:
@@ -153,9 +159,10 @@ def annotated_usage(client: Client, node: str) -> dict[str, dict[int, int]]:
     ``node`` that still holds its GPUs (bound, not Succeeded/Failed)."""
     usage: dict[str, dict[int, int]] = {}
     for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
-        if pod.status is not None and pod.status.phase in TERMINAL_PHASES:
+        obj = pod.to_dict()
+        if pod_finished(obj):
             continue
-        allocation = pod_allocation(pod.to_dict())
+        allocation = pod_allocation(obj)
         if allocation is not None:
             usage[allocation.pod] = allocation.per_gpu()
     return usage
@@ -278,11 +285,8 @@ class GpuStack:
         self.plugin.stop()
 
     def total_units(self) -> int:
-        total = 0
-        for part in self.fake_gpus.split(","):
-            count, _, rest = part.partition("x")
-            total += int(count) * int(rest.split("GiB")[0])
-        return total
+        """The ``aliyun.com/gpu-mem`` devices the plugin advertises (its default unit, GiB)."""
+        return sum(gpu.units(MemoryUnit.GIB) for gpu in parse_fake_gpus(self.fake_gpus))
 
     def wait_capacity(self, timeout_s: float = 60.0) -> None:
         want = str(self.total_units())

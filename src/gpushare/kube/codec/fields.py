@@ -1,0 +1,133 @@
+"""Plain fields of Kubernetes objects that every component reads: an object's name and
+namespace, a pod's UID, node, phase, whether it is finished or being deleted, its container
+IDs and an annotation; a node's label and InternalIP. Pure; no I/O.
+
+These readers are lenient: a field that is missing, or of the wrong JSON type, reads as empty
+(``""``, ``None``, ``False``, ``{}``) and nothing raises, because they serve caches, watches and
+reports that must keep going over any object the API server sends. The readers that must refuse
+garbage (``pod_request``, ``pod_allocation``, ``node_info``, ``pod_key``) raise ``CodecError``.
+Field names and meanings: the Kubernetes API reference (``ObjectMeta``, ``PodSpec``,
+``PodStatus``, ``NodeStatus``) and kubernetes-interfaces.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpushare.kube.codec.common import GPUSHARE_LABEL, Json
+
+__all__ = [
+    "TERMINAL_PHASES",
+    "is_gpushare_node",
+    "node_internal_ip",
+    "object_name",
+    "object_namespace",
+    "pod_annotation",
+    "pod_container_names",
+    "pod_deleting",
+    "pod_deletion_timestamp",
+    "pod_finished",
+    "pod_node_name",
+    "pod_phase",
+    "pod_uid",
+]
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""The pod phases in which every container has terminated for good (Kubernetes "Pod
+Lifecycle", pod phase): a pod in one holds no GPU any more and is counted nowhere."""
+
+_CONTAINER_STATUSES = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
+
+
+def _dig(obj: object, *keys: str) -> object:
+    """``obj[k1][k2]...``, or ``None`` where a level is missing or not an object."""
+    value = obj
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def object_name(obj: Json) -> str:
+    """``metadata.name``, or ``""``."""
+    return _text(_dig(obj, "metadata", "name"))
+
+
+def object_namespace(obj: Json) -> str:
+    """``metadata.namespace``, or ``""`` (cluster-scoped, or absent: no default is applied)."""
+    return _text(_dig(obj, "metadata", "namespace"))
+
+
+def pod_uid(pod: Json) -> str:
+    """``metadata.uid``, or ``""``."""
+    return _text(_dig(pod, "metadata", "uid"))
+
+
+def pod_node_name(pod: Json) -> str:
+    """``spec.nodeName``, or ``""`` when the pod is not bound."""
+    return _text(_dig(pod, "spec", "nodeName"))
+
+
+def pod_phase(pod: Json) -> str:
+    """``status.phase`` (``Pending``, ``Running``, ``Succeeded``, ``Failed``, ``Unknown``), or
+    ``""``."""
+    return _text(_dig(pod, "status", "phase"))
+
+
+def pod_finished(pod: Json) -> bool:
+    """Whether the pod's phase is one of ``TERMINAL_PHASES`` (``Succeeded`` or ``Failed``): it
+    holds nothing any more. The one rule every component uses for "finished"."""
+    return pod_phase(pod) in TERMINAL_PHASES
+
+
+def pod_deletion_timestamp(pod: Json) -> str:
+    """``metadata.deletionTimestamp`` (RFC 3339), or ``""`` when the pod is not being deleted."""
+    return _text(_dig(pod, "metadata", "deletionTimestamp"))
+
+
+def pod_deleting(pod: Json) -> bool:
+    """Whether ``metadata.deletionTimestamp`` is set: the pod is being deleted (its containers
+    may still run through their grace period, but it is not started anew)."""
+    return bool(pod_deletion_timestamp(pod))
+
+
+def pod_annotation(pod: Json, key: str) -> str | None:
+    """``metadata.annotations[key]`` when it is a string, else ``None``."""
+    value = _dig(pod, "metadata", "annotations", key)
+    return value if isinstance(value, str) else None
+
+
+def pod_container_names(pod: Json) -> dict[str, str]:
+    """Container names by container ID, from ``status.containerStatuses`` and the init and
+    ephemeral ones; the ID without its ``<runtime>://`` prefix (``containerd://abc`` → ``abc``).
+    Entries without an ID (not started yet) are left out."""
+    names: dict[str, str] = {}
+    for kind in _CONTAINER_STATUSES:
+        entries = _dig(pod, "status", kind)
+        for entry in entries if isinstance(entries, list) else ():
+            ident, name = _dig(entry, "containerID"), _dig(entry, "name")
+            if isinstance(ident, str) and ident and isinstance(name, str):
+                names[ident.rpartition("://")[2]] = name
+    return names
+
+
+def is_gpushare_node(node: Json) -> bool:
+    """Whether a node carries the label ``gpushare=true`` (design.md, "Node modes")."""
+    labels = _dig(node, "metadata", "labels")
+    return isinstance(labels, Mapping) and labels.get(GPUSHARE_LABEL) == "true"
+
+
+def node_internal_ip(node: Json) -> str | None:
+    """The first ``InternalIP`` in ``status.addresses``, or ``None``."""
+    addresses = _dig(node, "status", "addresses")
+    for item in addresses if isinstance(addresses, list) else ():
+        if _dig(item, "type") == "InternalIP":
+            address = _dig(item, "address")
+            if isinstance(address, str) and address:
+                return address
+    return None
