@@ -27,7 +27,7 @@ from gpushare.extender.memo import NodeShapeCache
 from gpushare.extender.scoring import extender_policy
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker
-from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD
+from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD, MemoryUnit
 from gpushare.testing.extender import node_json, pod_json
 
 PACKAGE = Path(gpushare.__file__).parent
@@ -152,7 +152,7 @@ def test_node_shape_cache_answers_at_its_version_only_and_stays_bounded() -> Non
 
 def test_the_ledger_face_tells_recorded_from_counted() -> None:
     state = ExtenderState()
-    state.upsert_node(node_json("n", [40, 40], unit="GiB"))
+    state.upsert_node(node_json("n", [40, 40], unit=MemoryUnit.GIB))
     recorded = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: "0", ALIYUN_POD: "8"}
     lost = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: "7", ALIYUN_POD: "4"}  # no GPU 7: skipped
     state.observe_pod(pod_json("a", 8, node="n", annotations=recorded, uid="uid-a"))
