@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 import pytest
 
 from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.skipped import SkippedPod
 from gpushare.extender import BindEvent, Binding, ExtenderState
 from gpushare.extender.apiserver import ApiBinder, ApiEventSink
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
-from gpushare.extender.state import SkippedPod
 from gpushare.extender.wire import ExtenderArgs, ExtenderBindingArgs
 from gpushare.kube.binder import BindResult
 from gpushare.kube.cache import CacheStats

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from gpushare.core.skipped import SkipKind
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.feed import StateFeeder
-from gpushare.extender.state import SkipKind
 from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD, MemoryUnit
 from gpushare.kube.watch import Action, Change
 from gpushare.testing.extender import node_json, pod_json

@@ -1,7 +1,8 @@
 """``kubectl inspect gpushare`` and the extender give the same verdict and the same reason for
 every pending pod, the device-plugin handshake's pins included (issue 13, item 1): both call
-``gpushare.core.handshake.handshake_verdict``. Bound pods over a GPU's capacity, which the
-extender's ledger skips but counts (issue 11), count in both. Each case builds one node (two
+``gpushare.core.handshake.handshake_verdict``. Bound pods the extender's ledger skips but counts
+(issue 11: over a GPU's capacity, on a GPU index the node lacks, an allocation that cannot be
+read) count in both, by ``gpushare.core.skipped``'s rule. Each case builds one node (two
 16 GiB GPUs) with bound pods as the watch feeds them, asks the extender's filter over HTTP (its
 ASGI app) and builds the inspect report from the same objects, as the kubectl plugin reads
 them."""
@@ -17,6 +18,7 @@ from starlette.testclient import TestClient
 
 from gpushare.core.fit import Reason
 from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.skipped import SkipKind
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.outcomes import skipped_note
 from gpushare.inspect.report import Snapshot, build_report
@@ -24,6 +26,7 @@ from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
     ALIYUN_POD,
+    CodecError,
     MemoryUnit,
     allocation_annotations,
 )
@@ -79,6 +82,35 @@ def over_capacity(name: str, amount: int, gpu: int) -> Setup:
     return run
 
 
+def unknown_gpu(name: str, amount: int, gpu: int) -> Setup:
+    """A started pod bound to ``NODE`` holding ``amount`` GiB on GPU index ``gpu``, which the
+    node does not have: the extender charges it on every GPU of the node, and so does inspect
+    (``gpushare.core.skipped``)."""
+
+    def run(state: ExtenderState) -> None:
+        notes = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: str(gpu), ALIYUN_POD: str(amount)}
+        state.observe_pod(pod_json(name, amount, node=NODE, annotations=notes))
+        assert [(s.pod, s.kind) for s in state.skipped(NODE)] == [
+            (f"default/{name}", SkipKind.UNKNOWN_GPU)
+        ]
+
+    return run
+
+
+def unreadable(name: str, amount: int, **annotations: str) -> Setup:
+    """A pod bound to ``NODE`` whose allocation cannot be read (``annotations``): which GPU
+    it holds and how much are unknown, so it blocks the whole node, in both."""
+
+    def run(state: ExtenderState) -> None:
+        with pytest.raises(CodecError):
+            state.observe_pod(pod_json(name, amount, node=NODE, annotations=annotations))
+        assert [(s.pod, s.kind) for s in state.skipped(NODE)] == [
+            (f"default/{name}", SkipKind.UNREADABLE)
+        ]
+
+    return run
+
+
 def steps(*setups: Setup) -> Setup:
     def run(state: ExtenderState) -> None:
         for setup in setups:
@@ -122,6 +154,20 @@ CASES = [
     Case("a skipped pod over capacity fills the pinned GPU: the handshake holds it",
          steps(holder((4, (0,))), used(10, 0), over_capacity("big", 8, 0)), 4,
          "does-not-fit-now", Reason.HANDSHAKE),
+    Case("a pod on a GPU index the node lacks counts on every GPU: the node is full",
+         steps(used(10, 10), unknown_gpu("ghost", 4, 7)), 4, "does-not-fit-now",
+         Reason.INSUFFICIENT_GPU),
+    Case("a pod on a GPU index the node lacks counts on every GPU: a smaller pod fits",
+         steps(used(10, 12), unknown_gpu("ghost", 4, 7)), 2, "fits", Reason.FITS),
+    Case("a pod on a GPU index the node lacks fills the pinned GPU: the handshake holds it",
+         steps(holder((4, (0,))), used(4, 0), unknown_gpu("ghost", 6, 7)), 4,
+         "does-not-fit-now", Reason.HANDSHAKE),
+    Case("a pod whose allocation annotation cannot be read blocks the whole node",
+         unreadable("garbled", 4, **{ALIYUN_IDX: "0", ALIYUN_POD: "four"}), 4,
+         "does-not-fit-now", Reason.INSUFFICIENT_GPU),
+    Case("a pod whose allocation names a negative amount blocks the whole node",
+         steps(used(2, 0), unreadable("negative", 4, **{ALIYUN_IDX: "1", ALIYUN_POD: "-4"})),
+         1, "does-not-fit-now", Reason.INSUFFICIENT_GPU),
 ]  # fmt: skip
 
 

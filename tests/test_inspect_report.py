@@ -13,9 +13,18 @@ from typing import Any
 import pytest
 
 from gpushare.core.fit import FitStatus, Reason
+from gpushare.core.skipped import SkipKind
 from gpushare.inspect import Report, Snapshot, build_report
 from gpushare.inspect.report import narrow
-from gpushare.kube.codec import ALIYUN_ASSIGNED, ALLOCATION, INVENTORY, MemoryUnit, node_info
+from gpushare.kube.codec import (
+    ALIYUN_ASSIGNED,
+    ALIYUN_IDX,
+    ALIYUN_POD,
+    ALLOCATION,
+    INVENTORY,
+    MemoryUnit,
+    node_info,
+)
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 from gpushare.testing.pods import bound_gpu_pod
@@ -171,8 +180,56 @@ def case_garbage_pod_and_missing_node() -> None:
     r = report([n], [broken, elsewhere])
     assert r.nodes[0].pods == ()
     assert len(r.problems) == 2
-    assert r.problems[0].startswith("pod default/broken: annotation gpushare.io/allocation=")
+    assert r.problems[0].startswith(
+        "pod default/broken on node n1: allocation cannot be read: "
+        "annotation gpushare.io/allocation="
+    )
+    assert r.problems[0].endswith("; counted as every GPU of the node blocked")
     assert r.problems[1] == "node gone: 1 GPU pod(s) bound to it; node missing or unreadable"
+
+
+def on_gpu_index(name: str, node_name: str, index: str, amount: str) -> Json:
+    """A started pod bound to ``node_name`` with Alibaba's annotations: ``amount`` GiB on GPU
+    ``index`` (raw annotation values, so that they can be garbage)."""
+    notes = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: index, ALIYUN_POD: amount}
+    return pod_json(name, 4, node=node_name, annotations=notes)
+
+
+def case_gpu_index_the_node_lacks_counts_on_every_gpu() -> None:
+    """A pod on GPU 7 of a 2-GPU node: charged on both GPUs (less free), as the extender
+    charges it (``gpushare.core.skipped``), and named in the problems with what it is counted
+    as; ``allocated`` counts only the pods that name the GPU."""
+    n = node("n1", [16, 16])
+    r = report([n], [bound("a", n, [("main", (0,), 8)]), on_gpu_index("ghost", "n1", "7", "4")])
+    (n1,) = r.nodes
+    assert [(g.allocated, g.free) for g in n1.gpus] == [(8, 4), (0, 12)]
+    assert n1.allocated == 8
+    assert [p.name for p in n1.pods] == ["a"]
+    (ghost,) = n1.skipped
+    assert (ghost.pod, ghost.kind, ghost.charges, ghost.missing) == (
+        "default/ghost", SkipKind.UNKNOWN_GPU, ((0, 4), (1, 4)), ((7, 4),)
+    )  # fmt: skip
+    assert r.problems == (
+        "pod default/ghost on node n1: allocation names a GPU the node does not have: GPU 7; "
+        "the node has GPUs 0, 1; counted as 4 on GPU 0, 4 on GPU 1",
+    )
+
+
+def case_unreadable_allocation_blocks_the_node() -> None:
+    """A bound pod whose ``ALIYUN_COM_GPU_MEM_POD`` is not a number holds an unknown amount on
+    an unknown GPU: every GPU of its node is blocked (free 0), nothing else counted."""
+    n = node("n1", [16, 16])
+    r = report([n, node("n2", [16])], [on_gpu_index("odd", "n1", "0", "four"), pod_json("p", 2)])
+    n1 = r.nodes[0]
+    assert [(g.allocated, g.free) for g in n1.gpus] == [(0, 0), (0, 0)]
+    assert [(s.pod, s.kind, s.whole_node) for s in n1.skipped] == [
+        ("default/odd", SkipKind.UNREADABLE, True)
+    ]
+    (fit_n1, fit_n2) = r.pending[0].nodes
+    assert (fit_n1.reason, fit_n2.reason) == (str(Reason.INSUFFICIENT_GPU), str(Reason.FITS))
+    (problem,) = r.problems
+    assert problem.startswith("pod default/odd on node n1: allocation cannot be read: ")
+    assert problem.endswith("; counted as every GPU of the node blocked")
 
 
 def case_skipped_pods() -> None:
@@ -255,6 +312,8 @@ CASES: list[Callable[[], None]] = [
     case_node_filter,
     case_garbage_inventory,
     case_garbage_pod_and_missing_node,
+    case_gpu_index_the_node_lacks_counts_on_every_gpu,
+    case_unreadable_allocation_blocks_the_node,
     case_skipped_pods,
     case_unplaced_on_alibaba_node,
     case_units_are_totalled_apart,
@@ -286,6 +345,8 @@ def test_narrowing_the_cluster_report_gives_each_nodes_own_report() -> None:
         bound("a", n1, [("main", (0,), 12)]),
         bound("b", n1, [("main", (1,), 12)], assigned=False),
         bound("c", n2, [("main", (0,), 9)]),  # above capacity: a problem naming n2
+        on_gpu_index("ghost", "n1", "5", "2"),  # a GPU n1 lacks: charged on both, a problem
+        on_gpu_index("odd", "n3", "0", "-1"),  # unreadable: n3 blocked, a problem
         pod_json("big", 10, namespace="ml"),
         pod_json("small", 2, namespace="ml"),
     ]

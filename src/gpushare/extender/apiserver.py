@@ -36,7 +36,8 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from gpushare.extender.state import BindEvent, Binding, SkippedPod
+from gpushare.core.skipped import SkippedPod
+from gpushare.extender.state import BindEvent, Binding
 from gpushare.kube.binder import BindResult
 from gpushare.kube.codec import ALLOCATION, pod_annotation
 from gpushare.kube.errors import BindError, BindStage, Failure, KubeError

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpushare.core.ledger import LedgerOutcome, LedgerResult
-from gpushare.extender.state import ExtenderState, SkippedPod
+from gpushare.core.skipped import SkippedPod
+from gpushare.extender.state import ExtenderState
 from gpushare.kube.cache import CacheStats, ClusterCache
 from gpushare.kube.codec import CodecError, Json, pod_uid
 from gpushare.kube.watch import Action, Change

@@ -42,13 +42,14 @@ from typing import Any
 
 import uvicorn
 
+from gpushare.core.skipped import SkippedPod
 from gpushare.extender.apiserver import ApiBinder, ApiEventSink
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.forward import LEADER_URL_ANNOTATION, LeaderForwarder, leader_url
 from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
-from gpushare.extender.state import ExtenderState, SkippedPod
+from gpushare.extender.state import ExtenderState
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import PodBinder
 from gpushare.kube.cache import ClusterCache

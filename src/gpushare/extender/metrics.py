@@ -65,7 +65,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from gpushare.extender.state import ExtenderState, SkipKind
+from gpushare.core.skipped import SkipKind
+from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import MemoryUnit
 
 __all__ = [

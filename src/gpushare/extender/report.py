@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.core.ledger import ViolationKind
-from gpushare.extender.state import ExtenderState, SkipKind, SkippedPod
+from gpushare.core.skipped import SkipKind, SkippedPod
+from gpushare.extender.state import ExtenderState
 from gpushare.inspect.render import report_json
 from gpushare.inspect.report import Report, Snapshot, build_report, narrow
 from gpushare.kube.codec import NodeInfo

@@ -20,19 +20,9 @@ can be cached.
 **Skipped pods** (issue 11, defect 2). A bound pod holds *something* on its node even when the
 ledger cannot record it, so its GPUs are never taken as free on a guess. ``SkippedPod`` records
 what it is charged with, on top of the ledger, in every ``node_state`` (so in filter, prioritize
-and bind):
-
-=====================================  ============================================================
-the pod's allocation                   what it is charged with
-=====================================  ============================================================
-cannot be read (``CodecError``: e.g.   the **whole node**: every GPU is charged its capacity, the
-``ALIYUN_COM_GPU_MEM_POD`` negative    node takes no new GPU pods until the pod is fixed, finishes
-or not a number, garbage JSON)         or goes (which GPU and how much are unknown)
-names a GPU index the node lacks       its amount on **every** GPU of the node (it may be on any)
-(index 7 on a 2-GPU node)
-does not fit (50 GiB on a 40 GiB       its amounts on the GPUs it names: the GPU is then over
-GPU, or a GPU already full)            capacity, free is negative and it takes no new pods
-=====================================  ============================================================
+and bind), by ``gpushare.core.skipped``'s rule, the one the inspect report uses too: an
+allocation that cannot be read blocks the whole node, one naming a GPU index the node lacks is
+charged on every GPU, one that does not fit is charged on the GPUs it names.
 
 Units the ledger holds on a GPU index the node no longer has (the node shrank) are charged to
 every GPU too. A skipped pod is retried when its node changes and, for over-capacity ones, when
@@ -47,7 +37,6 @@ changed one to the feeder once (a log line and a Warning Event).
 from __future__ import annotations
 
 import contextlib
-import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,7 +44,8 @@ from typing import Any, Protocol
 
 from gpushare.core.handshake import PendingPod, steps_of
 from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult, Violation
-from gpushare.core.model import Allocation, NodeState
+from gpushare.core.model import Allocation, Node, NodeState
+from gpushare.core.skipped import SkipKind, SkippedPod, charged, held, refused, unreadable
 from gpushare.extender.pending import PendingBook
 from gpushare.kube.codec import (
     CodecError,
@@ -85,39 +75,6 @@ class Binding:
     uid: str
     node: str
     annotations: Mapping[str, str]
-
-
-class SkipKind(enum.StrEnum):
-    """Why a bound pod's allocation is not in the ledger (module doc, "Skipped pods")."""
-
-    UNREADABLE = "allocation cannot be read"
-    UNKNOWN_GPU = "allocation names a GPU the node does not have"
-    OVER_CAPACITY = "allocation does not fit the GPU"
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedPod:
-    """A pod bound to ``node`` whose allocation the ledger does not hold (``kind``, ``reason``:
-    one line naming the values). ``charges`` are the units it is counted with, by GPU device
-    index (node unit); ``whole_node``: it blocks every GPU of the node instead."""
-
-    pod: str
-    node: str
-    kind: SkipKind
-    reason: str
-    charges: tuple[tuple[int, int], ...] = ()
-    whole_node: bool = False
-    missing: tuple[tuple[int, int], ...] = ()
-    """(GPU index, units) the allocation names that the node does not have."""
-
-    def describe(self) -> str:
-        """``pod ns/p on node n: <kind>: <reason>; counted as <charges>``."""
-        held = (
-            "every GPU of the node blocked"
-            if self.whole_node
-            else ", ".join(f"{amount} on GPU {index}" for index, amount in self.charges)
-        )
-        return f"pod {self.pod} on node {self.node}: {self.kind}: {self.reason}; counted as {held}"
 
 
 class Binder(Protocol):
@@ -277,44 +234,18 @@ class ExtenderState:
 
     def _charged(self, state: NodeState) -> NodeState:
         """``state`` plus what skipped pods and units on missing GPU indices are charged with
-        (module doc, "Skipped pods")."""
-        gpus = state.node.gpus
-        extra = list(self.held(state.node.name, gpus=[g.index for g in gpus]))
-        everywhere = 0
-        indices = {gpu.index for gpu in gpus}
-        for allocation in self._ledger.allocations(state.node.name):
-            everywhere += sum(a for i, a in allocation.per_gpu().items() if i not in indices)
-        if any(s.whole_node for s in self.skipped(state.node.name)):
-            everywhere += max((gpu.capacity for gpu in gpus), default=0)
-        if not everywhere and not any(extra):
-            return state
-        used = tuple(u + e + everywhere for u, e in zip(state.gpu_used, extra, strict=True))
-        return NodeState(
-            node=state.node,
-            gpu_used=used,
-            cpu_used_milli=state.cpu_used_milli,
-            memory_used_mib=state.memory_used_mib,
-        )
-
-    def held(self, name: str, *, gpus: list[int] | None = None) -> tuple[int, ...]:
-        """Units skipped pods are charged with on node ``name``, per GPU (``gpus``: device
-        indices in position order; default: the node's), whole-node blocks left out."""
-        if gpus is None:
-            info = self._nodes.get(name)
-            gpus = [] if info is None else [gpu.index for gpu in info.node.gpus]
-        charged = dict.fromkeys(gpus, 0)
-        for skipped in self.skipped(name):
-            for index, amount in skipped.charges:
-                if index in charged:
-                    charged[index] += amount
-        return tuple(charged[index] for index in gpus)
+        (``gpushare.core.skipped.charged``)."""
+        name = state.node.name
+        return charged(state, self.skipped(name), self._ledger.allocations(name))
 
     def counted_used(self, name: str) -> tuple[int, ...]:
         """Units counted on each GPU of node ``name`` (position order) for ``/inspect`` and
-        ``/metrics``: the ledger's plus what skipped pods are charged with (``held``); a
-        whole-node block is not memory and is left out (``node_state`` counts it)."""
-        ledger_used = self._ledger.state(name).gpu_used
-        return tuple(u + h for u, h in zip(ledger_used, self.held(name), strict=True))
+        ``/metrics``: the ledger's plus what skipped pods are charged with
+        (``gpushare.core.skipped.held``); a whole-node block is not memory and is left out
+        (``node_state`` counts it)."""
+        state = self._ledger.state(name)
+        extra = held(state.node, self.skipped(name))
+        return tuple(u + h for u, h in zip(state.gpu_used, extra, strict=True))
 
     def skipped(self, node: str | None = None) -> list[SkippedPod]:
         """The bound pods the ledger does not hold (on ``node``, or all), by pod key."""
@@ -402,8 +333,7 @@ class ExtenderState:
         except CodecError as error:
             if node:  # bound: it holds something we cannot read; block the node
                 self._pods[key] = dict(pod)
-                reason = " ".join(str(error).split()).removeprefix(f"pod {key}: ")
-                self._skip(SkippedPod(key, node, SkipKind.UNREADABLE, reason, whole_node=True))
+                self._skip(unreadable(key, node, str(error)))
             raise
         self._pods[key] = dict(pod)
         if allocation is None or not node:
@@ -429,24 +359,9 @@ class ExtenderState:
     def _skipped_pod(self, allocation: Allocation, result: LedgerResult) -> SkippedPod:
         """What a bound pod whose allocation the ledger refused is charged with."""
         info = self._nodes.get(allocation.node)
-        indices = [] if info is None else [gpu.index for gpu in info.node.gpus]
-        charges = dict.fromkeys(indices, 0)
-        missing = tuple(sorted((i, a) for i, a in allocation.per_gpu().items() if i not in charges))
-        for index, amount in allocation.per_gpu().items():
-            for target in [index] if index in charges else indices:  # unknown: any of them
-                charges[target] += amount
-        kind = (
-            SkipKind.UNKNOWN_GPU
-            if result.outcome is LedgerOutcome.UNKNOWN_GPU
-            else SkipKind.OVER_CAPACITY
-        )
-        return SkippedPod(
-            allocation.pod,
-            allocation.node,
-            kind,
-            result.describe().partition(f" on node {allocation.node}: ")[2],
-            tuple((i, a) for i, a in charges.items() if a),
-            missing=missing,
+        node = info.node if info is not None else Node(allocation.node, ())
+        return refused(
+            allocation, node, result.describe().partition(f" on node {allocation.node}: ")[2]
         )
 
     def forget_pod(self, key: str) -> Allocation | None:

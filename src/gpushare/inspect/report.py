@@ -19,25 +19,31 @@ device-plugin handshake rule), so the reasons are the extender's.
     but the device plugin has not started it yet (``GpuReport.assumed``, ``PodReport.assigned``);
   - *bound without a record* (bound around the extender) hold memory in kube-scheduler's count
     but no GPU: they count in the node's ``unplaced`` (Alibaba's ``PENDING(Allocated)``);
+  - *bound with a record that names a GPU index the node lacks or cannot be read* are
+    *skipped pods* (``NodeReport.skipped``), charged as the extender charges them
+    (``gpushare.core.skipped``): on every GPU of the node, or the whole node blocked. The
+    charges lower the GPUs' ``free`` and the fit of pending pods, not ``allocated``;
   - *not bound* are pending: ``handshake_fit`` on every GPU-share node (only the ``node`` given, if
     any) says why they do not fit, with the numbers.
 
 * **Amounts** are integers in the node's unit; totals are summed per unit (``UnitTotal``), since
   GiB and MiB nodes may share a cluster.
 * **Problems**: an object the codec cannot read (``CodecError``), a pod on a node missing from
-  the snapshot, a GPU index the node lacks, a GPU allocated above its capacity: one line each,
-  naming the object; the rest of the report is still built.
+  the snapshot, a skipped pod (``SkippedPod.describe``: why, and what it is counted as), a GPU
+  allocated above its capacity: one line each, naming the object; the rest of the report is
+  still built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
+from gpushare.core.skipped import SkippedPod, charged, refused, unreadable
 from gpushare.kube.codec import (
     CodecError,
     MemoryUnit,
@@ -48,6 +54,7 @@ from gpushare.kube.codec import (
     object_name,
     pod_allocation,
     pod_finished,
+    pod_key,
     pod_node_name,
     pod_request,
 )
@@ -141,6 +148,11 @@ class NodeReport:
     assumed: int
     unplaced: int
     total: int
+    skipped: tuple[SkippedPod, ...] = ()
+    """Bound pods whose allocation names a GPU index the node lacks or cannot be read, by pod
+    key, with what they are charged with (``gpushare.core.skipped``: the extender's rule).
+    Their charges are not in the GPUs' ``allocated`` (no pod names those GPUs) but are in
+    their ``free``, as the extender counts them."""
 
     @property
     def healthy(self) -> bool:
@@ -242,8 +254,14 @@ def _line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-_Book = tuple[list[tuple[Allocation, bool]], list[PodRequest]]
-"""What the pods say about one node: (allocation, assigned) of placed pods, unplaced pods."""
+@dataclass(slots=True)
+class _Book:
+    """What the pods say about one node: (allocation, assigned) of placed pods, pods bound
+    without a record, and pods whose allocation cannot be read (they block the node)."""
+
+    placed: list[tuple[Allocation, bool]] = field(default_factory=list)
+    unplaced: list[PodRequest] = field(default_factory=list)
+    blocked: list[SkippedPod] = field(default_factory=list)
 
 
 def build_report(
@@ -282,36 +300,54 @@ def build_report(
             continue
         if pod_finished(obj):
             continue
-        try:
-            request = pod_request(obj)
-            if not request.gpu_containers:
+        if bound is None:
+            try:
+                request = pod_request(obj)
+            except CodecError as error:
+                problems.append(_line(error))
                 continue
-            if bound is None:
+            if request.gpu_containers:
                 unbound.append((request.key, request))
-                continue
-            allocation = pod_allocation(obj)
-            assigned = alibaba_annotations(obj).assigned is True
-            waiting = pending_pod(obj, allocation) if pending is None and allocation else None
+            continue
+        book = books.setdefault(str(bound), _Book())
+        try:
+            key = pod_key(obj)
         except CodecError as error:
             problems.append(_line(error))
             continue
-        placed, unplaced = books.setdefault(str(bound), ([], []))
+        try:  # read as the extender reads a bound pod (ExtenderState.observe_pod)
+            allocation = pod_allocation(obj)
+            waiting = pending_pod(obj, allocation) if allocation is not None else None
+        except CodecError as error:
+            skipped = unreadable(key, str(bound), str(error))
+            book.blocked.append(skipped)
+            problems.append(skipped.describe())
+            continue
+        try:
+            request = pod_request(obj)
+            assigned = allocation is not None and alibaba_annotations(obj).assigned is True
+        except CodecError as error:
+            problems.append(_line(error))
+            continue
+        if not request.gpu_containers:
+            continue
         if allocation is None:
-            unplaced.append(request)
+            book.unplaced.append(request)
         else:
-            placed.append((allocation, assigned))
-        if waiting is not None:
+            book.placed.append((allocation, assigned))
+        if waiting is not None and pending is None:
             pins.setdefault(str(bound), []).append(waiting)
 
     for name in sorted(set(books) - set(infos)):
-        count = len(books[name][0]) + len(books[name][1])
+        book = books[name]
+        count = len(book.placed) + len(book.unplaced) + len(book.blocked)
         problems.append(f"node {name}: {count} GPU pod(s) bound to it; node missing or unreadable")
     nodes: list[NodeReport] = []
     states: dict[str, NodeState] = {}
     for name in sorted(infos):
         info, address = infos[name]
-        book: _Book = books.get(name, ([], []))
-        if not (info.gpushare or book[0] or book[1] or name == node):
+        book = books.get(name, _Book())
+        if not (info.gpushare or book.placed or book.unplaced or book.blocked or name == node):
             continue
         report, state = _node_report(info, address, book, problems)
         nodes.append(report)
@@ -334,15 +370,15 @@ def _node_report(
     assumed = [0] * len(gpus)
     holders: list[list[str]] = [[] for _ in gpus]
     pods: list[PodReport] = []
-    for allocation, assigned in sorted(book[0], key=lambda entry: entry[0].pod):
+    skipped = list(book.blocked)
+    for allocation, assigned in sorted(book.placed, key=lambda entry: entry[0].pod):
         per_gpu = allocation.per_gpu()
         missing = sorted(set(per_gpu) - set(position))
         if missing:
             have = ", ".join(str(gpu.index) for gpu in gpus) or "none"
-            problems.append(
-                f"pod {allocation.pod}: allocated on GPU {', '.join(map(str, missing))} of "
-                f"node {info.node.name}, which has GPUs {have}"
-            )
+            reason = f"GPU {', '.join(map(str, missing))}; the node has GPUs {have}"
+            skipped.append(refused(allocation, info.node, reason))
+            problems.append(skipped[-1].describe())
             continue
         for index, amount in per_gpu.items():
             used[position[index]] += amount
@@ -359,13 +395,14 @@ def _node_report(
             )
         )  # fmt: skip
     unplaced = 0
-    for request in sorted(book[1], key=lambda r: r.key):
+    for request in sorted(book.unplaced, key=lambda r: r.key):
         namespace, _, pod_name = request.key.partition("/")
         containers = tuple(ContainerReport(c.name, (), c.gpu_share) for c in request.gpu_containers)
         pods.append(
             PodReport(namespace, pod_name, info.node.name, (), containers, False, request.gpu_total)
         )
         unplaced += request.gpu_total
+    state = charged(NodeState(info.node, tuple(used)), skipped)  # the extender's rule
     reports = []
     for i, gpu in enumerate(gpus):
         if used[i] > gpu.capacity:
@@ -373,19 +410,18 @@ def _node_report(
                 f"node {info.node.name} GPU {gpu.index}: allocated {used[i]} above its capacity "
                 f"{gpu.capacity} ({unit_label(info.unit)}; pods {', '.join(holders[i])})"
             )
-        free = max(gpu.capacity - used[i], 0) if gpu.healthy else 0
         uuid = info.uuids[i] if i < len(info.uuids) else ""
         reports.append(
-            GpuReport(gpu.index, gpu.model, uuid, gpu.capacity, used[i], assumed[i], free,
-                      gpu.healthy)
+            GpuReport(gpu.index, gpu.model, uuid, gpu.capacity, used[i], assumed[i],
+                      max(state.gpu_free[i], 0), gpu.healthy)
         )  # fmt: skip
     pods.sort(key=lambda p: (p.namespace, p.name))
     report = NodeReport(
         info.node.name, address, info.unit, info.source, info.gpushare, info.refusal,
         tuple(reports), tuple(pods), sum(used) + unplaced, sum(assumed), unplaced,
-        sum(gpu.capacity for gpu in gpus),
+        sum(gpu.capacity for gpu in gpus), tuple(sorted(skipped, key=lambda p: p.pod)),
     )  # fmt: skip
-    return report, NodeState(info.node, tuple(used))
+    return report, state
 
 
 def _pending_report(
@@ -471,7 +507,10 @@ def narrow(report: Report, node: str) -> Report:
             PendingReport(pod.namespace, pod.name, pod.asks, pod.total, tuple(fits), _summary(fits))
         )
     mention = f"node {node}"
+    skipped = {pod.describe() for n in nodes for pod in n.skipped}
     problems = tuple(
-        p for p in report.problems if p.startswith(f"{mention}:") or f"{mention} " in p
+        p
+        for p in report.problems
+        if p.startswith(f"{mention}:") or f"{mention} " in p or p in skipped
     )
     return Report(nodes, tuple(pending), _totals(list(nodes)), problems, node)

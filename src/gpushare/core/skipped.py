@@ -1,0 +1,141 @@
+"""Skipped pods: what a bound pod holds when its allocation cannot be recorded. Pure; no I/O.
+
+A pod bound to a node holds *something* there even when its allocation cannot be recorded as
+it is (issue 11, defect 2), so its GPUs are never taken as free on a guess. The extender
+(``ExtenderState``: its ledger refused or could not read the allocation) and the inspect report
+(``gpushare.inspect.report``, read from a snapshot of pods) both charge such a pod with this
+module's rule, so ``kubectl inspect gpushare`` gives the extender's verdict for the pods that
+wait behind it (issue 13):
+
+=====================================  ============================================================
+the pod's allocation                   what it is charged with
+=====================================  ============================================================
+cannot be read (``CodecError``: e.g.   the **whole node** (``unreadable``): every GPU is charged
+``ALIYUN_COM_GPU_MEM_POD`` negative    the largest capacity of the node, so the node takes no new
+or not a number, garbage JSON)         GPU pods until the pod is fixed, finishes or goes (which
+                                       GPU and how much are unknown)
+names a GPU index the node lacks       its amount on **every** GPU of the node (it may be on any;
+(index 7 on a 2-GPU node)              ``refused``)
+does not fit (50 GiB on a 40 GiB       its amounts on the GPUs it names (``refused``): the GPU is
+GPU, or a GPU already full)            then over capacity, free is negative and it takes no pods
+=====================================  ============================================================
+
+Units a *recorded* allocation holds on a GPU index the node no longer has (the node shrank
+under it) are charged to every GPU too (``charged``). Amounts are in the node's unit.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpushare.core.model import Allocation, Node, NodeState
+
+__all__ = ["SkipKind", "SkippedPod", "charged", "held", "refused", "unreadable"]
+
+
+class SkipKind(enum.StrEnum):
+    """Why a bound pod's allocation is not recorded (module doc)."""
+
+    UNREADABLE = "allocation cannot be read"
+    UNKNOWN_GPU = "allocation names a GPU the node does not have"
+    OVER_CAPACITY = "allocation does not fit the GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedPod:
+    """A pod bound to ``node`` whose allocation is not recorded (``kind``, ``reason``: one line
+    naming the values). ``charges`` are the units it is counted with, by GPU device index (node
+    unit); ``whole_node``: it blocks every GPU of the node instead."""
+
+    pod: str
+    node: str
+    kind: SkipKind
+    reason: str
+    charges: tuple[tuple[int, int], ...] = ()
+    whole_node: bool = False
+    missing: tuple[tuple[int, int], ...] = ()
+    """(GPU index, units) the allocation names that the node does not have."""
+
+    def describe(self) -> str:
+        """``pod ns/p on node n: <kind>: <reason>; counted as <charges>``."""
+        held = (
+            "every GPU of the node blocked"
+            if self.whole_node
+            else ", ".join(f"{amount} on GPU {index}" for index, amount in self.charges)
+        )
+        return f"pod {self.pod} on node {self.node}: {self.kind}: {self.reason}; counted as {held}"
+
+
+def unreadable(pod: str, node: str, reason: str) -> SkippedPod:
+    """Pod ``pod`` (``namespace/name``) bound to ``node`` whose allocation cannot be read:
+    it blocks the whole node. ``reason`` is the decoder's one-line error; a leading
+    ``"pod <pod>: "`` is dropped (the description names the pod)."""
+    line = " ".join(reason.split()).removeprefix(f"pod {pod}: ")
+    return SkippedPod(pod, node, SkipKind.UNREADABLE, line, whole_node=True)
+
+
+def refused(allocation: Allocation, node: Node, reason: str) -> SkippedPod:
+    """``allocation`` (of a pod bound to ``node``) that cannot be recorded as it is: its
+    amounts on GPU indices ``node`` has are charged there, those on indices it lacks to every
+    GPU of the node (``missing`` names them). ``kind`` is ``UNKNOWN_GPU`` when an index is
+    missing, else ``OVER_CAPACITY``; ``reason`` says why, with the numbers."""
+    indices = [gpu.index for gpu in node.gpus]
+    charges = dict.fromkeys(indices, 0)
+    per_gpu = allocation.per_gpu()
+    missing = tuple(sorted((i, a) for i, a in per_gpu.items() if i not in charges))
+    for index, amount in per_gpu.items():
+        for target in [index] if index in charges else indices:  # unknown: any of them
+            charges[target] += amount
+    kind = SkipKind.UNKNOWN_GPU if missing else SkipKind.OVER_CAPACITY
+    return SkippedPod(
+        allocation.pod,
+        allocation.node,
+        kind,
+        reason,
+        tuple((i, a) for i, a in charges.items() if a),
+        missing=missing,
+    )
+
+
+def held(node: Node, skipped: Iterable[SkippedPod]) -> tuple[int, ...]:
+    """Units ``skipped`` pods are charged with on each GPU of ``node`` (position order);
+    whole-node blocks are left out (they are not memory: ``charged`` counts them)."""
+    charged_units = {gpu.index: 0 for gpu in node.gpus}
+    for pod in skipped:
+        for index, amount in pod.charges:
+            if index in charged_units:
+                charged_units[index] += amount
+    return tuple(charged_units[gpu.index] for gpu in node.gpus)
+
+
+def charged(
+    state: NodeState, skipped: Iterable[SkippedPod], recorded: Iterable[Allocation] = ()
+) -> NodeState:
+    """``state`` plus what the ``skipped`` pods of its node are charged with (module doc):
+    their ``charges``, every GPU's share of the units ``recorded`` allocations (those counted
+    in ``state``) hold on GPU indices the node lacks, and for a whole-node block the largest
+    GPU capacity on every GPU. ``state`` itself when nothing is charged."""
+    gpus = state.node.gpus
+    pods = list(skipped)
+    extra = held(state.node, pods)
+    indices = {gpu.index for gpu in gpus}
+    everywhere = sum(
+        amount
+        for allocation in recorded
+        for index, amount in allocation.per_gpu().items()
+        if index not in indices
+    )
+    if any(pod.whole_node for pod in pods):
+        everywhere += max((gpu.capacity for gpu in gpus), default=0)
+    if not everywhere and not any(extra):
+        return state
+    used = tuple(u + e + everywhere for u, e in zip(state.gpu_used, extra, strict=True))
+    return NodeState(
+        node=state.node,
+        gpu_used=used,
+        cpu_used_milli=state.cpu_used_milli,
+        memory_used_mib=state.memory_used_mib,
+        workload_tags=state.workload_tags,
+    )

@@ -1,0 +1,77 @@
+"""``gpushare.core.skipped``: what a bound pod whose allocation cannot be recorded is charged
+with, the one rule the extender and the inspect report share. Table-driven: a node state, the
+skipped pods (and recorded allocations) and the free units per GPU they leave."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.skipped import SkipKind, SkippedPod, charged, held, refused, unreadable
+from gpushare.testing.core import gpu_node, node_state
+
+NODE = gpu_node([16, 16], name="n1")
+
+
+def on(pod: str, *gpus: tuple[int, int]) -> Allocation:
+    """Pod ``default/<pod>`` on ``n1``: one container per (GPU index, units)."""
+    return Allocation(
+        f"default/{pod}",
+        "n1",
+        tuple(ContainerAllocation(f"c{i}", (index,), units) for i, (index, units) in
+              enumerate(gpus)),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    used: tuple[int, int]
+    skipped: tuple[SkippedPod, ...]
+    free: tuple[int, int]
+    held: tuple[int, int]
+    recorded: tuple[Allocation, ...] = field(default=())
+
+
+CASES = [
+    Case("nothing skipped leaves the state as it is", (4, 0), (), (12, 16), (0, 0)),
+    Case("a GPU index the node lacks is charged on every GPU",
+         (4, 0), (refused(on("ghost", (7, 4)), NODE, "GPU 7"),), (8, 12), (4, 4)),
+    Case("an allocation over capacity is charged on the GPU it names",
+         (12, 0), (refused(on("big", (0, 8)), NODE, "requested 8"),), (-4, 16), (8, 0)),
+    Case("known and unknown indices of one pod: each rule for its part",
+         (0, 0), (refused(on("mixed", (1, 2), (9, 3)), NODE, "GPU 9"),), (13, 11), (3, 5)),
+    Case("an unreadable allocation blocks every GPU of the node",
+         (2, 0), (unreadable("default/odd", "n1", "pod default/odd: garbage"),), (-2, 0), (0, 0)),
+    Case("units recorded on a GPU index the node no longer has count on every GPU",
+         (4, 0), (), (10, 14), (0, 0), recorded=(on("shrunk", (3, 2)),)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_what_skipped_pods_are_charged_with(case: Case) -> None:
+    state = node_state([16, 16], list(case.used), name="n1")
+    result = charged(state, case.skipped, case.recorded)
+    assert result.gpu_free == case.free
+    assert held(NODE, case.skipped) == case.held
+    if not case.skipped and not case.recorded:
+        assert result is state
+
+
+def test_the_kinds_and_what_a_skipped_pod_says() -> None:
+    ghost = refused(on("ghost", (7, 4)), NODE, "GPU 7; the node has GPUs 0, 1")
+    assert (ghost.kind, ghost.charges, ghost.missing) == (
+        SkipKind.UNKNOWN_GPU, ((0, 4), (1, 4)), ((7, 4),)
+    )  # fmt: skip
+    assert refused(on("big", (0, 20)), NODE, "").kind is SkipKind.OVER_CAPACITY
+    odd = unreadable("default/odd", "n1", "pod default/odd: annotation X='y':\n  not a number")
+    assert (odd.kind, odd.whole_node, odd.reason) == (
+        SkipKind.UNREADABLE, True, "annotation X='y': not a number"
+    )  # fmt: skip
+    assert ghost.describe() == (
+        "pod default/ghost on node n1: allocation names a GPU the node does not have: GPU 7; "
+        "the node has GPUs 0, 1; counted as 4 on GPU 0, 4 on GPU 1"
+    )
+    assert odd.describe().endswith("; counted as every GPU of the node blocked")
