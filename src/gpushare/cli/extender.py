@@ -22,7 +22,7 @@ start-up: one error lists every problem.
 ``--keep-alive-timeout`` and ``--max-connections`` bound what one client can make the extender
 hold (``gpushare.extender.limits``; docs/extender.md, "Limits").
 ``--leader-elect`` runs one of several replicas: only the holder of the Lease
-(``--leader-elect-resource-namespace/-name``) decides and answers ``/readyz`` 200
+(``--leader-elect-resource-namespace/-name``) decides; the others forward the verbs to it
 (``gpushare.cli.leader``; docs/install.md, "High availability").
 """
 

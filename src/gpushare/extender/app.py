@@ -118,12 +118,10 @@ def create_app(
     ``CollectorRegistry``); ``nodes_from_requests``: let ``Nodes`` requests add or change nodes
     (``--in-memory`` only; never with an API server, see ``gpushare.extender.scheduler``);
     ``limits``: the request body's size and read time (``gpushare.extender.limits``; the
-    connection-level bounds are the server's, ``uvicorn_settings``). The
-    ``Scheduler`` is ``app.state.scheduler``, the
-    ``ExtenderMetrics`` ``app.state.metrics``.
-    ``CollectorRegistry``). The ``Scheduler`` is ``app.state.scheduler``, the
-    ``ExtenderMetrics`` ``app.state.metrics``. ``divert`` (forward or refuse a verb) and
-    ``readiness`` (more conditions for ``/readyz``) are the leader-election hooks.
+    connection-level bounds are the server's, ``uvicorn_settings``); ``divert`` (forward or
+    refuse a verb) and ``readiness`` (more conditions for ``/readyz``) are the leader-election
+    hooks. The ``Scheduler`` is ``app.state.scheduler``, the ``ExtenderMetrics``
+    ``app.state.metrics``.
     """
     limits = limits or RequestLimits()
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
