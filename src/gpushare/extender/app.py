@@ -28,9 +28,10 @@ is logged as one line without a traceback) in ``ExtenderMetrics``, on the given
 A background task expires assumed allocations every ``expire_interval_s`` seconds.
 
 With several replicas, ``divert(request, body)`` may answer a verb instead of this replica's
-scheduler: a follower forwards it to the leader or refuses it
+scheduler (``Diverted``): a follower forwards it to the leader or refuses it
 (``gpushare.extender.forward``); ``None`` lets this replica decide. Diverted requests are
-counted with outcome ``forwarded``.
+counted with outcome ``forwarded`` (the leader answered) or ``refused`` (no leader to forward
+to).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
@@ -68,6 +70,16 @@ from gpushare.extender.wire import (
 DEFAULT_PREFIX = "/gpushare-scheduler"
 DEFAULT_PORT = 12345
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Diverted:
+    """A verb answered by ``create_app``'s ``divert`` hook instead of this replica's scheduler:
+    the ``response`` to send, and whether the leader gave it (``forwarded``) or this replica
+    refused the verb (no leader to forward to)."""
+
+    response: Response
+    forwarded: bool
 
 
 def _json(value: object, status: int = 200) -> Response:
@@ -106,7 +118,7 @@ def create_app(
     registry: CollectorRegistry | None = None,
     nodes_from_requests: bool = False,
     limits: RequestLimits | None = None,
-    divert: Callable[[Request, bytes], Awaitable[Response | None]] | None = None,
+    divert: Callable[[Request, bytes], Awaitable[Diverted | None]] | None = None,
     readiness: Callable[[], bool] | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
@@ -162,8 +174,8 @@ def create_app(
                     return _error(400, f"client disconnected before the end of the {verb} body")
                 diverted = await divert(request, body) if divert is not None else None
                 if diverted is not None:
-                    outcome = "forwarded"
-                    return diverted
+                    outcome = "forwarded" if diverted.forwarded else "refused"
+                    return diverted.response
                 try:
                     result = await handle(body)
                 except RequestError as error:

@@ -31,6 +31,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gpushare.extender.app import Diverted
 from gpushare.extender.leadership import Leadership
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,6 @@ class LeaderForwarder:
             verify=verify,
             trust_env=False,
         )
-        self.forwarded = 0
-        self.refused = 0
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -90,8 +89,9 @@ class LeaderForwarder:
             return None
         return record.annotations.get(LEADER_URL_ANNOTATION) or None
 
-    async def divert(self, request: Request, body: bytes) -> Response | None:
-        """``None`` when this replica decides; else the leader's answer or a refusal."""
+    async def divert(self, request: Request, body: bytes) -> Diverted | None:
+        """``None`` when this replica decides; else the leader's answer (``forwarded``) or a
+        refusal (the app counts each under its own outcome)."""
         if self.leadership.deciding():
             return None
         refusal = self.leadership.refusal() or "not deciding"
@@ -109,14 +109,13 @@ class LeaderForwarder:
             except httpx2.HTTPError as error:
                 refusal += f"; the leader at {target} did not answer: {error!r}"
             else:
-                self.forwarded += 1
-                return Response(
+                response = Response(
                     answer.content,
                     status_code=answer.status_code,
                     media_type=answer.headers.get("content-type", "application/json"),
                 )
-        self.refused += 1
-        return _refused(request, refusal)
+                return Diverted(response, forwarded=True)
+        return Diverted(_refused(request, refusal), forwarded=False)
 
 
 def _refused(request: Request, text: str) -> Response:
