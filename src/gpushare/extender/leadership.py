@@ -55,7 +55,6 @@ class Leadership:
         self._term = 0
         self._rebuilt_term = -1
         self._task: asyncio.Task[None] | None = None
-        self.rebuilds = 0
         elector.on_change(self.on_change)
 
     def on_change(self, leading: bool) -> None:
@@ -80,7 +79,6 @@ class Leadership:
             return
         if term == self._term:
             self._rebuilt_term = term
-            self.rebuilds += 1
             log.info(
                 "leading: ledger rebuilt from the API server in %.2fs", self._clock() - started
             )
