@@ -86,7 +86,8 @@ def _json(value: object, status: int = 200) -> Response:
     return Response(encode(value), status_code=status, media_type="application/json")
 
 
-def _error(status: int, text: str, *, close: bool = False) -> Response:
+def error_response(status: int, text: str, *, close: bool = False) -> Response:
+    """``{"Error": text}`` with HTTP ``status``; ``close``: also ``Connection: close``."""
     response = _json({"Error": text}, status)
     if close:  # the rest of the body is not read: the connection cannot be reused
         response.headers["Connection"] = "close"
@@ -162,7 +163,7 @@ def create_app(
                 except LimitError as rejected:
                     outcome = "bad_request"
                     log.info("%s from %s: %s", verb, _peer(request), rejected.text)
-                    return _error(rejected.status, rejected.text, close=True)
+                    return error_response(rejected.status, rejected.text, close=True)
                 except ClientDisconnect:  # nobody is left to answer: one line, no traceback
                     outcome = "bad_request"
                     log.info(
@@ -171,7 +172,9 @@ def create_app(
                         verb,
                         _peer(request),
                     )
-                    return _error(400, f"client disconnected before the end of the {verb} body")
+                    return error_response(
+                        400, f"client disconnected before the end of the {verb} body"
+                    )
                 diverted = await divert(request, body) if divert is not None else None
                 if diverted is not None:
                     outcome = "forwarded" if diverted.forwarded else "refused"
@@ -180,11 +183,11 @@ def create_app(
                     result = await handle(body)
                 except RequestError as error:
                     outcome = "bad_request"
-                    return _error(400, str(error))
+                    return error_response(400, str(error))
                 except Exception as error:
                     log.exception("%s failed", verb)
                     text = f"gpushare internal error in {verb}: {error!r}"
-                    return _error(500, text) if internal is None else _json(internal(text))
+                    return error_response(500, text) if internal is None else _json(internal(text))
                 outcome = "error" if getattr(result, "error", "") else "ok"
                 return _json(result)
             finally:
@@ -208,7 +211,7 @@ def create_app(
         name = request.path_params["node"]
         info = state.node(name)
         if info is None or not info.gpushare:
-            return _error(404, f"no GPU-share node {name!r}")
+            return error_response(404, f"no GPU-share node {name!r}")
         return _json(node_report(state, info))
 
     async def healthz(request: Request) -> Response:

@@ -27,11 +27,10 @@ import ssl
 from pathlib import Path
 
 import httpx2
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gpushare.extender.app import Diverted
+from gpushare.extender.app import Diverted, error_response
 from gpushare.extender.leadership import Leadership
 
 log = logging.getLogger(__name__)
@@ -121,8 +120,4 @@ class LeaderForwarder:
 def _refused(request: Request, text: str) -> Response:
     """Filter/bind: HTTP 200 with ``Error``; prioritize: 503. Both close the connection."""
     status = 503 if request.url.path.endswith("/prioritize") else 200
-    response = Response(
-        msgspec.json.encode({"Error": text}), status_code=status, media_type="application/json"
-    )
-    response.headers["Connection"] = "close"
-    return response
+    return error_response(status, text, close=True)
