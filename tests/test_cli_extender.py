@@ -114,7 +114,7 @@ def test_it_listens_on_loopback_unless_told_otherwise(
     async def serve(client: object, options: LiveOptions) -> None:
         heard.append(options.host)
 
-    monkeypatch.setattr(extender_cli, "connect", lambda *a, **kw: object())
+    monkeypatch.setattr(extender_cli, "connect_or_exit", lambda *a, **kw: object())
     monkeypatch.setattr(extender_cli, "serve", serve)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("{}")

@@ -425,11 +425,14 @@ def test_shrunk_or_missing_gpu_is_reported_by_check_invariants(ledger: Ledger) -
     state = ledger.state("n1")
     assert state.gpu_used == (14,), "units on a vanished GPU are left out of the state"
     assert state.gpu_free == (-6,)
+    assert ledger.units_off_node("n1") == 3, "but counted apart, for callers that charge them"
     assert ledger.apply(alloc("ns/c", "n1", ((0,), 1))).outcome is LedgerOutcome.INSUFFICIENT_GPU
     ledger.release("ns/b")
     assert ledger.check_invariants() == [
         Violation(ViolationKind.OVER_CAPACITY, "n1", 0, 12, 8, ("ns/a",))
     ]
+    assert ledger.units_off_node("n1") == 0
+    assert ledger.units_off_node("unknown") == 0
 
 
 def test_removed_node_keeps_its_allocations_until_released(ledger: Ledger) -> None:

@@ -160,3 +160,36 @@ def test_the_issues_problems_show_in_inspect_metrics_and_filter() -> None:
     assert "free/capacity per GPU -62/40, -4/40" in reason
     assert "pod default/neg on node n: allocation cannot be read" in reason
     assert "pod default/big on node n: allocation does not fit the GPU" in reason
+
+
+def test_units_on_a_gpu_the_node_lost_count_on_every_gpu() -> None:
+    """A node that shrinks under a recorded allocation: the ledger keeps the units on the GPU
+    index it no longer has (``Ledger.units_off_node``) and the extender charges them on every
+    GPU, as it charges a skipped pod on a missing index."""
+    feeder = feeder_with(A8, placed("b", 4, on(1, 4)))
+    feeder.on_node(Change("Node", Action.UPSERT, NODE, node_json(NODE, [GPU], unit=MemoryUnit.GIB)))
+    state = feeder.state
+    assert state.skipped() == []  # recorded before the node shrank: not skipped
+    assert state.recorded_state(NODE).gpu_free == (GPU - 8,)
+    node_state = state.node_state(NODE)
+    assert node_state is not None
+    assert node_state.gpu_free == (GPU - 8 - 4,)
+
+
+def test_skipped_pods_count_on_their_own_node_only() -> None:
+    feeder = feeder_with(A8, placed("idx7", 4, on(7, 4)))
+    feeder.on_node(Change("Node", Action.UPSERT, "m", node_json("m", [GPU], unit=MemoryUnit.GIB)))
+    odd = pod_json("odd", 4, node="m", annotations={ALIYUN_ASSIGNED: "true", **on(0, "x")},
+                   uid="uid-odd")  # fmt: skip
+    feeder.on_pod(Change("Pod", Action.UPSERT, "default/odd", odd))
+    state = feeder.state
+    assert [s.pod for s in state.skipped()] == ["default/idx7", "default/odd"]
+    assert [s.pod for s in state.skipped(NODE)] == ["default/idx7"]
+    assert [s.pod for s in state.skipped("m")] == ["default/odd"]
+    assert state.skipped("nowhere") == []
+    feeder.on_pod(Change("Pod", Action.DELETE, "default/odd", odd, odd))
+    assert state.skipped("m") == []
+    m_state, n_state = state.node_state("m"), state.node_state(NODE)
+    assert m_state is not None
+    assert n_state is not None
+    assert (m_state.gpu_free, n_state.gpu_free) == ((GPU,), (28, 36))

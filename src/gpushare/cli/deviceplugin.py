@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from gpushare.cli.options import kube_options, log_level_option, setup_logging
+from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
 from gpushare.deviceplugin.inventory import (
     DeviceListTooLargeError,
@@ -28,7 +28,6 @@ from gpushare.deviceplugin.metrics import DEFAULT_METRICS_PORT
 from gpushare.deviceplugin.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_ROOT
 from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
-from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.errors import KubeError
 
@@ -200,12 +199,7 @@ def device_plugin(
         metrics_port=metrics_port or None,
         proc_root=proc_root,
     )
-    try:
-        client = connect(kubeconfig, context=context)
-    except KubeconfigError as error:
-        raise click.ClickException(str(error)) from None
-    except ConfigError as error:
-        raise click.ClickException(f"no Kubernetes configuration: {error}") from None
+    client = connect_or_exit(kubeconfig, context)
     try:
         daemon = DevicePluginDaemon(client, inventory, options, nvml=nvml)
         asyncio.run(_serve(daemon))

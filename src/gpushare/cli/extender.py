@@ -22,7 +22,7 @@ start-up: one error lists every problem.
 ``--keep-alive-timeout`` and ``--max-connections`` bound what one client can make the extender
 hold (``gpushare.extender.limits``; docs/extender.md, "Limits").
 ``--leader-elect`` runs one of several replicas: only the holder of the Lease
-(``--leader-elect-resource-namespace/-name``) decides and answers ``/readyz`` 200
+(``--leader-elect-resource-namespace/-name``) decides; the others forward the verbs to it
 (``gpushare.cli.leader``; docs/install.md, "High availability").
 """
 
@@ -37,7 +37,7 @@ import click
 import uvicorn
 
 from gpushare.cli.leader import leader_election_options
-from gpushare.cli.options import kube_options, log_level_option, setup_logging
+from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
 from gpushare.extender.limits import (
@@ -48,7 +48,6 @@ from gpushare.extender.limits import (
 )
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
 from gpushare.extender.workload import live_policy
-from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import CodecError
 from gpushare.kube.lease import LeaseConfig
 
@@ -276,11 +275,6 @@ def extender(
         limits=limits,
         leader_election=leader_election,
     )
-    try:
-        client = connect(kubeconfig, context=context)
-    except KubeconfigError as error:
-        raise click.ClickException(str(error)) from None
-    except ConfigError as error:
-        raise click.ClickException(f"no Kubernetes configuration: {error}") from None
+    client = connect_or_exit(kubeconfig, context)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(client, options))

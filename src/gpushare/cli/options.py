@@ -9,7 +9,9 @@ from typing import TypeVar
 
 import click
 
-__all__ = ["kube_options", "log_level_option", "setup_logging"]
+from gpushare.kube.client import AsyncClient, ConfigError, KubeconfigError, connect
+
+__all__ = ["connect_or_exit", "kube_options", "log_level_option", "setup_logging"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -24,6 +26,18 @@ def kube_options(command: F) -> F:
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="Kubeconfig file (default: in-cluster service account, $KUBECONFIG, ~/.kube/config).",
     )(command)
+
+
+def connect_or_exit(kubeconfig: Path | None, context: str | None) -> AsyncClient:
+    """The client of ``--kubeconfig``/``--context`` (``gpushare.kube.client.connect``); a bad
+    or missing configuration ends the command with one line (``click.ClickException``): the
+    kubeconfig's own ``kubeconfig <path>: <problem>``, or ``no Kubernetes configuration: ...``."""
+    try:
+        return connect(kubeconfig, context=context)
+    except KubeconfigError as error:
+        raise click.ClickException(str(error)) from None
+    except ConfigError as error:
+        raise click.ClickException(f"no Kubernetes configuration: {error}") from None
 
 
 def log_level_option(command: F) -> F:

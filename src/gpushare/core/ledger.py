@@ -261,6 +261,16 @@ class Ledger:
             memory_used_mib=book.memory_used_mib,
         )
 
+    def units_off_node(self, node_name: str) -> int:
+        """Units recorded on GPU indices that node ``node_name`` no longer has (it shrank under
+        them; ``check_invariants`` reports them); 0 for a node with none, known or not. From
+        the running totals: O(GPUs), not O(allocations)."""
+        book = self._books.get(node_name)
+        if book is None or not book.gpu_used:
+            return 0
+        gpus = book.node.gpus if book.node is not None else ()
+        return sum(book.gpu_used.values()) - sum(book.gpu_used.get(g.index, 0) for g in gpus)
+
     def allocations(self, node_name: str) -> tuple[Allocation, ...]:
         """Allocations recorded on ``node_name`` (committed + assumed), sorted by pod key.
 

@@ -110,23 +110,18 @@ def held(node: Node, skipped: Iterable[SkippedPod]) -> tuple[int, ...]:
     return tuple(charged_units[gpu.index] for gpu in node.gpus)
 
 
-def charged(
-    state: NodeState, skipped: Iterable[SkippedPod], recorded: Iterable[Allocation] = ()
-) -> NodeState:
+def charged(state: NodeState, skipped: Iterable[SkippedPod], units_off_node: int = 0) -> NodeState:
     """``state`` plus what the ``skipped`` pods of its node are charged with (module doc):
-    their ``charges``, every GPU's share of the units ``recorded`` allocations (those counted
-    in ``state``) hold on GPU indices the node lacks, and for a whole-node block the largest
-    GPU capacity on every GPU. ``state`` itself when nothing is charged."""
-    gpus = state.node.gpus
+    their ``charges``, the ``units_off_node`` that recorded allocations (those counted in
+    ``state``) hold on GPU indices the node lacks (``Ledger.units_off_node``) on every GPU,
+    and for a whole-node block the largest GPU capacity on every GPU. ``state`` itself when
+    nothing is charged."""
     pods = list(skipped)
+    if not pods and not units_off_node:
+        return state  # the common case, on every node state rebuilt: nothing to add
+    gpus = state.node.gpus
     extra = held(state.node, pods)
-    indices = {gpu.index for gpu in gpus}
-    everywhere = sum(
-        amount
-        for allocation in recorded
-        for index, amount in allocation.per_gpu().items()
-        if index not in indices
-    )
+    everywhere = units_off_node
     if any(pod.whole_node for pod in pods):
         everywhere += max((gpu.capacity for gpu in gpus), default=0)
     if not everywhere and not any(extra):

@@ -28,9 +28,10 @@ is logged as one line without a traceback) in ``ExtenderMetrics``, on the given
 A background task expires assumed allocations every ``expire_interval_s`` seconds.
 
 With several replicas, ``divert(request, body)`` may answer a verb instead of this replica's
-scheduler: a follower forwards it to the leader or refuses it
+scheduler (``Diverted``): a follower forwards it to the leader or refuses it
 (``gpushare.extender.forward``); ``None`` lets this replica decide. Diverted requests are
-counted with outcome ``forwarded``.
+counted with outcome ``forwarded`` (the leader answered) or ``refused`` (no leader to forward
+to).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
@@ -70,11 +72,22 @@ DEFAULT_PORT = 12345
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Diverted:
+    """A verb answered by ``create_app``'s ``divert`` hook instead of this replica's scheduler:
+    the ``response`` to send, and whether the leader gave it (``forwarded``) or this replica
+    refused the verb (no leader to forward to)."""
+
+    response: Response
+    forwarded: bool
+
+
 def _json(value: object, status: int = 200) -> Response:
     return Response(encode(value), status_code=status, media_type="application/json")
 
 
-def _error(status: int, text: str, *, close: bool = False) -> Response:
+def error_response(status: int, text: str, *, close: bool = False) -> Response:
+    """``{"Error": text}`` with HTTP ``status``; ``close``: also ``Connection: close``."""
     response = _json({"Error": text}, status)
     if close:  # the rest of the body is not read: the connection cannot be reused
         response.headers["Connection"] = "close"
@@ -106,7 +119,7 @@ def create_app(
     registry: CollectorRegistry | None = None,
     nodes_from_requests: bool = False,
     limits: RequestLimits | None = None,
-    divert: Callable[[Request, bytes], Awaitable[Response | None]] | None = None,
+    divert: Callable[[Request, bytes], Awaitable[Diverted | None]] | None = None,
     readiness: Callable[[], bool] | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
@@ -118,12 +131,10 @@ def create_app(
     ``CollectorRegistry``); ``nodes_from_requests``: let ``Nodes`` requests add or change nodes
     (``--in-memory`` only; never with an API server, see ``gpushare.extender.scheduler``);
     ``limits``: the request body's size and read time (``gpushare.extender.limits``; the
-    connection-level bounds are the server's, ``uvicorn_settings``). The
-    ``Scheduler`` is ``app.state.scheduler``, the
-    ``ExtenderMetrics`` ``app.state.metrics``.
-    ``CollectorRegistry``). The ``Scheduler`` is ``app.state.scheduler``, the
-    ``ExtenderMetrics`` ``app.state.metrics``. ``divert`` (forward or refuse a verb) and
-    ``readiness`` (more conditions for ``/readyz``) are the leader-election hooks.
+    connection-level bounds are the server's, ``uvicorn_settings``); ``divert`` (forward or
+    refuse a verb) and ``readiness`` (more conditions for ``/readyz``) are the leader-election
+    hooks. The ``Scheduler`` is ``app.state.scheduler``, the ``ExtenderMetrics``
+    ``app.state.metrics``.
     """
     limits = limits or RequestLimits()
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
@@ -152,7 +163,7 @@ def create_app(
                 except LimitError as rejected:
                     outcome = "bad_request"
                     log.info("%s from %s: %s", verb, _peer(request), rejected.text)
-                    return _error(rejected.status, rejected.text, close=True)
+                    return error_response(rejected.status, rejected.text, close=True)
                 except ClientDisconnect:  # nobody is left to answer: one line, no traceback
                     outcome = "bad_request"
                     log.info(
@@ -161,20 +172,22 @@ def create_app(
                         verb,
                         _peer(request),
                     )
-                    return _error(400, f"client disconnected before the end of the {verb} body")
+                    return error_response(
+                        400, f"client disconnected before the end of the {verb} body"
+                    )
                 diverted = await divert(request, body) if divert is not None else None
                 if diverted is not None:
-                    outcome = "forwarded"
-                    return diverted
+                    outcome = "forwarded" if diverted.forwarded else "refused"
+                    return diverted.response
                 try:
                     result = await handle(body)
                 except RequestError as error:
                     outcome = "bad_request"
-                    return _error(400, str(error))
+                    return error_response(400, str(error))
                 except Exception as error:
                     log.exception("%s failed", verb)
                     text = f"gpushare internal error in {verb}: {error!r}"
-                    return _error(500, text) if internal is None else _json(internal(text))
+                    return error_response(500, text) if internal is None else _json(internal(text))
                 outcome = "error" if getattr(result, "error", "") else "ok"
                 return _json(result)
             finally:
@@ -198,7 +211,7 @@ def create_app(
         name = request.path_params["node"]
         info = state.node(name)
         if info is None or not info.gpushare:
-            return _error(404, f"no GPU-share node {name!r}")
+            return error_response(404, f"no GPU-share node {name!r}")
         return _json(node_report(state, info))
 
     async def healthz(request: Request) -> Response:

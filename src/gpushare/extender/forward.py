@@ -27,10 +27,10 @@ import ssl
 from pathlib import Path
 
 import httpx2
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gpushare.extender.app import Diverted, error_response
 from gpushare.extender.leadership import Leadership
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,6 @@ class LeaderForwarder:
             verify=verify,
             trust_env=False,
         )
-        self.forwarded = 0
-        self.refused = 0
 
     async def aclose(self) -> None:
         """Close the HTTP client."""
@@ -90,8 +88,9 @@ class LeaderForwarder:
             return None
         return record.annotations.get(LEADER_URL_ANNOTATION) or None
 
-    async def divert(self, request: Request, body: bytes) -> Response | None:
-        """``None`` when this replica decides; else the leader's answer or a refusal."""
+    async def divert(self, request: Request, body: bytes) -> Diverted | None:
+        """``None`` when this replica decides; else the leader's answer (``forwarded``) or a
+        refusal (the app counts each under its own outcome)."""
         if self.leadership.deciding():
             return None
         refusal = self.leadership.refusal() or "not deciding"
@@ -109,21 +108,16 @@ class LeaderForwarder:
             except httpx2.HTTPError as error:
                 refusal += f"; the leader at {target} did not answer: {error!r}"
             else:
-                self.forwarded += 1
-                return Response(
+                response = Response(
                     answer.content,
                     status_code=answer.status_code,
                     media_type=answer.headers.get("content-type", "application/json"),
                 )
-        self.refused += 1
-        return _refused(request, refusal)
+                return Diverted(response, forwarded=True)
+        return Diverted(_refused(request, refusal), forwarded=False)
 
 
 def _refused(request: Request, text: str) -> Response:
     """Filter/bind: HTTP 200 with ``Error``; prioritize: 503. Both close the connection."""
     status = 503 if request.url.path.endswith("/prioritize") else 200
-    response = Response(
-        msgspec.json.encode({"Error": text}), status_code=status, media_type="application/json"
-    )
-    response.headers["Connection"] = "close"
-    return response
+    return error_response(status, text, close=True)

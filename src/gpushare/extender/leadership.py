@@ -9,9 +9,11 @@ verbs. A replica *decides* (filter, prioritize, bind) only while
    starts ``rebuild`` (the live extender relists nodes and pods from the API server, a list
    that starts *after* the Lease was taken) and only its completion opens the gate.
 
-Otherwise every verb is refused with a text that names the Lease and its holder
-(:meth:`Leadership.refusal`), ``/readyz`` answers 503 and a Service routes nowhere but to the
-leader. Followers keep their caches warm by list+watch, so the rebuild is one relist.
+Otherwise it does not decide: a follower forwards each verb to the leader
+(``gpushare.extender.forward``) or, with no leader to forward to, refuses it with a text that
+names the Lease and its holder (:meth:`Leadership.refusal`). Followers stay ready (``/readyz``
+follows their caches, not the Lease) and keep their caches warm by list+watch, so the rebuild
+is one relist.
 
 :class:`LeaderBinder` wraps the extender's binder: a bind starts only while the gate is open
 and is abandoned (client side) at the elector's ``act_deadline`` — the start of its last renew
@@ -53,7 +55,6 @@ class Leadership:
         self._term = 0
         self._rebuilt_term = -1
         self._task: asyncio.Task[None] | None = None
-        self.rebuilds = 0
         elector.on_change(self.on_change)
 
     def on_change(self, leading: bool) -> None:
@@ -78,7 +79,6 @@ class Leadership:
             return
         if term == self._term:
             self._rebuilt_term = term
-            self.rebuilds += 1
             log.info(
                 "leading: ledger rebuilt from the API server in %.2fs", self._clock() - started
             )

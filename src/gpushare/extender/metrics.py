@@ -9,7 +9,11 @@ gpushare_extender_requests_total             counter    verb, outcome      reque
                                                                            filter / prioritize /
                                                                            bind; outcome ok, error
                                                                            (an Error text or a
-                                                                           5xx), bad_request (400)
+                                                                           5xx), bad_request (400);
+                                                                           with leader election
+                                                                           forwarded (to the
+                                                                           leader), refused (no
+                                                                           leader to forward to)
 gpushare_extender_request_duration_seconds   histogram  verb               handling time, 0.5 ms to
                                                                            10 s buckets
 gpushare_gpu_memory_capacity_bytes           gauge      node, gpu, model   the GPU's memory

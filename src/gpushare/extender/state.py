@@ -153,6 +153,7 @@ class ExtenderState:
         self._states: dict[str, tuple[int, NodeState]] = {}
         self._waiting: dict[str, set[str]] = {}  # node -> bound pods seen before the node
         self._skipped: dict[str, SkippedPod] = {}  # pod key -> what it is charged with
+        self._skipped_on: dict[str, dict[str, SkippedPod]] = {}  # node -> the same, by pod key
         self._new_skips: list[SkippedPod] = []  # not yet drained by the feeder
         self.skips_recorded: dict[SkipKind, int] = dict.fromkeys(SkipKind, 0)
         self._synced = False
@@ -236,7 +237,7 @@ class ExtenderState:
         """``state`` plus what skipped pods and units on missing GPU indices are charged with
         (``gpushare.core.skipped.charged``)."""
         name = state.node.name
-        return charged(state, self.skipped(name), self._ledger.allocations(name))
+        return charged(state, self.skipped(name), self._ledger.units_off_node(name))
 
     def counted_used(self, name: str) -> tuple[int, ...]:
         """Units counted on each GPU of node ``name`` (position order) for ``/inspect`` and
@@ -249,11 +250,8 @@ class ExtenderState:
 
     def skipped(self, node: str | None = None) -> list[SkippedPod]:
         """The bound pods the ledger does not hold (on ``node``, or all), by pod key."""
-        return [
-            self._skipped[key]
-            for key in sorted(self._skipped)
-            if node is None or self._skipped[key].node == node
-        ]
+        pods = self._skipped if node is None else self._skipped_on.get(node)
+        return [pods[key] for key in sorted(pods)] if pods else []
 
     def drain_new_skips(self) -> list[SkippedPod]:
         """The skipped pods recorded or changed since the last call, in order."""
@@ -265,6 +263,7 @@ class ExtenderState:
             return
         self._unskip(skipped.pod)
         self._skipped[skipped.pod] = skipped
+        self._skipped_on.setdefault(skipped.node, {})[skipped.pod] = skipped
         self._new_skips.append(skipped)
         self.skips_recorded[skipped.kind] += 1
         self._bump(skipped.node)
@@ -272,6 +271,10 @@ class ExtenderState:
     def _unskip(self, key: str) -> None:
         skipped = self._skipped.pop(key, None)
         if skipped is not None:
+            on_node = self._skipped_on[skipped.node]
+            del on_node[key]
+            if not on_node:
+                del self._skipped_on[skipped.node]
             self._bump(skipped.node)
 
     def _retry_skipped(self, node: str, *, all_kinds: bool) -> None:
