@@ -324,3 +324,30 @@ def test_relist_ends_the_watch_lists_again_and_returns_once_applied() -> None:
         await stopped(task)
 
     run(scenario)
+
+
+def test_relist_asked_while_a_list_is_in_flight_gets_a_list_of_its_own() -> None:
+    """A relist asked during a list (one that started before the call) must not wait for the
+    watch that follows to end its term: the reflector lists again before watching."""
+
+    async def scenario() -> None:
+        source, seen = Source(), Collector()
+        source.lists.append(ScriptedList([pod("a", 5)], "10"))
+        r, task = await started(source, seen)
+        gate = asyncio.Event()
+        in_flight = ScriptedList([pod("a", 5)], "20", gate)
+        source.lists.append(in_flight)
+        source.events.put_nowait(expired())  # the reflector relists by itself
+        async with asyncio.timeout(5):
+            await in_flight.entered.wait()
+        source.lists.append(ScriptedList([pod("a", 5), pod("b", 31)], "31"))
+        asked = asyncio.ensure_future(r.relist())
+        await asyncio.sleep(0)
+        gate.set()
+        async with asyncio.timeout(5):
+            await asked
+        assert seen.summary() == [("upsert", "ns/a"), ("upsert", "ns/b")]
+        assert r.stats.lists == 3
+        await stopped(task)
+
+    run(scenario)
