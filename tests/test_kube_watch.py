@@ -40,11 +40,19 @@ def pod(name: str, rv: int, *, gpu: bool = True, phase: str | None = None) -> Po
 
 
 class ScriptedList:
-    def __init__(self, items: list[Pod], rv: str) -> None:
+    """One list answer; with ``gate``, it waits for the gate to open (``entered`` is set when
+    the reflector starts reading it), so that a test can act while a list is in flight."""
+
+    def __init__(self, items: list[Pod], rv: str, gate: asyncio.Event | None = None) -> None:
         self.items = items
         self.resourceVersion = rv
+        self.gate = gate
+        self.entered = asyncio.Event()
 
     async def _items(self) -> AsyncIterator[Pod]:
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
         for item in self.items:
             yield item
 
@@ -265,9 +273,15 @@ def test_two_failures_in_a_row_make_it_stale_until_a_relist_succeeds() -> None:
         source.lists.append(ScriptedList([pod("a", 5)], "10"))
         r, task = await started(source, seen)
         assert not r.stale
-        source.lists.append(ScriptedList([pod("a", 5), pod("b", 21)], "30"))
+        gate = asyncio.Event()
+        relist = ScriptedList([pod("a", 5), pod("b", 21)], "30", gate)
+        source.lists.append(relist)
         source.events.put_nowait(httpx2.ConnectError("refused"))  # the API server goes away
         source.events.put_nowait(httpx2.ConnectError("refused"))
+        async with asyncio.timeout(5):
+            await relist.entered.wait()
+        assert r.stale, "stale from the second failure until the relist is applied"
+        gate.set()
         await seen.until(2)  # recovered by a relist, which brings b
         assert seen.summary() == [("upsert", "ns/a"), ("upsert", "ns/b")]
         assert source.watched_from == ["10", "10", "30"]  # resumed once, then relisted
@@ -307,6 +321,33 @@ def test_relist_ends_the_watch_lists_again_and_returns_once_applied() -> None:
         source.events.put_nowait(("ADDED", pod("c", 13)))
         await seen.until(3)
         assert source.watched_from[-1] == "12"  # the watch resumed from the new list
+        await stopped(task)
+
+    run(scenario)
+
+
+def test_relist_asked_while_a_list_is_in_flight_gets_a_list_of_its_own() -> None:
+    """A relist asked during a list (one that started before the call) must not wait for the
+    watch that follows to end its term: the reflector lists again before watching."""
+
+    async def scenario() -> None:
+        source, seen = Source(), Collector()
+        source.lists.append(ScriptedList([pod("a", 5)], "10"))
+        r, task = await started(source, seen)
+        gate = asyncio.Event()
+        in_flight = ScriptedList([pod("a", 5)], "20", gate)
+        source.lists.append(in_flight)
+        source.events.put_nowait(expired())  # the reflector relists by itself
+        async with asyncio.timeout(5):
+            await in_flight.entered.wait()
+        source.lists.append(ScriptedList([pod("a", 5), pod("b", 31)], "31"))
+        asked = asyncio.ensure_future(r.relist())
+        await asyncio.sleep(0)
+        gate.set()
+        async with asyncio.timeout(5):
+            await asked
+        assert seen.summary() == [("upsert", "ns/a"), ("upsert", "ns/b")]
+        assert r.stats.lists == 3
         await stopped(task)
 
     run(scenario)

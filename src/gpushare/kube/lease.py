@@ -103,13 +103,12 @@ class LeaseConfig:
 @dataclass(frozen=True, slots=True)
 class LeaseRecord:
     """What the Lease said when last read: holder ('' when released or never held),
-    ``resource_version``, the number of ``transitions`` (``leaseTransitions``) and the Lease's
+    ``resource_version``, ``lease_duration_s`` (``leaseDurationSeconds``) and the Lease's
     ``annotations``."""
 
     holder: str
     resource_version: str
     lease_duration_s: float
-    transitions: int
     annotations: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -142,7 +141,6 @@ class LeaderElector:
         self._renewed_at: float | None = None  # start of the last successful write of ours
         self._leading = False  # what the listeners were last told
         self._held_at_stop = False  # led when run() was cancelled
-        self.transitions = 0  # times this elector started leading
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -300,8 +298,6 @@ class LeaderElector:
         if leading == self._leading:
             return
         self._leading = leading
-        if leading:
-            self.transitions += 1
         _LOG.info(
             "%s %s Lease %s",
             self.config.identity,
@@ -325,6 +321,5 @@ class LeaderElector:
             holder=spec.holderIdentity or "",
             resource_version=meta.resourceVersion or "",
             lease_duration_s=float(spec.leaseDurationSeconds or 0),
-            transitions=spec.leaseTransitions or 0,
             annotations=dict(meta.annotations or {}),
         )

@@ -305,8 +305,8 @@ class Reflector:
                 fresh[key] = old[key]  # unchanged: keep the dict listeners already saw
 
     async def _watch(self) -> None:
-        if self._rv is None:
-            return
+        if self._rv is None or self._relist_waiters:
+            return  # a relist asked during the list just made: list again first
         stream = self.watch_fn(self._rv, self.watch_timeout_s)
         iterator = aiter(stream)
         try:
