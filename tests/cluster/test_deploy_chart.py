@@ -33,10 +33,8 @@ import contextlib
 import functools
 import json
 import shutil
-import ssl
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +65,8 @@ from gpushare.testing.controlplane import (
     ManagedProcess,
     free_ports,
     gpushare_extender,
+    http_ok,
+    unverified_context,
     wait_for,
     wait_until,
     write_kubeconfig,
@@ -624,20 +624,6 @@ def _annotations(kube: Client, name: str, namespace: str = NAMESPACE) -> dict[st
     return dict((pod.metadata.annotations if pod.metadata else None) or {})
 
 
-def _readyz(port: int) -> bool:
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving cert, loopback
-    opener = urllib.request.build_opener(
-        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
-    )
-    try:
-        with opener.open(f"https://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return int(response.status) == 200
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def second_scheduler(
     control_plane: ControlPlane, chart: list[Obj], installed: Installed, url_prefix: str, tmp: Path
@@ -669,7 +655,8 @@ def second_scheduler(
     argv += [f"--cert-dir={tmp / 'certs'}"]
     proc = ManagedProcess("kube-scheduler-chart-second", argv, tmp).start()
     try:
-        ready = functools.partial(_readyz, port)
+        # the scheduler's self-signed serving cert, loopback
+        ready = functools.partial(http_ok, f"https://127.0.0.1:{port}/readyz", unverified_context())
         wait_until("the chart's second scheduler /readyz", ready, 60.0, processes=[proc])
         yield proc
     finally:

@@ -39,6 +39,8 @@ from gpushare.testing.controlplane.plane import (
 from gpushare.testing.controlplane.processes import (
     ManagedProcess,
     free_ports,
+    http_ok,
+    unverified_context,
     wait_for,
     wait_until,
 )
@@ -65,7 +67,9 @@ __all__ = [
     "ManagedProcess",
     "free_ports",
     "gpushare_extender",
+    "http_ok",
     "scheduler_configuration",
+    "unverified_context",
     "wait_for",
     "wait_until",
     "write_kubeconfig",

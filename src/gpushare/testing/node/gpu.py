@@ -242,7 +242,7 @@ class GpuStack:
 
     def _stop(self, proc: ManagedProcess) -> None:
         proc.stop()
-        self.plane._keep_log(proc)
+        self.plane.keep_log(proc)
 
     # ---- the device plugin -----------------------------------------------------------
 

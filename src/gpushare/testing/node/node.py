@@ -16,9 +16,9 @@ from gpushare.testing.controlplane import (
     ControlPlaneError,
     ManagedProcess,
     free_ports,
+    http_ok,
     wait_until,
 )
-from gpushare.testing.controlplane.processes import _http_ok
 from gpushare.testing.node.config import kube_proxy_configuration, kubelet_configuration
 from gpushare.testing.node.containerd import Containerd
 from gpushare.testing.node.host import GATEWAY, NodeHost
@@ -113,7 +113,7 @@ class RealNode:
             self.containerd.stop()
         for proc in (self.kubelet, self.proxy, getattr(self.containerd, "process", None)):
             if proc is not None:
-                self.plane._keep_log(proc)
+                self.plane.keep_log(proc)
         if errors:
             raise ControlPlaneError("real node stop: " + "; ".join(errors))
 
@@ -160,7 +160,7 @@ class RealNode:
         self.kubelet.start()
         wait_until(
             "kubelet /healthz",
-            lambda: _http_ok(f"http://127.0.0.1:{self._kubelet_healthz}/healthz"),
+            lambda: http_ok(f"http://127.0.0.1:{self._kubelet_healthz}/healthz"),
             self.startup_timeout_s,
             processes=[self.kubelet],
         )
@@ -228,7 +228,7 @@ class RealNode:
         ).start()
         wait_until(
             "kube-proxy /healthz",
-            lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz", None),
+            lambda: http_ok(f"http://127.0.0.1:{healthz}/healthz", None),
             self.startup_timeout_s,
             processes=[self.proxy],
         )
