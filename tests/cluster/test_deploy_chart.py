@@ -33,7 +33,6 @@ import contextlib
 import functools
 import json
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
     http_ok,
     unverified_context,
@@ -695,7 +695,7 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             else a
             for a in flags
         ]
-        argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
+        argv = gpushare_argv(*args)
         argv += ["--node-name", NODE, "--fake-gpus", "2x16GiB:T4", "--no-health"]
         # Its token is bound to its pod on NODE, as kubelet issues it: the chart's own-node
         # admission policy (installed) lets it change NODE and NODE's pods only.

@@ -27,7 +27,6 @@ import contextlib
 import os
 import random
 import signal
-import sys
 import threading
 import time
 import urllib.request
@@ -48,6 +47,7 @@ from gpushare.testing.controlplane import (
     ControlPlaneError,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
     wait_for,
 )
@@ -157,10 +157,7 @@ class Replica:
     def start(self, lease_args: tuple[str, ...]) -> None:
         self.generation += 1
         self.identity = f"replica{self.index}-gen{self.generation}"
-        argv = [
-            sys.executable,
-            "-c",
-            "from gpushare.cli.main import main; main()",
+        argv = gpushare_argv(
             "extender",
             f"--kubeconfig={self.kubeconfig}",
             "--host=127.0.0.1",
@@ -171,7 +168,7 @@ class Replica:
             f"--leader-elect-resource-namespace={LEASE_NAMESPACE}",
             f"--leader-elect-resource-name={self.lease}",
             *lease_args,
-        ]
+        )
         self.process = ManagedProcess(self.identity, argv, self.root / self.identity).start()
 
     def kill(self) -> int:

@@ -39,6 +39,7 @@ from gpushare.testing.controlplane.plane import (
 from gpushare.testing.controlplane.processes import (
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     http_ok,
     unverified_context,
     wait_for,
@@ -66,6 +67,7 @@ __all__ = [
     "Credentials",
     "ManagedProcess",
     "free_ports",
+    "gpushare_argv",
     "gpushare_extender",
     "http_ok",
     "scheduler_configuration",

@@ -8,6 +8,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +35,12 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def gpushare_argv(*args: str) -> list[str]:
+    """The argv that runs ``gpushare ARGS`` with this interpreter (the checkout's code, whether
+    or not the console script is on ``PATH``), for a :class:`ManagedProcess`."""
+    return [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
 
 
 def _child_environment(home: Path) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +43,7 @@ from gpushare.testing.controlplane import (
     ControlPlaneError,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
     wait_for,
 )
@@ -63,10 +63,6 @@ PLUGIN_RULES = [
 PRINT_ENV = 'trap "exit 0" TERM; env | sort; while :; do sleep 1; done'
 """A container command: print the environment once (read back with ``kubectl logs``), then
 idle until SIGTERM (sh as PID 1 ignores it otherwise)."""
-
-
-def _python_cli(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
 
 
 # ---- pods -------------------------------------------------------------------------------
@@ -206,7 +202,7 @@ class GpuStack:
         with self._stack:
             self.extender = ManagedProcess(
                 "gpushare-extender",
-                _python_cli(
+                gpushare_argv(
                     "extender", "--host", "127.0.0.1", "--port", str(self.extender_port),
                     "--kubeconfig", str(self.plane.kubeconfig), "--log-level", "debug",
                 ),
@@ -222,7 +218,7 @@ class GpuStack:
             kubeconfig = self.plane.service_account_kubeconfig(
                 "gpushare-device-plugin", "kube-system", PLUGIN_RULES
             )
-            self._plugin_argv = _python_cli(
+            self._plugin_argv = gpushare_argv(
                 "device-plugin", "--node-name", self.node.name, "--fake-gpus", self.fake_gpus,
                 "--kubeconfig", str(kubeconfig), "--metrics-port", str(self.metrics_port),
                 "--log-level", "debug",
