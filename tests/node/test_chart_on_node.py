@@ -48,7 +48,7 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     wait_for,
 )
-from gpushare.testing.helm import CHART_DIR, locate_helm
+from gpushare.testing.helm import CHART_DIR, helm_ok
 from gpushare.testing.image import ImageArchive, build_image
 from gpushare.testing.node import DEVICE_PLUGIN_DIR, RealNode
 from gpushare.testing.node.gpu import (
@@ -104,16 +104,8 @@ def chart_values(image: ImageArchive, plane: ControlPlane) -> dict[str, Any]:
     }
 
 
-def helm(plane: ControlPlane, *args: str, timeout_s: float = WAIT_S + 60) -> str:
-    done = subprocess.run(
-        [str(locate_helm()), *args, "--kubeconfig", str(plane.kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+def helm(plane: ControlPlane, *args: str) -> str:
+    return helm_ok(plane.kubeconfig, *args, timeout_s=WAIT_S + 60)
 
 
 def plugin_sockets() -> set[str] | None:
