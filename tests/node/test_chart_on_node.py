@@ -29,7 +29,6 @@ import contextlib
 import ipaddress
 import json
 import subprocess
-import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from gpushare.testing.controlplane import (
 )
 from gpushare.testing.helm import CHART_DIR, helm_ok
 from gpushare.testing.image import ImageArchive, build_image
+from gpushare.testing.live_extender import http_get
 from gpushare.testing.node import DEVICE_PLUGIN_DIR, RealNode
 from gpushare.testing.node.gpu import (
     annotated_usage,
@@ -128,9 +128,7 @@ def component_pod(kube: Client, component: str) -> Pod:
 
 def extender_get(path: str) -> tuple[int, Any]:
     """GET from the extender's Service, from the host: the path kube-scheduler takes."""
-    url = f"http://{CLUSTER_IP}:{EXTENDER_PORT}{path}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return int(response.status), json.loads(response.read() or b"null")
+    return http_get(f"http://{CLUSTER_IP}:{EXTENDER_PORT}{path}", timeout_s=10)
 
 
 def kubectl(plane: ControlPlane, *args: str) -> str:
@@ -274,7 +272,8 @@ def test_helm_install_runs_gpushare_as_pods_and_a_gpu_pod_starts_through_them(
         assert seen == {"main": [0]}  # binpack: the first GPU
         wait_event(kube, NAMESPACE, "cuda-share", "GPUAssigned", node.name)
 
-        _, report = extender_get(f"{PREFIX}/inspect/{node.name}")
+        status, report = extender_get(f"{PREFIX}/inspect/{node.name}")
+        assert status == 200, report
         assert ledger_usage(report) == annotated_usage(kube, node.name)
         assert all(dev["usedGPU"] <= dev["totalGPU"] for dev in report["devs"])
 

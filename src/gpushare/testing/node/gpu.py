@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     wait_for,
 )
+from gpushare.testing.live_extender import http_get
 from gpushare.testing.node.host import DEVICE_PLUGIN_DIR
 from gpushare.testing.node.images import TEST_IMAGE
 from gpushare.testing.node.node import RealNode
@@ -211,7 +211,7 @@ class GpuStack:
             self._stack.callback(self._stop, self.extender)
             wait_for(
                 "extender /readyz",
-                lambda: self.extender_get("/readyz", check=False)[0] == 200 or None,
+                lambda: self.extender_get("/readyz")[0] == 200 or None,
                 60.0,
                 processes=[self.extender],
             )
@@ -314,19 +314,10 @@ class GpuStack:
 
     # ---- the extender ----------------------------------------------------------------
 
-    def extender_get(self, path: str, *, check: bool = True) -> tuple[int, Any]:
-        url = f"http://127.0.0.1:{self.extender_port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                return int(response.status), json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            if check:
-                raise
-            return exc.code, None
-        except OSError:
-            if check:
-                raise
-            return 0, None
+    def extender_get(self, path: str) -> tuple[int, Any]:
+        """``GET path`` on the extender process (:func:`~gpushare.testing.live_extender.http_get`:
+        status and JSON body, ``(0, None)`` when nothing answers)."""
+        return http_get(f"http://127.0.0.1:{self.extender_port}{path}")
 
     def inspect_node(self) -> dict[str, Any]:
         status, report = self.extender_get(f"{EXTENDER_PREFIX}/inspect/{self.node.name}")
@@ -356,7 +347,9 @@ class GpuStack:
         for dev in report["devs"]:
             if dev["usedGPU"] > dev["totalGPU"]:
                 raise AssertionError(f"GPU {dev['id']} over capacity: {dev}")
-        _, cluster = self.extender_get(f"{EXTENDER_PREFIX}/inspect")
+        status, cluster = self.extender_get(f"{EXTENDER_PREFIX}/inspect")
+        if status != 200:
+            raise ControlPlaneError(f"/inspect answered {status}")
         if cluster["violations"]:
             raise AssertionError(f"ledger violations: {cluster['violations']}")
         return annotated
