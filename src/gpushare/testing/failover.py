@@ -29,7 +29,6 @@ import random
 import signal
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     wait_for,
 )
+from gpushare.testing.metrics import sample_sum
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome import Ask, Outcome, Spec, judge, make_pod, read_outcome
 from gpushare.testing.service_proxy import ServiceProxy
@@ -350,14 +350,9 @@ def run_failover(
 
 def _forwarded(port: int) -> int:
     """``gpushare_extender_requests_total{outcome="forwarded"}`` of one replica, summed."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"http://127.0.0.1:{port}/metrics"
     try:
-        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
+        forwarded = {"outcome": "forwarded"}
+        return int(sample_sum(url, "gpushare_extender_requests_total", forwarded, timeout_s=5.0))
     except OSError:
         return 0
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("gpushare_extender_requests_total{") and 'outcome="forwarded"' in line
-    )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,6 @@ from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node, Pod
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.deviceplugin.inventory import parse_fake_gpus
 from gpushare.kube import nodepods, nodes
@@ -47,6 +45,7 @@ from gpushare.testing.controlplane import (
     wait_for,
 )
 from gpushare.testing.live_extender import http_get
+from gpushare.testing.metrics import sample_sum
 from gpushare.testing.node.host import DEVICE_PLUGIN_DIR
 from gpushare.testing.node.images import TEST_IMAGE
 from gpushare.testing.node.node import RealNode
@@ -299,14 +298,8 @@ class GpuStack:
     def allocate_calls(self) -> int:
         """Successful Allocate calls the current plugin process served (its ``/metrics``)."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            if family.name == "gpushare_device_plugin_allocate_requests":
-                for sample in family.samples:
-                    if sample.name.endswith("_total") and sample.labels.get("outcome") == "ok":
-                        return int(sample.value)
-        return 0
+        ok = sample_sum(url, "gpushare_device_plugin_allocate_requests_total", {"outcome": "ok"})
+        return int(ok)
 
     def registrations(self) -> int:
         """How often this plugin process registered with kubelet (its log)."""
