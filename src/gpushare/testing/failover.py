@@ -53,6 +53,7 @@ from gpushare.testing.controlplane import (
 from gpushare.testing.metrics import sample_sum
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome import Ask, Outcome, Spec, judge, make_pod, read_outcome
+from gpushare.testing.pods import delete_namespace
 from gpushare.testing.service_proxy import ServiceProxy
 
 __all__ = [
@@ -224,7 +225,7 @@ def replicated_extenders(
         )
         stack.callback(delete_nodes, kube, nodes)
         kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-        stack.callback(_delete_namespace, kube, namespace)
+        stack.callback(delete_namespace, kube, namespace)
         kubeconfig = plane.service_account_kubeconfig(
             f"gpushare-{plan.name}", LEASE_NAMESPACE, EXTENDER_RULES
         )
@@ -250,14 +251,6 @@ def replicated_extenders(
         )
         log(f"{plan.replicas} replicas ready, leader {_holder(kube, lease)}")
         yield kube, replicas, lease, namespace
-
-
-def _delete_namespace(kube: Client, namespace: str) -> None:
-    for pod in kube.list(Pod, namespace=namespace):
-        assert pod.metadata is not None
-        assert pod.metadata.name is not None
-        kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
-    kube.delete(Namespace, namespace)
 
 
 def run_failover(
