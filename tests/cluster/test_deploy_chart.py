@@ -551,11 +551,8 @@ def test_the_device_plugin_may_change_only_its_own_node_and_its_pods(
         assert user["username"] == f"system:serviceaccount:{NAMESPACE}:{DEVICE_PLUGIN}"
         assert user["extra"][NODE_NAME_EXTRA] == [NODE_A]
 
-        def label(kind: Any, name: str, namespace: str | None = None) -> Any:
-            body = {"metadata": {"annotations": {"gpushare.io/test": "own-node"}}}
-            return lambda: plugin.patch(
-                kind, name, body, namespace=namespace, patch_type=PatchType.MERGE
-            )
+        def label(kind: Any, name: str, namespace: str | None = None) -> Callable[[], object]:
+            return label_with(plugin, kind, name, namespace, value="own-node")
 
         # The policy takes effect once the API server has loaded it (moments after creation).
         wait_until(
@@ -574,14 +571,7 @@ def test_the_device_plugin_may_change_only_its_own_node_and_its_pods(
         )
         # A token bound to no pod (so naming no node) changes nothing.
         with control_plane.client(installed.kubeconfigs[DEVICE_PLUGIN]) as unbound:
-            message = _refusal(
-                lambda: unbound.patch(
-                    Node,
-                    NODE_A,
-                    {"metadata": {"annotations": {"gpushare.io/test": "unbound"}}},
-                    patch_type=PatchType.MERGE,
-                )
-            )
+            message = _refusal(label_with(unbound, Node, NODE_A, value="unbound"))
         assert "with a token that names no node" in message, message
         # The extender is not the device plugin: the policy leaves it alone (RBAC refuses it).
         with control_plane.client(installed.kubeconfigs[EXTENDER]) as extender:
@@ -597,9 +587,12 @@ def _try_refused(call: Callable[[], object]) -> bool:
     return False
 
 
-def label_with(client: Client, kind: Any, name: str) -> Callable[[], object]:
-    body = {"metadata": {"annotations": {"gpushare.io/test": "other"}}}
-    return lambda: client.patch(kind, name, body, patch_type=PatchType.MERGE)
+def label_with(
+    client: Client, kind: Any, name: str, namespace: str | None = None, *, value: str = "other"
+) -> Callable[[], object]:
+    """A call that annotates ``kind`` ``name`` (``gpushare.io/test: value``) as ``client``."""
+    body = {"metadata": {"annotations": {"gpushare.io/test": value}}}
+    return lambda: client.patch(kind, name, body, namespace=namespace, patch_type=PatchType.MERGE)
 
 
 def _gpu_pod(name: str, scheduler: str, gib: int) -> Pod:
@@ -721,7 +714,6 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         )
         kubelet.sync_node_status(kube, NODE)  # kubelet's node-status sync
 
-        # The extender: the Deployment's options and the chart's identity.
         # The extender: the Deployment's options, the chart's identity and its certificate (the
         # helm-generated Secret, mounted where the Deployment's --tls-* flags say).
         ext = flag_values(only_container(chart, "Deployment", EXTENDER)["args"])
