@@ -286,14 +286,15 @@ class GpuStack:
     def wait_capacity(self, timeout_s: float = 60.0) -> None:
         want = str(self.total_units())
 
-        def advertised() -> bool | None:
-            with self.plane.client() as client:
-                node = client.get(Node, self.node.name)
-            allocatable = (node.status.allocatable if node.status else None) or {}
-            return allocatable.get(GPU_MEM) == want or None
-
         procs = [p for p in (self.plugin, self.node.kubelet) if p is not None]
-        wait_for(f"node allocatable {GPU_MEM}={want}", advertised, timeout_s, processes=procs)
+        with self.plane.client() as client:
+
+            def advertised() -> bool | None:
+                node = client.get(Node, self.node.name)
+                allocatable = (node.status.allocatable if node.status else None) or {}
+                return allocatable.get(GPU_MEM) == want or None
+
+            wait_for(f"node allocatable {GPU_MEM}={want}", advertised, timeout_s, processes=procs)
 
     def allocate_calls(self) -> int:
         """Successful Allocate calls the current plugin process served (its ``/metrics``)."""

@@ -17,6 +17,7 @@ from gpushare.testing.controlplane import (
     ManagedProcess,
     free_ports,
     http_ok,
+    wait_for,
     wait_until,
 )
 from gpushare.testing.node.config import kube_proxy_configuration, kubelet_configuration
@@ -178,17 +179,19 @@ class RealNode:
         return self.start_kubelet()
 
     def wait_ready(self) -> Node:
-        def ready() -> bool:
-            with self.plane.client() as client:
-                try:
-                    return node_ready(client.get(Node, self.name))
-                except ApiError:
-                    return False
-
+        """Wait until the Node is Ready (failing at once if kubelet exits); the Node."""
         procs = [p for p in (self.kubelet,) if p is not None]
-        wait_until(f"node {self.name} Ready", ready, self.startup_timeout_s, processes=procs)
         with self.plane.client() as client:
-            return client.get(Node, self.name)
+
+            def ready() -> Node | None:
+                try:
+                    node = client.get(Node, self.name)
+                except ApiError:  # not registered yet
+                    return None
+                return node if node_ready(node) else None
+
+            what = f"node {self.name} Ready"
+            return wait_for(what, ready, self.startup_timeout_s, processes=procs)
 
     def power_cut(self) -> int:
         """What a reboot leaves: kubelet stopped, no container, no pod network namespace, no
