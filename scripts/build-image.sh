@@ -43,6 +43,9 @@ die() {
     exit 1
 }
 
+# shellcheck source=lib/apt.sh
+source "$ROOT/scripts/lib/apt.sh"
+
 VERSION="$(awk -F'"' '/^version *=/ { print $2; exit }' "$ROOT/pyproject.toml")"
 [[ -n "$VERSION" ]] || die "cannot read the version from $ROOT/pyproject.toml"
 CACHE_DIR="${GPUSHARE_IMAGE_CACHE:-${HOME}/.cache/gpushare/image}"
@@ -122,20 +125,7 @@ need=()
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 if [[ ${#need[@]} -gt 0 ]]; then
-    command -v apt-get >/dev/null 2>&1 || die "no apt-get here: install ${need[*]} yourself"
-    say "installing ${need[*]} with apt-get"
-    exec 8>/run/gpushare-apt.lock
-    flock 8
-    apt_install() {
-        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q \
-            --no-install-recommends "${need[@]}" >&2
-    }
-    if ! apt_install; then
-        say "install failed; refreshing the package lists once and retrying"
-        apt-get -o DPkg::Lock::Timeout=600 update -q >&2 || die "apt-get update failed"
-        apt_install || die "apt-get install ${need[*]} failed (output above)"
-    fi
-    exec 8>&-
+    apt_install "${need[@]}"
 fi
 
 mkdir -p "$CACHE_DIR/base" "$(dirname "$ARCHIVE")"

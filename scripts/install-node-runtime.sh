@@ -24,6 +24,9 @@ die() {
     exit 1
 }
 
+# shellcheck source=lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
+
 # package -> a file it installs that the harness uses
 declare -A PROVIDES=(
     [containerd]=/usr/bin/containerd
@@ -52,10 +55,7 @@ if [[ ${#missing[@]} -eq 0 ]]; then
 fi
 
 [[ "$(id -u)" -eq 0 ]] || die "installing ${missing[*]} needs root (apt-get); run as root or install them yourself"
-command -v apt-get >/dev/null 2>&1 || die "no apt-get here: install ${missing[*]} (or their equivalents) yourself"
 
-say "installing ${missing[*]} with apt-get"
-export DEBIAN_FRONTEND=noninteractive
 # No init system runs services here; keep package scripts from trying to start containerd.
 policy=/usr/sbin/policy-rc.d
 added_policy=0
@@ -65,16 +65,7 @@ fi
 cleanup() { [[ $added_policy -eq 1 ]] && rm -f "$policy"; return 0; }
 trap cleanup EXIT
 
-exec 8>/run/gpushare-apt.lock
-flock 8
-apt_install() {
-    apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}" >&2
-}
-if ! apt_install; then
-    say "install failed; refreshing the package lists once and retrying"
-    apt-get -o DPkg::Lock::Timeout=600 update -q >&2 || die "apt-get update failed"
-    apt_install || die "apt-get install ${missing[*]} failed (output above)"
-fi
+apt_install "${missing[@]}"
 for pkg in "${missing[@]}"; do
     [[ -x "${PROVIDES[$pkg]}" ]] || die "$pkg installed but ${PROVIDES[$pkg]} is missing"
 done

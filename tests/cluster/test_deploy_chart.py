@@ -33,10 +33,7 @@ import contextlib
 import functools
 import json
 import shutil
-import ssl
-import sys
 import tempfile
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +63,10 @@ from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
+    http_ok,
+    unverified_context,
     wait_for,
     wait_until,
     write_kubeconfig,
@@ -551,11 +551,8 @@ def test_the_device_plugin_may_change_only_its_own_node_and_its_pods(
         assert user["username"] == f"system:serviceaccount:{NAMESPACE}:{DEVICE_PLUGIN}"
         assert user["extra"][NODE_NAME_EXTRA] == [NODE_A]
 
-        def label(kind: Any, name: str, namespace: str | None = None) -> Any:
-            body = {"metadata": {"annotations": {"gpushare.io/test": "own-node"}}}
-            return lambda: plugin.patch(
-                kind, name, body, namespace=namespace, patch_type=PatchType.MERGE
-            )
+        def label(kind: Any, name: str, namespace: str | None = None) -> Callable[[], object]:
+            return label_with(plugin, kind, name, namespace, value="own-node")
 
         # The policy takes effect once the API server has loaded it (moments after creation).
         wait_until(
@@ -574,14 +571,7 @@ def test_the_device_plugin_may_change_only_its_own_node_and_its_pods(
         )
         # A token bound to no pod (so naming no node) changes nothing.
         with control_plane.client(installed.kubeconfigs[DEVICE_PLUGIN]) as unbound:
-            message = _refusal(
-                lambda: unbound.patch(
-                    Node,
-                    NODE_A,
-                    {"metadata": {"annotations": {"gpushare.io/test": "unbound"}}},
-                    patch_type=PatchType.MERGE,
-                )
-            )
+            message = _refusal(label_with(unbound, Node, NODE_A, value="unbound"))
         assert "with a token that names no node" in message, message
         # The extender is not the device plugin: the policy leaves it alone (RBAC refuses it).
         with control_plane.client(installed.kubeconfigs[EXTENDER]) as extender:
@@ -597,9 +587,12 @@ def _try_refused(call: Callable[[], object]) -> bool:
     return False
 
 
-def label_with(client: Client, kind: Any, name: str) -> Callable[[], object]:
-    body = {"metadata": {"annotations": {"gpushare.io/test": "other"}}}
-    return lambda: client.patch(kind, name, body, patch_type=PatchType.MERGE)
+def label_with(
+    client: Client, kind: Any, name: str, namespace: str | None = None, *, value: str = "other"
+) -> Callable[[], object]:
+    """A call that annotates ``kind`` ``name`` (``gpushare.io/test: value``) as ``client``."""
+    body = {"metadata": {"annotations": {"gpushare.io/test": value}}}
+    return lambda: client.patch(kind, name, body, namespace=namespace, patch_type=PatchType.MERGE)
 
 
 def _gpu_pod(name: str, scheduler: str, gib: int) -> Pod:
@@ -622,20 +615,6 @@ def _gpu_pod(name: str, scheduler: str, gib: int) -> Pod:
 def _annotations(kube: Client, name: str, namespace: str = NAMESPACE) -> dict[str, str]:
     pod = kube.get(Pod, name, namespace=namespace)
     return dict((pod.metadata.annotations if pod.metadata else None) or {})
-
-
-def _readyz(port: int) -> bool:
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving cert, loopback
-    opener = urllib.request.build_opener(
-        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
-    )
-    try:
-        with opener.open(f"https://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return int(response.status) == 200
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
@@ -669,7 +648,8 @@ def second_scheduler(
     argv += [f"--cert-dir={tmp / 'certs'}"]
     proc = ManagedProcess("kube-scheduler-chart-second", argv, tmp).start()
     try:
-        ready = functools.partial(_readyz, port)
+        # the scheduler's self-signed serving cert, loopback
+        ready = functools.partial(http_ok, f"https://127.0.0.1:{port}/readyz", unverified_context())
         wait_until("the chart's second scheduler /readyz", ready, 60.0, processes=[proc])
         yield proc
     finally:
@@ -708,7 +688,7 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             else a
             for a in flags
         ]
-        argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
+        argv = gpushare_argv(*args)
         argv += ["--node-name", NODE, "--fake-gpus", "2x16GiB:T4", "--no-health"]
         # Its token is bound to its pod on NODE, as kubelet issues it: the chart's own-node
         # admission policy (installed) lets it change NODE and NODE's pods only.
@@ -734,7 +714,6 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         )
         kubelet.sync_node_status(kube, NODE)  # kubelet's node-status sync
 
-        # The extender: the Deployment's options and the chart's identity.
         # The extender: the Deployment's options, the chart's identity and its certificate (the
         # helm-generated Secret, mounted where the Deployment's --tls-* flags say).
         ext = flag_values(only_container(chart, "Deployment", EXTENDER)["args"])

@@ -18,7 +18,6 @@ plugin's ValidatingAdmissionPolicy are part of the release.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,7 +35,7 @@ from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from gpushare.testing.controlplane import ControlPlane
-from gpushare.testing.helm import CHART_DIR, locate_helm
+from gpushare.testing.helm import CHART_DIR, helm_ok, helm_run
 
 pytestmark = pytest.mark.cluster
 
@@ -57,15 +56,7 @@ def owned(objects: Iterable[Any]) -> list[str]:
 
 
 def helm(plane: ControlPlane, *args: str) -> str:
-    done = subprocess.run(
-        [str(locate_helm()), *args, "--kubeconfig", str(plane.kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return helm_ok(plane.kubeconfig, *args)
 
 
 def test_helm_install_creates_the_release_and_uninstall_removes_it(
@@ -135,11 +126,9 @@ def check_upgrades_keep_the_certificate_until_it_is_deleted(
 
 
 def test_helm_refuses_values_the_schema_rejects(control_plane: ControlPlane) -> None:
-    done = subprocess.run(
-        [str(locate_helm()), "install", "bad", str(CHART_DIR), "--namespace", NAMESPACE,
-         "--dry-run=server", "--set", "memoryUnit=KiB", "--kubeconfig",
-         str(control_plane.kubeconfig)],
-        capture_output=True, text=True, timeout=120, check=False,
+    done = helm_run(
+        control_plane.kubeconfig, "install", "bad", str(CHART_DIR), "--namespace", NAMESPACE,
+        "--dry-run=server", "--set", "memoryUnit=KiB",
     )  # fmt: skip
     assert done.returncode != 0
     assert "memoryUnit" in done.stderr, done.stderr

@@ -29,7 +29,6 @@ import contextlib
 import ipaddress
 import json
 import subprocess
-import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,8 +47,9 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     wait_for,
 )
-from gpushare.testing.helm import CHART_DIR, locate_helm
+from gpushare.testing.helm import CHART_DIR, helm_ok
 from gpushare.testing.image import ImageArchive, build_image
+from gpushare.testing.live_extender import http_get
 from gpushare.testing.node import DEVICE_PLUGIN_DIR, RealNode
 from gpushare.testing.node.gpu import (
     annotated_usage,
@@ -104,16 +104,8 @@ def chart_values(image: ImageArchive, plane: ControlPlane) -> dict[str, Any]:
     }
 
 
-def helm(plane: ControlPlane, *args: str, timeout_s: float = WAIT_S + 60) -> str:
-    done = subprocess.run(
-        [str(locate_helm()), *args, "--kubeconfig", str(plane.kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+def helm(plane: ControlPlane, *args: str) -> str:
+    return helm_ok(plane.kubeconfig, *args, timeout_s=WAIT_S + 60)
 
 
 def plugin_sockets() -> set[str] | None:
@@ -136,9 +128,7 @@ def component_pod(kube: Client, component: str) -> Pod:
 
 def extender_get(path: str) -> tuple[int, Any]:
     """GET from the extender's Service, from the host: the path kube-scheduler takes."""
-    url = f"http://{CLUSTER_IP}:{EXTENDER_PORT}{path}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return int(response.status), json.loads(response.read() or b"null")
+    return http_get(f"http://{CLUSTER_IP}:{EXTENDER_PORT}{path}", timeout_s=10)
 
 
 def kubectl(plane: ControlPlane, *args: str) -> str:
@@ -282,7 +272,8 @@ def test_helm_install_runs_gpushare_as_pods_and_a_gpu_pod_starts_through_them(
         assert seen == {"main": [0]}  # binpack: the first GPU
         wait_event(kube, NAMESPACE, "cuda-share", "GPUAssigned", node.name)
 
-        _, report = extender_get(f"{PREFIX}/inspect/{node.name}")
+        status, report = extender_get(f"{PREFIX}/inspect/{node.name}")
+        assert status == 200, report
         assert ledger_usage(report) == annotated_usage(kube, node.name)
         assert all(dev["usedGPU"] <= dev["totalGPU"] for dev in report["devs"])
 

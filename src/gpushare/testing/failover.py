@@ -27,10 +27,8 @@ import contextlib
 import os
 import random
 import signal
-import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,11 +46,14 @@ from gpushare.testing.controlplane import (
     ControlPlaneError,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
     wait_for,
 )
+from gpushare.testing.metrics import sample_sum
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome import Ask, Outcome, Spec, judge, make_pod, read_outcome
+from gpushare.testing.pods import delete_namespace
 from gpushare.testing.service_proxy import ServiceProxy
 
 __all__ = [
@@ -157,10 +158,7 @@ class Replica:
     def start(self, lease_args: tuple[str, ...]) -> None:
         self.generation += 1
         self.identity = f"replica{self.index}-gen{self.generation}"
-        argv = [
-            sys.executable,
-            "-c",
-            "from gpushare.cli.main import main; main()",
+        argv = gpushare_argv(
             "extender",
             f"--kubeconfig={self.kubeconfig}",
             "--host=127.0.0.1",
@@ -171,7 +169,7 @@ class Replica:
             f"--leader-elect-resource-namespace={LEASE_NAMESPACE}",
             f"--leader-elect-resource-name={self.lease}",
             *lease_args,
-        ]
+        )
         self.process = ManagedProcess(self.identity, argv, self.root / self.identity).start()
 
     def kill(self) -> int:
@@ -227,7 +225,7 @@ def replicated_extenders(
         )
         stack.callback(delete_nodes, kube, nodes)
         kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-        stack.callback(_delete_namespace, kube, namespace)
+        stack.callback(delete_namespace, kube, namespace)
         kubeconfig = plane.service_account_kubeconfig(
             f"gpushare-{plan.name}", LEASE_NAMESPACE, EXTENDER_RULES
         )
@@ -253,14 +251,6 @@ def replicated_extenders(
         )
         log(f"{plan.replicas} replicas ready, leader {_holder(kube, lease)}")
         yield kube, replicas, lease, namespace
-
-
-def _delete_namespace(kube: Client, namespace: str) -> None:
-    for pod in kube.list(Pod, namespace=namespace):
-        assert pod.metadata is not None
-        assert pod.metadata.name is not None
-        kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
-    kube.delete(Namespace, namespace)
 
 
 def run_failover(
@@ -353,14 +343,9 @@ def run_failover(
 
 def _forwarded(port: int) -> int:
     """``gpushare_extender_requests_total{outcome="forwarded"}`` of one replica, summed."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"http://127.0.0.1:{port}/metrics"
     try:
-        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
+        forwarded = {"outcome": "forwarded"}
+        return int(sample_sum(url, "gpushare_extender_requests_total", forwarded, timeout_s=5.0))
     except OSError:
         return 0
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("gpushare_extender_requests_total{") and 'outcome="forwarded"' in line
-    )

@@ -5,7 +5,8 @@
 are never skipped. :func:`render` runs ``helm template`` with values and returns its YAML;
 :func:`render_objects` parses it into API objects. :data:`MANIFESTS` says how each committed file
 in ``deploy/manifests`` is rendered (``scripts/render-manifests.sh`` does the same) and
-:func:`manifest_text` produces its exact content.
+:func:`manifest_text` produces its exact content. :func:`helm_run` and :func:`helm_ok` run helm
+against a test cluster (``install``, ``upgrade``, ``status``...).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = [
     "NAMESPACE",
     "RELEASE",
     "HelmError",
+    "helm_ok",
+    "helm_run",
     "helm_version",
     "locate_helm",
     "manifest_text",
@@ -66,7 +69,8 @@ MANIFESTS: Mapping[str, Sequence[str]] = {
 
 
 class HelmError(RuntimeError):
-    """helm is missing and cannot be built, or it refused to render (its message included)."""
+    """helm is missing and cannot be built, or it refused to render or to act on a cluster
+    (its message included)."""
 
 
 def locate_helm(*, build: bool = True) -> Path:
@@ -140,6 +144,29 @@ def render(
         done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise HelmError(f"helm template failed (exit {done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def helm_run(
+    kubeconfig: Path, *args: str, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """``helm ARGS --kubeconfig KUBECONFIG`` (output captured as text), whatever its exit
+    status: the caller judges it. ``subprocess.TimeoutExpired`` after ``timeout_s`` seconds."""
+    return subprocess.run(
+        [str(locate_helm()), *args, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def helm_ok(kubeconfig: Path, *args: str, timeout_s: float = 120.0) -> str:
+    """:func:`helm_run` that must succeed: its standard output; :class:`HelmError` with the
+    command and everything helm printed otherwise."""
+    done = helm_run(kubeconfig, *args, timeout_s=timeout_s)
+    if done.returncode != 0:
+        raise HelmError(f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}")
     return done.stdout
 
 

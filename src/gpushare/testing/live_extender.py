@@ -27,7 +27,7 @@ from typing import Any
 
 from gpushare.extender.live import LiveExtender, LiveOptions
 from gpushare.kube.client import AsyncClient, connect
-from gpushare.testing.controlplane import ControlPlaneError
+from gpushare.testing.controlplane import ControlPlaneError, unverified_context
 
 
 class ExtenderThread:
@@ -142,10 +142,7 @@ class ExtenderThread:
         """``GET path`` on the extender (:func:`http_get`)."""
         if self.options.tls_cert is None:
             return http_get(self.url + path)
-        unverified = ssl.create_default_context()
-        unverified.check_hostname = False
-        unverified.verify_mode = ssl.CERT_NONE
-        return http_get(self.url + path, context=unverified)
+        return http_get(self.url + path, context=unverified_context())
 
 
 def http_get(

@@ -1,20 +1,23 @@
 """GPU-memory pods for cluster tests and benchmarks: pods already bound to a node, carrying the
 allocation annotations the extender writes at bind (``gpushare.kube.codec``), so that the device
-plugin's Allocate has something to resolve without a scheduler in the loop."""
+plugin's Allocate has something to resolve without a scheduler in the loop; and
+:func:`delete_namespace`, a test namespace's clean-up on a control plane without
+kube-controller-manager."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 
+from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Namespace, Pod
 
 from gpushare.core.model import Allocation, ContainerAllocation, Node
 from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, MemoryUnit, allocation_annotations
 
-__all__ = ["bound_gpu_pod"]
+__all__ = ["bound_gpu_pod", "delete_namespace"]
 
 IMAGE = "registry.invalid/gpushare/test:0"
 
@@ -55,3 +58,14 @@ def bound_gpu_pod(
             ],
         ),
     )
+
+
+def delete_namespace(kube: Client, namespace: str) -> None:
+    """Delete every pod of ``namespace`` outright (grace period 0), then the Namespace. With no
+    kube-controller-manager (the kwok tier) nothing else would remove the pods; the Namespace
+    itself stays Terminating, but the GPUs its pods held are free."""
+    for pod in kube.list(Pod, namespace=namespace):
+        assert pod.metadata is not None
+        assert pod.metadata.name is not None
+        kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
+    kube.delete(Namespace, namespace)

@@ -39,6 +39,9 @@ from gpushare.testing.controlplane.plane import (
 from gpushare.testing.controlplane.processes import (
     ManagedProcess,
     free_ports,
+    gpushare_argv,
+    http_ok,
+    unverified_context,
     wait_for,
     wait_until,
 )
@@ -64,8 +67,11 @@ __all__ = [
     "Credentials",
     "ManagedProcess",
     "free_ports",
+    "gpushare_argv",
     "gpushare_extender",
+    "http_ok",
     "scheduler_configuration",
+    "unverified_context",
     "wait_for",
     "wait_until",
     "write_kubeconfig",

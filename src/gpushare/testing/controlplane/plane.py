@@ -9,7 +9,6 @@ import functools
 import ipaddress
 import json
 import shutil
-import ssl
 import tempfile
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,8 +22,9 @@ from gpushare.testing.controlplane.credentials import Credentials, write_kubecon
 from gpushare.testing.controlplane.errors import ControlPlaneError
 from gpushare.testing.controlplane.processes import (
     ManagedProcess,
-    _http_ok,
     free_ports,
+    http_ok,
+    unverified_context,
     wait_until,
 )
 from gpushare.testing.controlplane.scheduler_config import scheduler_configuration
@@ -150,13 +150,15 @@ class ControlPlane(ApiAccess):
             except Exception as exc:  # keep going: every process must be stopped
                 errors.append(f"{proc.name}: {exc!r}")
         for proc in self.processes.values():
-            self._keep_log(proc)
+            self.keep_log(proc)
         if self._started:
             shutil.rmtree(self.root, ignore_errors=True)
         if errors:
             raise ControlPlaneError("errors while stopping: " + "; ".join(errors))
 
-    def _keep_log(self, proc: ManagedProcess) -> None:
+    def keep_log(self, proc: ManagedProcess) -> None:
+        """Copy ``proc``'s log into ``log_dir`` (when one is given): for processes that other
+        harnesses (``gpushare.testing.node``) start next to the plane and stop themselves."""
         if self.log_dir is not None and proc.log_path.exists():
             self.log_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy2(proc.log_path, self.log_dir / proc.log_path.name)
@@ -199,7 +201,7 @@ class ControlPlane(ApiAccess):
             proc = self.processes.pop(name, None)
             if proc is not None:
                 proc.stop()
-                self._keep_log(proc)
+                self.keep_log(proc)
                 self._finished[name] = proc  # its log still goes into failure reports
 
     # ---- API-server outages -------------------------------------------------------------
@@ -211,7 +213,7 @@ class ControlPlane(ApiAccess):
         wait until it is ready. Clients see connections refused meanwhile."""
         proc = self.processes.pop("kube-apiserver")
         proc.stop()
-        self._keep_log(proc)
+        self.keep_log(proc)
         try:
             yield
         finally:
@@ -254,7 +256,7 @@ class ControlPlane(ApiAccess):
         )
         wait_until(
             "etcd /health",
-            lambda: _http_ok(f"{client_url}/health", body='"health":"true"'),
+            lambda: http_ok(f"{client_url}/health", body='"health":"true"'),
             self.startup_timeout,
             processes=[proc],
         )
@@ -304,7 +306,7 @@ class ControlPlane(ApiAccess):
         context = c.admin_ssl_context()
         wait_until(
             "kube-apiserver /readyz",
-            lambda: _http_ok(f"{self.server}/readyz", context),
+            lambda: http_ok(f"{self.server}/readyz", context),
             self.startup_timeout,
             processes=[self.processes["etcd"], proc],
         )
@@ -316,7 +318,7 @@ class ControlPlane(ApiAccess):
             url = f"{self.server}{path}"
             wait_until(
                 f"GET {path}",
-                functools.partial(_http_ok, url, context),
+                functools.partial(http_ok, url, context),
                 self.startup_timeout,
                 processes=[proc],
             )
@@ -343,12 +345,10 @@ class ControlPlane(ApiAccess):
                 "--profiling=false",
             ],
         )
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert, on loopback
+        insecure = unverified_context()  # its self-signed serving cert, on loopback
         wait_until(
             "kube-controller-manager /healthz",
-            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", insecure),
+            lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure),
             self.startup_timeout,
             processes=[proc],
         )
@@ -373,12 +373,10 @@ class ControlPlane(ApiAccess):
             workdir,
         )
         self.processes[name] = proc.start()
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert, on loopback
+        insecure = unverified_context()  # its self-signed serving cert, on loopback
         wait_until(
             f"{name} /readyz",
-            lambda: _http_ok(f"https://127.0.0.1:{port}/readyz", insecure),
+            lambda: http_ok(f"https://127.0.0.1:{port}/readyz", insecure),
             self.startup_timeout,
             processes=[proc],
         )
@@ -403,7 +401,7 @@ class ControlPlane(ApiAccess):
         )
         wait_until(
             "kwok /healthz",
-            lambda: _http_ok(f"http://{address}/healthz"),
+            lambda: http_ok(f"http://{address}/healthz"),
             self.startup_timeout,
             processes=[proc],
         )

@@ -8,6 +8,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +35,12 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def gpushare_argv(*args: str) -> list[str]:
+    """The argv that runs ``gpushare ARGS`` with this interpreter (the checkout's code, whether
+    or not the console script is on ``PATH``), for a :class:`ManagedProcess`."""
+    return [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
 
 
 def _child_environment(home: Path) -> dict[str, str]:
@@ -175,11 +182,25 @@ def wait_until(
     wait_for(what, lambda: True if condition() else None, timeout, processes=processes)
 
 
-def _http_ok(url: str, context: ssl.SSLContext | None = None, body: str | None = None) -> bool:
-    """True when GET ``url`` answers 200 (and contains ``body`` when given)."""
+def http_ok(url: str, context: ssl.SSLContext | None = None, body: str | None = None) -> bool:
+    """True when GET ``url`` answers 200 (and contains ``body`` when given), never through a
+    proxy (the targets are loopback or the test node's bridge); a readiness probe for
+    :func:`wait_until`. ``context``: for ``https://`` (e.g. :func:`unverified_context`)."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
     try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+        with urllib.request.build_opener(*handlers).open(url, timeout=2) as resp:
             text = resp.read().decode(errors="replace")
             return bool(resp.status == 200 and (body is None or body in text))
     except (urllib.error.URLError, OSError, ssl.SSLError):
         return False
+
+
+def unverified_context() -> ssl.SSLContext:
+    """A client TLS context that checks neither the certificate nor the host name: for a test
+    program's self-signed serving certificate on loopback, never for what a test verifies."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context

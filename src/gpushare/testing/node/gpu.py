@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +25,6 @@ from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node, Pod
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.deviceplugin.inventory import parse_fake_gpus
 from gpushare.kube import nodepods, nodes
@@ -44,9 +40,12 @@ from gpushare.testing.controlplane import (
     ControlPlaneError,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
     wait_for,
 )
+from gpushare.testing.live_extender import http_get
+from gpushare.testing.metrics import sample_sum
 from gpushare.testing.node.host import DEVICE_PLUGIN_DIR
 from gpushare.testing.node.images import TEST_IMAGE
 from gpushare.testing.node.node import RealNode
@@ -63,10 +62,6 @@ PLUGIN_RULES = [
 PRINT_ENV = 'trap "exit 0" TERM; env | sort; while :; do sleep 1; done'
 """A container command: print the environment once (read back with ``kubectl logs``), then
 idle until SIGTERM (sh as PID 1 ignores it otherwise)."""
-
-
-def _python_cli(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from gpushare.cli.main import main; main()", *args]
 
 
 # ---- pods -------------------------------------------------------------------------------
@@ -206,7 +201,7 @@ class GpuStack:
         with self._stack:
             self.extender = ManagedProcess(
                 "gpushare-extender",
-                _python_cli(
+                gpushare_argv(
                     "extender", "--host", "127.0.0.1", "--port", str(self.extender_port),
                     "--kubeconfig", str(self.plane.kubeconfig), "--log-level", "debug",
                 ),
@@ -215,14 +210,14 @@ class GpuStack:
             self._stack.callback(self._stop, self.extender)
             wait_for(
                 "extender /readyz",
-                lambda: self.extender_get("/readyz", check=False)[0] == 200 or None,
+                lambda: self.extender_get("/readyz")[0] == 200 or None,
                 60.0,
                 processes=[self.extender],
             )
             kubeconfig = self.plane.service_account_kubeconfig(
                 "gpushare-device-plugin", "kube-system", PLUGIN_RULES
             )
-            self._plugin_argv = _python_cli(
+            self._plugin_argv = gpushare_argv(
                 "device-plugin", "--node-name", self.node.name, "--fake-gpus", self.fake_gpus,
                 "--kubeconfig", str(kubeconfig), "--metrics-port", str(self.metrics_port),
                 "--log-level", "debug",
@@ -242,7 +237,7 @@ class GpuStack:
 
     def _stop(self, proc: ManagedProcess) -> None:
         proc.stop()
-        self.plane._keep_log(proc)
+        self.plane.keep_log(proc)
 
     # ---- the device plugin -----------------------------------------------------------
 
@@ -291,26 +286,21 @@ class GpuStack:
     def wait_capacity(self, timeout_s: float = 60.0) -> None:
         want = str(self.total_units())
 
-        def advertised() -> bool | None:
-            with self.plane.client() as client:
-                node = client.get(Node, self.node.name)
-            allocatable = (node.status.allocatable if node.status else None) or {}
-            return allocatable.get(GPU_MEM) == want or None
-
         procs = [p for p in (self.plugin, self.node.kubelet) if p is not None]
-        wait_for(f"node allocatable {GPU_MEM}={want}", advertised, timeout_s, processes=procs)
+        with self.plane.client() as client:
+
+            def advertised() -> bool | None:
+                node = client.get(Node, self.node.name)
+                allocatable = (node.status.allocatable if node.status else None) or {}
+                return allocatable.get(GPU_MEM) == want or None
+
+            wait_for(f"node allocatable {GPU_MEM}={want}", advertised, timeout_s, processes=procs)
 
     def allocate_calls(self) -> int:
         """Successful Allocate calls the current plugin process served (its ``/metrics``)."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            if family.name == "gpushare_device_plugin_allocate_requests":
-                for sample in family.samples:
-                    if sample.name.endswith("_total") and sample.labels.get("outcome") == "ok":
-                        return int(sample.value)
-        return 0
+        ok = sample_sum(url, "gpushare_device_plugin_allocate_requests_total", {"outcome": "ok"})
+        return int(ok)
 
     def registrations(self) -> int:
         """How often this plugin process registered with kubelet (its log)."""
@@ -318,19 +308,10 @@ class GpuStack:
 
     # ---- the extender ----------------------------------------------------------------
 
-    def extender_get(self, path: str, *, check: bool = True) -> tuple[int, Any]:
-        url = f"http://127.0.0.1:{self.extender_port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                return int(response.status), json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            if check:
-                raise
-            return exc.code, None
-        except OSError:
-            if check:
-                raise
-            return 0, None
+    def extender_get(self, path: str) -> tuple[int, Any]:
+        """``GET path`` on the extender process (:func:`~gpushare.testing.live_extender.http_get`:
+        status and JSON body, ``(0, None)`` when nothing answers)."""
+        return http_get(f"http://127.0.0.1:{self.extender_port}{path}")
 
     def inspect_node(self) -> dict[str, Any]:
         status, report = self.extender_get(f"{EXTENDER_PREFIX}/inspect/{self.node.name}")
@@ -360,7 +341,9 @@ class GpuStack:
         for dev in report["devs"]:
             if dev["usedGPU"] > dev["totalGPU"]:
                 raise AssertionError(f"GPU {dev['id']} over capacity: {dev}")
-        _, cluster = self.extender_get(f"{EXTENDER_PREFIX}/inspect")
+        status, cluster = self.extender_get(f"{EXTENDER_PREFIX}/inspect")
+        if status != 200:
+            raise ControlPlaneError(f"/inspect answered {status}")
         if cluster["violations"]:
             raise AssertionError(f"ledger violations: {cluster['violations']}")
         return annotated

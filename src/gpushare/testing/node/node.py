@@ -16,9 +16,10 @@ from gpushare.testing.controlplane import (
     ControlPlaneError,
     ManagedProcess,
     free_ports,
+    http_ok,
+    wait_for,
     wait_until,
 )
-from gpushare.testing.controlplane.processes import _http_ok
 from gpushare.testing.node.config import kube_proxy_configuration, kubelet_configuration
 from gpushare.testing.node.containerd import Containerd
 from gpushare.testing.node.host import GATEWAY, NodeHost
@@ -113,7 +114,7 @@ class RealNode:
             self.containerd.stop()
         for proc in (self.kubelet, self.proxy, getattr(self.containerd, "process", None)):
             if proc is not None:
-                self.plane._keep_log(proc)
+                self.plane.keep_log(proc)
         if errors:
             raise ControlPlaneError("real node stop: " + "; ".join(errors))
 
@@ -160,7 +161,7 @@ class RealNode:
         self.kubelet.start()
         wait_until(
             "kubelet /healthz",
-            lambda: _http_ok(f"http://127.0.0.1:{self._kubelet_healthz}/healthz"),
+            lambda: http_ok(f"http://127.0.0.1:{self._kubelet_healthz}/healthz"),
             self.startup_timeout_s,
             processes=[self.kubelet],
         )
@@ -178,17 +179,19 @@ class RealNode:
         return self.start_kubelet()
 
     def wait_ready(self) -> Node:
-        def ready() -> bool:
-            with self.plane.client() as client:
-                try:
-                    return node_ready(client.get(Node, self.name))
-                except ApiError:
-                    return False
-
+        """Wait until the Node is Ready (failing at once if kubelet exits); the Node."""
         procs = [p for p in (self.kubelet,) if p is not None]
-        wait_until(f"node {self.name} Ready", ready, self.startup_timeout_s, processes=procs)
         with self.plane.client() as client:
-            return client.get(Node, self.name)
+
+            def ready() -> Node | None:
+                try:
+                    node = client.get(Node, self.name)
+                except ApiError:  # not registered yet
+                    return None
+                return node if node_ready(node) else None
+
+            what = f"node {self.name} Ready"
+            return wait_for(what, ready, self.startup_timeout_s, processes=procs)
 
     def power_cut(self) -> int:
         """What a reboot leaves: kubelet stopped, no container, no pod network namespace, no
@@ -228,7 +231,7 @@ class RealNode:
         ).start()
         wait_until(
             "kube-proxy /healthz",
-            lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz", None),
+            lambda: http_ok(f"http://127.0.0.1:{healthz}/healthz", None),
             self.startup_timeout_s,
             processes=[self.proxy],
         )
