@@ -26,21 +26,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 
 from gpushare.extender.state import Binder, Binding
 from gpushare.kube.lease import LeaderElector
+from gpushare.kube.watch import Backoff
 
 log = logging.getLogger(__name__)
 
 MIN_BIND_BUDGET_S = 0.5
 """A bind is not started with less time than this before the leader's ``act_deadline``."""
 
+REBUILD_RETRY = Backoff(initial_s=0.5, max_s=5.0)
+"""Delays between rebuild attempts within one term (a failed relist is retried while the
+replica still leads, not given up for the rest of the term)."""
+
 
 class Leadership:
-    """The decide/refuse gate of one replica (module doc). ``rebuild`` is awaited once per
-    term, after the Lease is acquired; ``clock`` is the elector's monotonic clock."""
+    """The decide/refuse gate of one replica (module doc). ``rebuild`` is awaited after the
+    Lease is acquired, again after ``retry`` delays while it fails, until it succeeds or the
+    term ends; ``clock`` is the elector's monotonic clock."""
 
     def __init__(
         self,
@@ -48,10 +55,13 @@ class Leadership:
         rebuild: Callable[[], Awaitable[None]],
         *,
         clock: Callable[[], float] = time.monotonic,
+        retry: Backoff = REBUILD_RETRY,
     ) -> None:
         self.elector = elector
         self._rebuild = rebuild
         self._clock = clock
+        self._retry = retry
+        self._rng = random.Random()
         self._term = 0
         self._rebuilt_term = -1
         self._task: asyncio.Task[None] | None = None
@@ -70,13 +80,24 @@ class Leadership:
 
     async def _rebuild_term(self, term: int) -> None:
         started = self._clock()
-        try:
-            await self._rebuild()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("rebuilding the ledger after taking the Lease failed; giving it up")
-            return
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self._rebuild()
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                delay_s = self._retry.delay_s(attempt, self._rng)
+                log.warning(
+                    "rebuilding the ledger after taking the Lease failed (attempt %d: %r); "
+                    "retrying in %.1fs",
+                    attempt,
+                    error,
+                    delay_s,
+                )
+            await asyncio.sleep(delay_s)
         if term == self._term:
             self._rebuilt_term = term
             log.info(
