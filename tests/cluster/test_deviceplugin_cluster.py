@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import sys
 import tempfile
 import time
 import urllib.request
@@ -54,6 +53,7 @@ from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
     wait_for,
 )
@@ -132,8 +132,7 @@ def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterat
         kubeconfig = control_plane.service_account_kubeconfig(
             "gpushare-device-plugin-e2e", "kube-system", PLUGIN_RULES
         )
-        argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()"]
-        argv += ["device-plugin", "--node-name", node, "--fake-gpus", "2x16GiB:T4"]
+        argv = gpushare_argv("device-plugin", "--node-name", node, "--fake-gpus", "2x16GiB:T4")
         argv += ["--device-plugin-dir", str(socket_dir), "--kubeconfig", str(kubeconfig)]
         (metrics_port,) = free_ports(1)
         argv += ["--metrics-port", str(metrics_port)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,9 +26,16 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD, ALLOCATION, GPU_MEM
-from gpushare.testing.controlplane import ControlPlane, ManagedProcess, free_ports, wait_until
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    ManagedProcess,
+    free_ports,
+    gpushare_argv,
+    wait_until,
+)
 from gpushare.testing.live_extender import http_get
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
+from gpushare.testing.pods import delete_namespace
 
 pytestmark = pytest.mark.cluster
 
@@ -107,9 +113,9 @@ def target(
         stack.callback(delete_nodes, kube, [N1, N2])
         kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
         kube.create(bound_pod("held", N2, 0, 12))
-        stack.callback(_cleanup, kube)
+        stack.callback(delete_namespace, kube, NAMESPACE)
         (port,) = free_ports(1)
-        argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", "extender"]
+        argv = gpushare_argv("extender")
         argv += ["--kubeconfig", str(control_plane.kubeconfig), "--host", "127.0.0.1"]
         argv += ["--port", str(port), "--request-head-timeout", "1"]
         argv += ["--request-body-timeout", "1", "--max-request-body-mib", "1"]
@@ -133,12 +139,6 @@ def target(
         )  # fmt: skip
         http = stack.enter_context(httpx.Client(base_url=url, timeout=WAIT_S, trust_env=False))
         yield Target(proc, port, http)
-
-
-def _cleanup(kube: Any) -> None:
-    for pod in kube.list(Pod, namespace=NAMESPACE):
-        kube.delete(Pod, pod.metadata.name, namespace=NAMESPACE, grace_period=0)
-    kube.delete(Namespace, NAMESPACE)
 
 
 def gpu_pod_json(name: str, gib: int, **spec: Any) -> dict[str, Any]:

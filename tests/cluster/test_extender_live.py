@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
     free_ports,
+    gpushare_argv,
     gpushare_extender,
     wait_for,
     wait_until,
@@ -348,7 +348,7 @@ def test_the_command_serves_the_cluster_and_stops_on_sigterm(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     (port,) = free_ports(1)
-    argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", "extender"]
+    argv = gpushare_argv("extender")
     argv += ["--kubeconfig", str(control_plane.kubeconfig), "--host", "127.0.0.1"]
     proc = ManagedProcess("gpushare-extender", [*argv, "--port", str(port)], tmp_path)
     proc.start()
