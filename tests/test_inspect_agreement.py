@@ -171,17 +171,19 @@ CASES = [
 ]  # fmt: skip
 
 
-def filter_reason(state: ExtenderState, asks: int) -> tuple[str, str]:
-    """(status, text) of the extender's filter of a pod asking ``asks`` GiB on ``NODE``."""
+def filter_reason(state: ExtenderState, asks: int) -> tuple[str, str, str]:
+    """(status, text, ``Error``) of the extender's filter of a pod asking ``asks`` GiB on
+    ``NODE``."""
     app = create_app(state, expire_interval_s=None, clock_ns=lambda: NOW_NS)
     body: dict[str, Any] = {"Pod": pod_json("new", asks), "NodeNames": [NODE], "Nodes": None}
     with TestClient(app) as client:
         result = client.post("/gpushare-scheduler/filter", json=body).json()
+    error: str = result["Error"]
     if NODE in (result.get("NodeNames") or []):
-        return "fits", ""
+        return "fits", "", error
     if NODE in (result.get("FailedNodes") or {}):
-        return "does-not-fit-now", result["FailedNodes"][NODE]
-    return "can-never-fit", result["FailedAndUnresolvableNodes"][NODE]
+        return "does-not-fit-now", result["FailedNodes"][NODE], error
+    return "can-never-fit", result["FailedAndUnresolvableNodes"][NODE], error
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -191,7 +193,7 @@ def test_inspect_and_the_extender_agree(case: Case) -> None:
     case.setup(state)
     state.mark_synced()
 
-    status, text = filter_reason(state, case.asks)
+    status, text, error = filter_reason(state, case.asks)
     nodes, pods = state.objects()
     pods = tuple(p for p in pods if p["metadata"]["name"] != "new")  # the filter's copy
     report = build_report(Snapshot(nodes, (*pods, pod_json("new", case.asks))))
@@ -200,6 +202,10 @@ def test_inspect_and_the_extender_agree(case: Case) -> None:
 
     assert (status, fit.status) == (case.status, case.status)
     assert fit.reason == str(case.reason)
+    # Held by the rule on the only node: an Error too, so kube-scheduler retries with backoff.
+    held = case.reason is Reason.HANDSHAKE
+    assert error == (f"gpushare: held by the handshake rule, retrying with backoff: {NODE}: {text}"
+                     if held else "")  # fmt: skip
     if status != "fits":
         assert text.startswith(f"gpushare: {case.reason}")
         assert fit.fit is not None

@@ -118,7 +118,15 @@ def annotations_of(pod: Pod) -> dict[str, str]:
 
 
 @pytest.fixture
-def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterator[Cluster]:
+def handshake_timeout_s() -> float:
+    """The extender's ``--handshake-timeout``; a test overrides it by parametrizing."""
+    return LiveOptions().handshake_timeout_s
+
+
+@pytest.fixture
+def cluster(
+    control_plane: ControlPlane, kube: Client, tmp_path: Path, handshake_timeout_s: float
+) -> Iterator[Cluster]:
     """The node, the kubelet stand-in, the plugin process, the extender and a kube-scheduler."""
     socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-e2e-", dir="/tmp"))
     suffix = f"{next(_names)}-{int(time.time())}"
@@ -140,7 +148,11 @@ def cluster(control_plane: ControlPlane, kube: Client, tmp_path: Path) -> Iterat
         stack.callback(plugin.stop)
         kubelet.call(kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S))
         kubelet.sync_node_status(kube, node)  # kubelet's node-status sync
-        options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
+        options = LiveOptions(
+            backoff=Backoff(initial_s=0.05, max_s=0.5),
+            access_log=False,
+            handshake_timeout_s=handshake_timeout_s,
+        )
         extender = stack.enter_context(ExtenderThread(control_plane.kubeconfig, options))
         wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
         stack.enter_context(
@@ -262,6 +274,31 @@ def test_a_pod_held_by_the_handshake_rule_is_placed_once_the_equal_pod_starts(
     print(f"second pod bound {waited_s:.1f} s after the first was admitted")
     assert second != first
     assert admit(cluster, kube, "second")[0]["ALIYUN_COM_GPU_MEM_IDX"] == second
+
+
+@pytest.mark.parametrize("handshake_timeout_s", [8.0])
+def test_a_held_pod_is_placed_when_the_pin_expires_with_no_event(
+    cluster: Cluster, kube: Client
+) -> None:
+    """As above, but the first pod is never admitted (a kubelet that never starts it): its pin
+    ends after ``--handshake-timeout`` (8 s here) with no cluster event at all. The held pod's
+    filter answered with an ``Error`` (``outcomes.held_error``), so kube-scheduler retries it on
+    its backoff (at most 10 s) and places it once the pin is gone; answered with
+    ``FailedNodes`` alone it would wait for the scheduler's 5-minute flush."""
+    ns = cluster.namespace
+    kube.create(gpu_pod(ns, "first", {"main": 10}))
+    first = annotations_of(bound(kube, ns, "first"))[ALIYUN_IDX]
+    started = time.monotonic()
+    kube.create(gpu_pod(ns, "second", {"main": 10}))
+
+    def held() -> bool | None:
+        events = kube.list(Event, namespace=ns, fields={"involvedObject.name": "second"})
+        return any("held by the handshake rule" in (e.message or "") for e in events) or None
+
+    wait_for("second held by the handshake rule", held, WAIT_S)
+    second = annotations_of(bound(kube, ns, "second"))[ALIYUN_IDX]
+    print(f"second pod bound {time.monotonic() - started:.1f} s after the first was bound")
+    assert second != first
 
 
 def test_kubelet_restart_makes_the_plugin_register_again(cluster: Cluster, kube: Client) -> None:

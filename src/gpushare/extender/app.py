@@ -21,7 +21,8 @@ A pod or node the codec cannot read is reported in the result (``Error``, or per
 HTTP 200 so that kube-scheduler shows the text. An unexpected exception in filter or bind is an
 ``Error`` text too (logged with its traceback); in prioritize it is a 500. Handlers are
 ``async`` and run on the event loop, where every state change happens (``ExtenderState``).
-Each POST is counted and timed by verb and outcome (``ok``; ``error``: an ``Error`` text or a
+Each POST is counted and timed by verb and outcome (``ok``; ``held``: a filter ``Error`` for a
+pod the handshake rule holds, ``outcomes.held_error``; ``error``: another ``Error`` text or a
 500; ``bad_request``: a 400, or a client that disconnected before the end of its body, which
 is logged as one line without a traceback) in ``ExtenderMetrics``, on the given
 ``CollectorRegistry`` or a fresh one (never the global default registry).
@@ -53,6 +54,7 @@ from gpushare import __version__
 from gpushare.core.policies import Policy
 from gpushare.extender.limits import LimitError, RequestLimits, read_body
 from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.outcomes import outcome_of
 from gpushare.extender.report import cluster_report, node_report
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
@@ -188,7 +190,7 @@ def create_app(
                     log.exception("%s failed", verb)
                     text = f"gpushare internal error in {verb}: {error!r}"
                     return error_response(500, text) if internal is None else _json(internal(text))
-                outcome = "error" if getattr(result, "error", "") else "ok"
+                outcome = outcome_of(getattr(result, "error", ""))
                 return _json(result)
             finally:
                 metrics.observe(verb, outcome, time.perf_counter() - started)

@@ -7,9 +7,12 @@ series                                       type       labels             meani
 ===========================================  =========  =================  =========================
 gpushare_extender_requests_total             counter    verb, outcome      requests handled: verb
                                                                            filter / prioritize /
-                                                                           bind; outcome ok, error
-                                                                           (an Error text or a
-                                                                           5xx), bad_request (400);
+                                                                           bind; outcome ok, held
+                                                                           (a filter waiting on the
+                                                                           handshake rule), error
+                                                                           (another Error text or
+                                                                           a 5xx), bad_request
+                                                                           (400);
                                                                            with leader election
                                                                            forwarded (to the
                                                                            leader), refused (no

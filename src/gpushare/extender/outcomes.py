@@ -1,17 +1,19 @@
 """Per-node outcome helpers shared by the extender's filter, prioritize and bind: the refusal
-texts. The verdict itself (the fit under the handshake rule) is
-``gpushare.core.handshake.handshake_verdict``; its kinds are ``gpushare.core.fit.FitStatus``.
+texts, and the filter error of a pod the handshake rule holds. The verdict itself (the fit
+under the handshake rule) is ``gpushare.core.handshake.handshake_verdict``; its kinds are
+``gpushare.core.fit.FitStatus``.
 """
 
 from __future__ import annotations
 
-from gpushare.core.fit import FitResult
+from gpushare.core.fit import FitResult, Reason
 from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import NodeInfo
 
 NOT_SYNCED = "gpushare: the extender has not finished listing nodes and pods yet"
 UNKNOWN_NODE = "gpushare: node unknown to the extender (not in its node cache)"
 NOT_GPUSHARE = "gpushare: not a GPU-share node"
+HELD = "gpushare: held by the handshake rule, retrying with backoff"
 
 
 def not_gpushare(info: NodeInfo) -> str:
@@ -25,6 +27,14 @@ def describe_fit(result: FitResult, info: NodeInfo) -> str:
     return f"{result.describe()}{unit}"
 
 
+def outcome_of(error: str) -> str:
+    """The ``outcome`` label of a verb's answer whose ``Error`` is ``error``: ``ok`` (none),
+    ``held`` (``held_error``: a normal wait, kept out of the error rate) or ``error``."""
+    if not error:
+        return "ok"
+    return "held" if error.startswith(HELD) else "error"
+
+
 def skipped_note(state: ExtenderState, node: str) -> str:
     """``; counted too, not in the ledger: <SkippedPod.describe>, ...`` for the skipped pods on
     ``node`` (``""`` when none): a refusal caused by them says so, with their numbers."""
@@ -32,3 +42,27 @@ def skipped_note(state: ExtenderState, node: str) -> str:
     if not skipped:
         return ""
     return "; counted too, not in the ledger: " + " | ".join(s.describe() for s in skipped)
+
+
+def held_error(passed: list[str], failed: dict[str, str]) -> str:
+    """The filter's ``Error`` for a pod the handshake rule holds: ``""`` unless no node passed
+    and at least one of ``failed`` (node → reason) refused it by the rule (``Reason.HANDSHAKE``).
+
+    An extender error makes kube-scheduler retry the pod with backoff (its scheduling queue
+    requeues a pod that failed with an error, not one rejected by plugins or extenders, which
+    waits for a cluster event); the text names the held nodes, so the pod's FailedScheduling
+    event still says why. Source: kube-scheduler ``findNodesThatPassExtenders`` and
+    ``PriorityQueue.determineSchedulingHintForInFlightPod`` (v1.37).
+    """
+    if passed:
+        return ""
+    held = [f"{name}: {why}" for name, why in failed.items() if Reason.HANDSHAKE.value in why]
+    if not held:
+        return ""
+    shown = "; ".join(held[:HELD_SHOWN])
+    more = f"; and {len(held) - HELD_SHOWN} more nodes" if len(held) > HELD_SHOWN else ""
+    return f"{HELD}: {shown}{more}"
+
+
+HELD_SHOWN = 3
+"""How many held nodes ``held_error`` names before it counts the rest."""

@@ -19,7 +19,12 @@
 * **the handshake rule** (``gpushare.core.handshake``): on a node where a bound pod waits for the
   device plugin, a pod whose first GPU container asks as much fits only on exactly that pod's
   GPUs (or not at all now), so that the device plugin can tell equal pods apart in any
-  admission order. Filter, prioritize and bind all apply it.
+  admission order. Filter, prioritize and bind all apply it. When the rule holds the pod and
+  no node passes, the filter answers with an ``Error`` as well as its ``FailedNodes``
+  (``held_error``): kube-scheduler then retries the pod with backoff (1–10 s) instead of parking
+  it until an event. The event that frees it (kubelet admitting the equal pod) reaches
+  kube-scheduler and this extender's watch separately; a retry that came first would otherwise
+  be refused again and wait for the 5-minute flush.
 * **bind** — the policy's GPU half on the chosen node, the allocation *assumed* in the ledger,
   then ``Binder.bind`` with the annotations that record it (``gpushare.kube.codec``). A retried
   bind of a pod already bound there succeeds without a second allocation; a bind that would not
@@ -52,6 +57,7 @@ from gpushare.extender.outcomes import (
     NOT_SYNCED,
     UNKNOWN_NODE,
     describe_fit,
+    held_error,
     not_gpushare,
     skipped_note,
 )
@@ -211,6 +217,8 @@ class Scheduler:
                     failed[name] = reason
                 else:
                     unresolvable[name] = reason
+        if pod is not None and not error:
+            error = held_error(passed, failed)
         if names_mode or args.nodes is None:
             return ExtenderFilterResult(None, passed, failed, unresolvable, error)
         keep = set(passed)
@@ -271,7 +279,8 @@ class Scheduler:
         if entry.result is None:
             entry.result = _split(entry)
         passed, failed, unresolvable = entry.result
-        return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable), "")
+        error = held_error(passed, failed)
+        return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable), error)
 
     def _prioritize_memoised(self, names: list[str], pod: PodRequest) -> list[HostPriority]:
         """``prioritize`` of a GPU pod holding nothing under a deterministic policy: the same
