@@ -7,6 +7,7 @@ from ``pod_json``. The renderers' golden files are in ``tests/test_inspect_rende
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 from gpushare.core.fit import FitStatus, Reason
 from gpushare.core.skipped import SkipKind
 from gpushare.inspect import Report, Snapshot, build_report
-from gpushare.inspect.report import narrow
+from gpushare.inspect import report as report_module
+from gpushare.inspect.gcpause import gc_paused
+from gpushare.inspect.report import PodRead, PodReader, narrow, read_pod
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -353,3 +356,65 @@ def test_narrowing_the_cluster_report_gives_each_nodes_own_report() -> None:
     cluster = report([n1, n2, n3], pods)
     for name in ("n1", "n2", "n3"):
         assert narrow(cluster, name) == report([n1, n2, n3], pods, only=name), name
+
+
+def test_a_kept_pod_reader_reads_only_new_objects_and_reports_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PodReader`` (the extender keeps one for /inspect): the report equals one read afresh,
+    problems included, while each object is read once; a replaced object (the extender's
+    state replaces a pod's dict on every change) is read again; one the snapshot no longer
+    holds is forgotten."""
+    reads: list[str] = []
+
+    def counting(obj: Json) -> PodRead:
+        reads.append(obj["metadata"]["name"])
+        return read_pod(obj)
+
+    monkeypatch.setattr(report_module, "read_pod", counting)
+    n1, n2, n3 = node("n1", [16, 16]), node("n2", [8]), node("n3", [16], unit=MemoryUnit.MIB)
+    pods = [
+        bound("a", n1, [("main", (0,), 12)]),
+        bound("b", n1, [("main", (1,), 12)], assigned=False),
+        bound("c", n2, [("main", (0,), 9)]),
+        on_gpu_index("ghost", "n1", "5", "2"),
+        on_gpu_index("odd", "n3", "0", "-1"),
+        pod_json("big", 10, namespace="ml"),
+    ]
+    reader = PodReader()
+
+    def kept(objects: list[Json]) -> Report:
+        return build_report(Snapshot((n1, n2, n3), tuple(objects)), reader=reader)
+
+    def fresh(objects: list[Json]) -> Report:
+        return build_report(Snapshot((n1, n2, n3), tuple(objects)))
+
+    assert kept(pods) == fresh(pods)
+    assert kept(pods) == fresh(pods)
+    assert reads.count("a") == 3  # once by the kept reader, once by each fresh report
+    started = {**pods[1], "metadata": {**pods[1]["metadata"]}}
+    started["metadata"]["annotations"] = {**started["metadata"]["annotations"]}
+    started["metadata"]["annotations"][ALIYUN_ASSIGNED] = "true"
+    changed = [pods[0], started, *pods[2:]]
+    reads.clear()
+    assert kept(changed) == fresh(changed)
+    assert (reads.count("b"), reads.count("a")) == (2, 1)  # b anew by both; a by fresh only
+    reads.clear()
+    kept(changed[1:])  # a gone: forgotten
+    kept(changed)
+    assert reads.count("a") == 1
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["gc on stays on", "gc off stays off"])
+def test_gc_paused_restores_the_collector(enabled: bool) -> None:
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+        with pytest.raises(RuntimeError), gc_paused():
+            raise RuntimeError("a failing report")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -39,6 +39,7 @@ from typing import Any
 
 import click
 
+from gpushare.inspect.gcpause import gc_paused
 from gpushare.inspect.render import render_detail, render_summary, report_json
 from gpushare.inspect.report import Snapshot, build_report
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
@@ -249,19 +250,20 @@ def inspect(
     objects = asyncio.run(_read(source, context, namespace, timeout_s))
     if node is not None and node not in _node_names(objects.nodes):
         raise InspectError(f"node {node} not found")
-    try:
-        report = build_report(Snapshot(nodes=objects.nodes, pods=objects.pods), node=node)
-    except Exception as error:  # a bug, not the cluster: still one line, never a traceback
-        raise _bug(error) from error
-    if node is None and not any(n.gpushare for n in report.nodes):
-        raise _no_gpushare_nodes(report.problems)
-    try:
-        if output == "json":
-            text = json.dumps(report_json(report), indent=2)
-        else:
-            text = (render_detail if details else render_summary)(report).rstrip("\n")
-    except Exception as error:
-        raise _bug(error) from error
+    with gc_paused():
+        try:
+            report = build_report(Snapshot(nodes=objects.nodes, pods=objects.pods), node=node)
+        except Exception as error:  # a bug, not the cluster: still one line, never a traceback
+            raise _bug(error) from error
+        if node is None and not any(n.gpushare for n in report.nodes):
+            raise _no_gpushare_nodes(report.problems)
+        try:
+            if output == "json":
+                text = json.dumps(report_json(report), indent=2)
+            else:
+                text = (render_detail if details else render_summary)(report).rstrip("\n")
+        except Exception as error:
+            raise _bug(error) from error
     click.echo(text)
 
 

@@ -68,6 +68,8 @@ from gpushare.extender.wire import (
     decode,
     encode,
 )
+from gpushare.inspect.gcpause import gc_paused
+from gpushare.inspect.report import PodReader
 
 DEFAULT_PREFIX = "/gpushare-scheduler"
 DEFAULT_PORT = 12345
@@ -206,15 +208,19 @@ def create_app(
     async def bind(body: bytes) -> object:
         return await scheduler.bind(decode(body, ExtenderBindingArgs, "bind"))
 
+    reader = PodReader()  # pods read for /inspect, kept so that a request reads only changes
+
     async def inspect_all(request: Request) -> Response:
-        return _json(cluster_report(state))
+        with gc_paused():
+            return _json(cluster_report(state, reader))
 
     async def inspect_node(request: Request) -> Response:
         name = request.path_params["node"]
         info = state.node(name)
         if info is None or not info.gpushare:
             return error_response(404, f"no GPU-share node {name!r}")
-        return _json(node_report(state, info))
+        with gc_paused():
+            return _json(node_report(state, info))
 
     async def healthz(request: Request) -> Response:
         return _json({"status": "ok"})

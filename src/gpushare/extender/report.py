@@ -13,7 +13,8 @@ that block the whole node); per GPU ``usedGPU`` includes their charges and ``pod
 report that ``kubectl inspect gpushare -o json`` prints (``gpushare.inspect.render.report_json``),
 built from the same nodes and pods the extender holds: per GPU allocated, assumed (bound but not
 yet started by the device plugin) and free, health, pending GPU pods with the reason they fit
-nowhere, and totals per unit.
+nowhere, and totals per unit. The cluster view (``/inspect``) carries it once, for the whole
+cluster; ``/inspect/<node>`` carries the node's.
 """
 
 from __future__ import annotations
@@ -24,56 +25,53 @@ from gpushare.core.ledger import ViolationKind
 from gpushare.core.skipped import SkipKind, SkippedPod
 from gpushare.extender.state import ExtenderState
 from gpushare.inspect.render import report_json
-from gpushare.inspect.report import Report, Snapshot, build_report, narrow
+from gpushare.inspect.report import PodReader, Report, Snapshot, build_report
 from gpushare.kube.codec import NodeInfo
 
 
-def shared_report(state: ExtenderState, node: str | None = None) -> Report:
+def shared_report(
+    state: ExtenderState, node: str | None = None, reader: PodReader | None = None
+) -> Report:
     """The inspect report (``gpushare.inspect``) of what ``state`` holds, with the extender's
-    own pins (they expire after its handshake timeout); of ``node`` alone when given."""
+    own pins (they expire after its handshake timeout); of ``node`` alone when given.
+    ``reader``: the ``PodReader`` kept between requests (pods unchanged since are not read
+    again)."""
     nodes, pods = state.objects()
     names = [node] if node is not None else [info.node.name for info in state.nodes()]
     pending = {name: state.pending(name) for name in names}
-    return build_report(Snapshot(nodes, pods), node=node, pending=pending)
+    return build_report(Snapshot(nodes, pods), node=node, pending=pending, reader=reader)
 
 
-def node_report(
-    state: ExtenderState, info: NodeInfo, cluster: Report | None = None
-) -> dict[str, Any]:
-    """One node: its GPUs, what each holds and for which pods. Its ``gpushare`` report is
-    narrowed from ``cluster`` (the report of the whole cluster) when given, else built for the
-    node alone."""
+def node_report(state: ExtenderState, info: NodeInfo, *, shared: bool = True) -> dict[str, Any]:
+    """One node: its GPUs, what each holds and for which pods; with ``shared``, also its
+    ``gpushare`` report (``shared_report`` of the node alone). The cluster view leaves it out:
+    it carries the whole cluster's ``gpushare`` report once."""
     node = info.node
     used = state.counted_used(node.name)
     allocations = state.allocations(node.name)
     skipped = state.skipped(node.name)
-    devs: list[dict[str, Any]] = []
-    for position, gpu in enumerate(node.gpus):
-        pods: list[dict[str, Any]] = []
-        for pod in skipped:
-            amount = dict(pod.charges).get(gpu.index, 0)
-            if amount:
+    holders: dict[int, list[dict[str, Any]]] = {gpu.index: [] for gpu in node.gpus}
+    for pod in skipped:
+        for index, amount in pod.charges:
+            if amount and index in holders:
                 namespace, _, name = pod.pod.partition("/")
-                pods.append(
+                holders[index].append(
                     {"name": name, "namespace": namespace, "usedGPU": amount, "assumed": False,
                      "containers": [], "skipped": str(pod.kind)}
                 )  # fmt: skip
-        for allocation in allocations:
-            amount = allocation.per_gpu().get(gpu.index, 0)
-            if not amount:
-                continue
-            namespace, _, name = allocation.pod.partition("/")
-            pods.append(
-                {
-                    "name": name,
-                    "namespace": namespace,
-                    "usedGPU": amount,
-                    "assumed": state.is_assumed(allocation.pod),
-                    "containers": [
-                        c.container for c in allocation.containers if gpu.index in c.gpu_indices
-                    ],
-                }
-            )
+    for allocation in allocations:  # each read once, not once per GPU
+        namespace, _, name = allocation.pod.partition("/")
+        assumed = state.is_assumed(allocation.pod)
+        for index, amount in allocation.per_gpu().items():
+            if amount and index in holders:
+                holders[index].append(
+                    {"name": name, "namespace": namespace, "usedGPU": amount, "assumed": assumed,
+                     "containers": [c.container for c in allocation.containers
+                                    if index in c.gpu_indices]}
+                )  # fmt: skip
+    devs: list[dict[str, Any]] = []
+    for position, gpu in enumerate(node.gpus):
+        pods = holders[gpu.index]
         devs.append(
             {
                 "id": gpu.index,
@@ -85,11 +83,10 @@ def node_report(
                 "pods": pods,
             }
         )
-    return {
-        "name": node.name,
-        "gpushare": report_json(
-            narrow(cluster, node.name) if cluster is not None else shared_report(state, node.name)
-        ),
+    result: dict[str, Any] = {"name": node.name}
+    if shared:
+        result["gpushare"] = report_json(shared_report(state, node.name))
+    return result | {
         "unit": info.unit,
         "source": info.source,
         "totalGPU": sum(gpu.capacity for gpu in node.gpus),
@@ -161,12 +158,15 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
     ]
 
 
-def cluster_report(state: ExtenderState) -> dict[str, Any]:
-    """Every GPU-share node (sorted by name) and the ledger's broken invariants. The inspect
-    report is built once per request, each node's part narrowed from it."""
-    cluster = shared_report(state)
+def cluster_report(state: ExtenderState, reader: PodReader | None = None) -> dict[str, Any]:
+    """Every GPU-share node (sorted by name, without a ``gpushare`` report each), the ledger's
+    broken invariants, and the inspect report of the whole cluster (``gpushare``), built once
+    per request (``reader``: as in ``shared_report``)."""
+    cluster = shared_report(state, reader=reader)
     return {
-        "nodes": [node_report(state, info, cluster) for info in state.nodes() if info.gpushare],
+        "nodes": [
+            node_report(state, info, shared=False) for info in state.nodes() if info.gpushare
+        ],
         "violations": violations(state),
         "skipped": [skipped_json(pod) for pod in state.skipped()],
         "gpushare": report_json(cluster),

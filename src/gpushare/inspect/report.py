@@ -36,9 +36,9 @@ device-plugin handshake rule), so the reasons are the extender's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
@@ -61,6 +61,7 @@ from gpushare.kube.codec import (
 from gpushare.kube.codec.handshake import pending_pod
 
 UNKNOWN_UNIT = "unit unknown"
+_T = TypeVar("_T")
 
 
 def unit_label(unit: str | None) -> str:
@@ -264,18 +265,113 @@ class _Book:
     blocked: list[SkippedPod] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class PodRead:
+    """What one Pod object says for the report, read once (``read_pod``): ``bound`` node (or
+    ``None``); ``finished``; for a GPU pod its ``key``, ``request``, recorded ``allocation``
+    (``None``: bound without a record, or not bound), the handshake pin it holds (``waiting``)
+    and ``assigned`` (started by the device plugin); ``problem``: a line for
+    ``Report.problems``; ``blocked``: the skipped pod an unreadable allocation makes. A pod
+    that asks no GPU or cannot be read has no ``request``."""
+
+    bound: str | None
+    finished: bool = False
+    key: str | None = None
+    request: PodRequest | None = None
+    allocation: Allocation | None = None
+    waiting: PendingPod | None = None
+    assigned: bool = False
+    problem: str | None = None
+    blocked: SkippedPod | None = None
+
+
+def read_pod(obj: Mapping[str, Any]) -> PodRead:
+    """``obj`` (a Pod as JSON) read as the extender reads it (``ExtenderState.observe_pod``).
+    Never raises: what cannot be read is a ``problem`` (and, for a bound pod's allocation, a
+    ``blocked`` skipped pod)."""
+    bound = pod_node_name(obj) or None
+    if pod_finished(obj):
+        return PodRead(bound, finished=True)
+    if bound is None:
+        try:
+            request = pod_request(obj)
+        except CodecError as error:
+            return PodRead(None, problem=_line(error))
+        return PodRead(None, key=request.key, request=request if request.gpu_containers else None)
+    try:
+        key = pod_key(obj)
+    except CodecError as error:
+        return PodRead(bound, problem=_line(error))
+    # Each part is read once; one that cannot be read is read again where the extender reads
+    # it, so that its error lands where the extender's would (allocation: a blocked node).
+    read, alibaba = _or_none(pod_request, obj), _or_none(alibaba_annotations, obj)
+    try:
+        allocation = pod_allocation(obj, request=read, alibaba=alibaba)
+        waiting = None
+        if allocation is not None:
+            waiting = pending_pod(obj, allocation, alibaba=alibaba)
+    except CodecError as error:
+        skipped = unreadable(key, bound, str(error))
+        return PodRead(bound, key=key, problem=skipped.describe(), blocked=skipped)
+    try:
+        request = read if read is not None else pod_request(obj)
+        alibaba = alibaba if alibaba is not None else alibaba_annotations(obj)
+    except CodecError as error:
+        return PodRead(bound, key=key, problem=_line(error))
+    assigned = allocation is not None and alibaba.assigned is True
+    if not request.gpu_containers:
+        return PodRead(bound, key=key)
+    return PodRead(
+        bound, key=key, request=request, allocation=allocation, waiting=waiting, assigned=assigned
+    )
+
+
+def _or_none(read: Callable[[Mapping[str, Any]], _T], obj: Mapping[str, Any]) -> _T | None:
+    """``read(obj)``, or ``None`` where it raises ``CodecError``."""
+    try:
+        return read(obj)
+    except CodecError:
+        return None
+
+
+class PodReader:
+    """``read_pod`` with memory: a Pod object read before is not read again. Objects are known
+    by identity, so they must not change after they are read (the extender's state replaces
+    a pod's dict on every change; one ``build_report`` call's snapshot never changes). Keep one
+    reader across reports of the same source (the extender keeps one per app); each
+    ``build_report`` forgets the objects its snapshot no longer holds."""
+
+    def __init__(self) -> None:
+        self._reads: dict[int, tuple[Mapping[str, Any], PodRead]] = {}
+
+    def read_all(self, pods: Sequence[Mapping[str, Any]]) -> list[PodRead]:
+        """``read_pod`` of each of ``pods``, in order; only these are remembered after."""
+        known, reads, kept = self._reads, [], {}
+        for obj in pods:
+            entry = known.get(id(obj))
+            if entry is None or entry[0] is not obj:
+                entry = (obj, read_pod(obj))
+            kept[id(obj)] = entry
+            reads.append(entry[1])
+        self._reads = kept
+        return reads
+
+
 def build_report(
     snapshot: Snapshot,
     *,
     node: str | None = None,
     pending: Mapping[str, Sequence[PendingPod]] | None = None,
+    reader: PodReader | None = None,
 ) -> Report:
     """The report of ``snapshot`` (module doc); with ``node``, of that node alone (pending pods
     are then checked against it only; it is shown even when it is not a GPU-share node).
     Pending pods are checked with ``gpushare.core.handshake.handshake_fit``, the extender's own
     verdict: ``pending`` gives the pods that pin equal pods on each node (the extender passes
     its own, whose pins expire after its handshake timeout); by default they are read from the
-    snapshot (every bound pod the device plugin has not started yet pins).
+    snapshot (every bound pod the device plugin has not started yet pins). ``reader``: a
+    ``PodReader`` kept from earlier reports of the same source, so that unchanged pods are not
+    read again (a report of one ``node`` reads only that node's and the unbound pods).
     Never raises on unreadable objects: they become ``Report.problems``."""
     problems: list[str] = []
     infos: dict[str, tuple[NodeInfo, str | None]] = {}
@@ -294,49 +390,33 @@ def build_report(
     books: dict[str, _Book] = {}
     pins: dict[str, list[PendingPod]] = {}
     unbound: list[tuple[str, PodRequest]] = []
-    for obj in snapshot.pods:
-        bound = pod_node_name(obj) or None
-        if node is not None and bound not in (None, node):
+    reads: Iterable[PodRead]
+    if node is None:
+        reads = (reader or PodReader()).read_all(snapshot.pods)
+    else:  # the node's pods and the unbound ones only, not remembered
+        reads = (
+            read_pod(obj) for obj in snapshot.pods if (pod_node_name(obj) or None) in (None, node)
+        )
+    for read in reads:
+        if read.finished:
             continue
-        if pod_finished(obj):
+        if read.problem is not None:
+            problems.append(read.problem)
+        if read.bound is None:
+            if read.request is not None:
+                unbound.append((read.request.key, read.request))
             continue
-        if bound is None:
-            try:
-                request = pod_request(obj)
-            except CodecError as error:
-                problems.append(_line(error))
-                continue
-            if request.gpu_containers:
-                unbound.append((request.key, request))
+        book = books.setdefault(read.bound, _Book())
+        if read.blocked is not None:
+            book.blocked.append(read.blocked)
+        if read.request is None:
             continue
-        book = books.setdefault(str(bound), _Book())
-        try:
-            key = pod_key(obj)
-        except CodecError as error:
-            problems.append(_line(error))
-            continue
-        try:  # read as the extender reads a bound pod (ExtenderState.observe_pod)
-            allocation = pod_allocation(obj)
-            waiting = pending_pod(obj, allocation) if allocation is not None else None
-        except CodecError as error:
-            skipped = unreadable(key, str(bound), str(error))
-            book.blocked.append(skipped)
-            problems.append(skipped.describe())
-            continue
-        try:
-            request = pod_request(obj)
-            assigned = allocation is not None and alibaba_annotations(obj).assigned is True
-        except CodecError as error:
-            problems.append(_line(error))
-            continue
-        if not request.gpu_containers:
-            continue
-        if allocation is None:
-            book.unplaced.append(request)
+        if read.allocation is None:
+            book.unplaced.append(read.request)
         else:
-            book.placed.append((allocation, assigned))
-        if waiting is not None and pending is None:
-            pins.setdefault(str(bound), []).append(waiting)
+            book.placed.append((read.allocation, read.assigned))
+        if read.waiting is not None and pending is None:
+            pins.setdefault(read.bound, []).append(read.waiting)
 
     for name in sorted(set(books) - set(infos)):
         book = books[name]

@@ -92,6 +92,8 @@ def parse_quantity(text: object) -> Fraction:
 
 def whole_quantity(text: object, subject: str, key: str) -> int:
     """``parse_quantity`` that must give a whole number >= 0; ``CodecError`` otherwise."""
+    if type(text) is str and text.isascii() and text.isdigit() and len(text) <= 64:
+        return int(text)  # the common case, without the exact-number detour
     try:
         value = parse_quantity(text)
     except ValueError as error:
@@ -106,6 +108,8 @@ def whole_quantity(text: object, subject: str, key: str) -> int:
 
 def mapping(value: object, subject: str, key: str) -> Json:
     """``value`` as an object (``None`` reads as empty); ``CodecError`` for anything else."""
+    if type(value) is dict:
+        return value  # the common case, before the slower abstract-class check
     if value is None:
         return {}
     if not isinstance(value, Mapping):

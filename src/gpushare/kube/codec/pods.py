@@ -206,12 +206,19 @@ def _our_allocation(raw: str, subject: str) -> tuple[str, tuple[ContainerAllocat
     return document["node"], tuple(containers)
 
 
-def pod_allocation(pod: Json) -> Allocation | None:
+def pod_allocation(
+    pod: Json,
+    *,
+    request: PodRequest | None = None,
+    alibaba: AlibabaAnnotations | None = None,
+) -> Allocation | None:
     """The allocation recorded on ``pod`` (module doc), or ``None`` when it records none or
     when only Alibaba's annotations are set and the pod is not bound (they name no node).
 
     The node is ``spec.nodeName`` when bound, else the one in ``gpushare.io/allocation``. The
-    record is checked against what the pod asks. Raises ``CodecError`` on garbage.
+    record is checked against what the pod asks. ``request`` and ``alibaba``: ``pod_request``
+    and ``alibaba_annotations`` of ``pod`` when the caller has read them already (they are not
+    read again). Raises ``CodecError`` on garbage.
     """
     key = pod_key(pod)
     subject = f"pod {key}"
@@ -222,8 +229,9 @@ def pod_allocation(pod: Json) -> Allocation | None:
         raise CodecError(subject, "spec.nodeName", bound, "not a string", "a node name")
     if ALLOCATION not in annotations and ALIYUN_IDX not in annotations:
         return None
-    alibaba = alibaba_annotations(pod)
-    asked = {c.name: c for c in pod_request(pod).gpu_containers}
+    alibaba = alibaba if alibaba is not None else alibaba_annotations(pod)
+    request = request if request is not None else pod_request(pod)
+    asked = {c.name: c for c in request.gpu_containers}
     if not asked:
         raise CodecError(subject, GPU_MEM, None, "records a GPU but asks none", "a GPU pod")
     index, pod_total = alibaba.index, alibaba.pod_total
