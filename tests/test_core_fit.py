@@ -40,6 +40,7 @@ class Case:
     available: int | None = None
     container: str | None = None
     assignment: tuple[tuple[int, ...], ...] | None = None  # GPU indices per GPU container
+    allocations: tuple[ContainerAllocation, ...] = ()  # the whole assignment, for TWO_D
 
 
 CASES = [
@@ -366,6 +367,8 @@ def node_states(draw: st.DrawFn) -> NodeState:
         )
     )
     used = tuple(draw(st.integers(0, cap)) for cap, _, _ in gpus)
+    compute_used = tuple(draw(st.sampled_from((0, 0, 300, 800, 1000))) for _ in gpus)
+    whole = tuple(draw(st.booleans()) and draw(st.booleans()) for _ in gpus)
     cpu = draw(st.none() | st.integers(0, 8000))
     memory = draw(st.none() | st.integers(0, 8192))
     return state(
@@ -377,16 +380,21 @@ def node_states(draw: st.DrawFn) -> NodeState:
         memory_mib=memory,
         cpu_used_milli=draw(st.integers(0, cpu)) if cpu is not None else 0,
         memory_used_mib=draw(st.integers(0, memory)) if memory is not None else 0,
+        compute_used=compute_used,
+        whole=whole,
     )
 
 
 @st.composite
 def containers(draw: st.DrawFn) -> ContainerRequest:
     share = draw(st.integers(0, 40))
-    count = draw(st.integers(1, 3)) if share else 0
+    compute_milli = draw(st.sampled_from((0, 0, 100, 500, 1000)))
+    exclusive = not share and not compute_milli and draw(st.booleans())
+    count = draw(st.integers(1, 3)) if share or compute_milli or exclusive else 0
     allowed = draw(st.frozensets(st.sampled_from(MODELS)))
     # Names may repeat: the check must not rely on them being unique.
-    return ContainerRequest(draw(st.sampled_from("abc")), share, count, allowed)
+    name = draw(st.sampled_from("abc"))
+    return ContainerRequest(name, share, count, allowed, compute_milli, exclusive)
 
 
 pods = st.builds(
@@ -406,7 +414,9 @@ def test_a_fit_never_puts_a_gpu_above_capacity(before: NodeState, request: PodRe
     gpus = before.node.gpus
     assert len(result.assignment) == len(request.gpu_containers)
     for got, asked in zip(result.assignment, request.gpu_containers, strict=True):
-        assert got.gpu_share == asked.gpu_share
+        assert got.exclusive == asked.exclusive
+        if not asked.exclusive:
+            assert (got.gpu_share, got.compute_milli) == (asked.gpu_share, asked.compute_milli)
         assert len(set(got.gpu_indices)) == len(got.gpu_indices) == asked.gpu_count
         for index in got.gpu_indices:
             assert asked.allows(before.node.gpu(index).model)
@@ -414,10 +424,17 @@ def test_a_fit_never_puts_a_gpu_above_capacity(before: NodeState, request: PodRe
         request.key, before.node.name, result.assignment, request.cpu_milli, request.memory_mib
     )
     after = before.with_allocation(allocation)
-    for gpu, used_before, used_after in zip(gpus, before.gpu_used, after.gpu_used, strict=True):
+    for p, gpu in enumerate(gpus):
+        used_before, used_after = before.gpu_used[p], after.gpu_used[p]
         assert used_after <= gpu.capacity
-        if not gpu.healthy:
-            assert used_after == used_before, "unhealthy GPU took new units"
+        assert after.gpu_compute_used[p] <= 1000, "compute above one GPU"
+        if not gpu.healthy or before.gpu_whole[p]:
+            assert used_after == used_before, "unhealthy or whole-held GPU took new units"
+            assert after.gpu_compute_used[p] == before.gpu_compute_used[p]
+        if after.gpu_whole[p] and not before.gpu_whole[p]:
+            assert before.is_unused(p), "a whole GPU was taken from a GPU in use"
+            takers = [a for a in result.assignment if gpu.index in a.gpu_indices]
+            assert len(takers) == 1, "a GPU taken whole is shared within the pod"
     if before.node.cpu_milli is not None:
         assert after.cpu_used_milli <= before.node.cpu_milli
     if before.node.memory_mib is not None:
@@ -447,3 +464,82 @@ def test_assignment_is_keyed_by_container_position_not_name() -> None:
     assert result.fits
     assert [a.gpu_indices for a in result.assignment] == [(0,), (1,)]
     assert isinstance(result.assignment[0], ContainerAllocation)
+
+
+# --- the second dimension: compute shares and whole GPUs (docs/compute.md) -----------------
+
+
+def compute(name: str, share: int, compute_milli: int, count: int = 1) -> ContainerRequest:
+    return ContainerRequest(name, share, count, compute_milli=compute_milli)
+
+
+def whole(name: str, count: int = 1) -> ContainerRequest:
+    return ContainerRequest(name, 0, count, exclusive=True)
+
+
+TWO_D = [
+    Case("memory and compute free: binpacks on memory",
+         state((16, 16), (8, 0)), pod(compute("c", 4, 500)), FitStatus.FITS, Reason.FITS,
+         allocations=(ContainerAllocation("c", (0,), 4, 500),)),
+    Case("compute steers past the GPU with least memory free when its compute is taken",
+         state((16, 16), (8, 0), compute_used=(800, 0)), pod(compute("c", 4, 300)),
+         FitStatus.FITS, Reason.FITS, allocations=(ContainerAllocation("c", (1,), 4, 300),)),
+    Case("memory free but compute taken everywhere: says compute, with the compute asked",
+         state((16, 16), compute_used=(800, 800)), pod(compute("c", 4, 300)),
+         FitStatus.DOES_NOT_FIT_NOW, Reason.INSUFFICIENT_COMPUTE, requested=300),
+    Case("compute free but memory short: says memory",
+         state((16, 16), (14, 14)), pod(compute("c", 4, 300)),
+         FitStatus.DOES_NOT_FIT_NOW, Reason.INSUFFICIENT_GPU, requested=4),
+    Case("a compute-only container (openb) binpacks on compute, memory not asked",
+         state((16, 16), (16, 16), compute_used=(200, 600)), pod(compute("c", 0, 400)),
+         FitStatus.FITS, Reason.FITS, allocations=(ContainerAllocation("c", (1,), 0, 400),)),
+    Case("a pod asking no compute is not bounded by it (Alibaba's dialect)",
+         state((16, 16), (0, 0), compute_used=(1000, 1000)), pod(("c", 4, 1)),
+         FitStatus.FITS, Reason.FITS, allocations=(ContainerAllocation("c", (0,), 4),)),
+    Case("a whole GPU takes a GPU that holds nothing, recorded whole",
+         state((16, 16), (4, 0)), pod(whole("w")), FitStatus.FITS, Reason.FITS,
+         allocations=(ContainerAllocation("w", (1,), 16, 1000, exclusive=True),)),
+    Case("a GPU with compute in use is not unused",
+         state((16, 16), (0, 0), compute_used=(100, 100)), pod(whole("w")),
+         FitStatus.DOES_NOT_FIT_NOW, Reason.NO_UNUSED_GPU, requested=1),
+    Case("two whole GPUs take the two unused ones",
+         state((16, 16, 16), (0, 4, 0)), pod(whole("w", 2)), FitStatus.FITS, Reason.FITS,
+         allocations=(ContainerAllocation("w", (0, 2), 16, 1000, exclusive=True),)),
+    Case("whole GPUs beyond the node's count can never fit",
+         state((16, 16)), pod(whole("w", 3)), FitStatus.CAN_NEVER_FIT, Reason.TOO_FEW_GPUS,
+         requested=3),
+    Case("a GPU held whole takes no memory pod, even one that would fit its numbers",
+         state((16, 16), (0, 12), whole=(True, False)), pod(("c", 4, 1)),
+         FitStatus.FITS, Reason.FITS, allocations=(ContainerAllocation("c", (1,), 4),)),
+    Case("a GPU held whole takes no compute-only pod",
+         state((16, 16), (0, 0), compute_used=(0, 900), whole=(True, False)),
+         pod(compute("c", 0, 300)), FitStatus.DOES_NOT_FIT_NOW, Reason.INSUFFICIENT_COMPUTE,
+         requested=300),
+    Case("the only unused GPU is unhealthy: says unhealthy",
+         state((16, 16), (4, 0), healthy=(True, False)), pod(whole("w")),
+         FitStatus.DOES_NOT_FIT_NOW, Reason.UNHEALTHY, requested=1),
+    Case("a whole-GPU container and a shared one in one pod use different GPUs",
+         state((16, 16)), pod(compute("s", 4, 200), whole("w")), FitStatus.FITS, Reason.FITS,
+         allocations=(ContainerAllocation("s", (1,), 4, 200),
+                     ContainerAllocation("w", (0,), 16, 1000, exclusive=True))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", TWO_D, ids=[c.id for c in TWO_D])
+def test_check_fit_in_two_dimensions(case: Case) -> None:
+    result = check_fit(case.state, case.pod)
+    assert (result.status, result.reason) == (case.status, case.reason), result.describe()
+    asks = any(c.compute_milli or c.exclusive for c in case.pod.gpu_containers)
+    # Compute numbers only for pods that ask it: others read as before.
+    assert result.compute_free_per_gpu == (case.state.gpu_compute_free if asks else ())
+    if case.requested is not None:
+        assert result.requested == case.requested
+    assert result.assignment == case.allocations
+
+
+def test_a_compute_rejection_describes_both_dimensions() -> None:
+    result = check_fit(state((16, 16), (4, 0), compute_used=(800, 900)), pod(compute("c", 4, 300)))
+    assert result.describe() == (
+        "no GPU has enough free compute; container c; requested 300; "
+        "free/capacity per GPU 12/16, 16/16; compute free per GPU 200, 100 (of 1000)"
+    )

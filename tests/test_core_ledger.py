@@ -483,6 +483,8 @@ def allocations(draw: st.DrawFn) -> Allocation:
             st.tuples(
                 st.lists(indices, min_size=1, max_size=2, unique=True),
                 st.integers(0, 8),
+                st.sampled_from([0, 0, 0, 300, 700]),  # compute_milli
+                st.sampled_from([False] * 5 + [True]),  # whole GPUs
             ),
             min_size=1,
             max_size=2,
@@ -492,8 +494,10 @@ def allocations(draw: st.DrawFn) -> Allocation:
         draw(st.sampled_from(PODS)),
         node,
         tuple(
-            ContainerAllocation(f"c{i}", tuple(indices), share)
-            for i, (indices, share) in enumerate(containers)
+            ContainerAllocation(
+                f"c{i}", tuple(indices), share, 1000 if whole else compute, exclusive=whole
+            )
+            for i, (indices, share, compute, whole) in enumerate(containers)
         ),
         cpu_milli=draw(st.integers(0, 2)),
         memory_mib=draw(st.integers(0, 2)),
@@ -516,13 +520,23 @@ class LedgerMachine(RuleBasedStateMachine):
         node = self.nodes.get(allocation.node)
         if node is None:
             return False
-        used = self.recomputed(node).gpu_used
+        state = self.recomputed(node)
         position = {gpu.index: i for i, gpu in enumerate(node.gpus)}
+        compute = allocation.per_gpu_compute()
         for index, amount in allocation.per_gpu().items():
             if index not in position:
                 return False
-            gpu = node.gpus[position[index]]
-            if not gpu.healthy or used[position[index]] + amount > gpu.capacity:
+            p = position[index]
+            gpu = node.gpus[p]
+            if not gpu.healthy or state.gpu_whole[p]:
+                return False
+            if index in allocation.whole_gpus() and (
+                state.gpu_used[p] or state.gpu_compute_used[p]
+            ):
+                return False
+            if state.gpu_used[p] + amount > gpu.capacity:
+                return False
+            if state.gpu_compute_used[p] + compute.get(index, 0) > 1000:
                 return False
         return True
 
@@ -616,3 +630,87 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedgerSequences = LedgerMachine.TestCase
 TestLedgerSequences.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+
+
+# --- the second dimension: compute and whole GPUs ----------------------------------------------
+
+
+def shared(index: int, share: int, compute_milli: int, name: str = "c0") -> ContainerAllocation:
+    return ContainerAllocation(name, (index,), share, compute_milli)
+
+
+def whole_gpu(*indices: int, capacity: int = 16) -> ContainerAllocation:
+    return ContainerAllocation("w", indices, capacity, 1000, exclusive=True)
+
+
+@dataclass(frozen=True)
+class TwoDRecord:
+    id: str
+    held: tuple[ContainerAllocation, ...]  # what ns/held holds on n1 (two GPUs of 16)
+    asked: tuple[ContainerAllocation, ...]  # what ns/p asks there
+    outcome: LedgerOutcome
+    gpu_index: int | None = None
+    requested: int = 0
+    available: int | None = None
+
+
+TWO_D_RECORDS = [
+    TwoDRecord("compute fits next to compute", (shared(0, 4, 600),), (shared(0, 4, 400),),
+               LedgerOutcome.APPLIED),
+    TwoDRecord("compute above one GPU is refused with the compute numbers",
+               (shared(0, 4, 600),), (shared(0, 4, 500),),
+               LedgerOutcome.INSUFFICIENT_COMPUTE, 0, 500, 400),
+    TwoDRecord("a memory-only pod is not bounded by compute",
+               (shared(0, 4, 1000),), (ContainerAllocation("c0", (0,), 4),),
+               LedgerOutcome.APPLIED),
+    TwoDRecord("a whole GPU on a GPU that holds nothing", (shared(0, 4, 0),), (whole_gpu(1),),
+               LedgerOutcome.APPLIED),
+    TwoDRecord("a whole GPU on a GPU holding memory is refused",
+               (shared(0, 4, 0),), (whole_gpu(0),), LedgerOutcome.GPU_IN_USE, 0, 16, 12),
+    TwoDRecord("a whole GPU on a GPU holding compute only is refused",
+               (shared(0, 0, 300),), (whole_gpu(0),), LedgerOutcome.GPU_IN_USE, 0, 16, 16),
+    TwoDRecord("nothing goes on a GPU held whole, not even compute only",
+               (whole_gpu(0),), (shared(0, 0, 100),), LedgerOutcome.HELD_WHOLE, 0, 0, 0),
+    TwoDRecord("nor another whole claim", (whole_gpu(0),), (whole_gpu(0, 1),),
+               LedgerOutcome.HELD_WHOLE, 0, 16, 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["apply", "assume"])
+@pytest.mark.parametrize("case", TWO_D_RECORDS, ids=[c.id for c in TWO_D_RECORDS])
+def test_both_dimensions_and_whole_gpus_are_guarded(
+    ledger: Ledger, case: TwoDRecord, how: str
+) -> None:
+    held = Allocation("ns/held", "n1", case.held)
+    assert ledger.apply(held).ok
+    before = snapshot(ledger, ("ns/held", "ns/p"))
+    asked = Allocation("ns/p", "n1", case.asked)
+    result = ledger.assume(asked) if how == "assume" else ledger.apply(asked)
+    outcome = case.outcome
+    if outcome is LedgerOutcome.APPLIED and how == "assume":
+        outcome = LedgerOutcome.ASSUMED
+    assert result.outcome is outcome, result.describe()
+    if not result.ok:
+        assert (result.gpu_index, result.requested, result.available) == (
+            case.gpu_index, case.requested, case.available,
+        )  # fmt: skip
+        assert snapshot(ledger, ("ns/held", "ns/p")) == before
+    assert ledger.check_invariants() == []
+    state = ledger.state("n1")
+    expected = NodeState.empty(state.node).with_allocation(held)
+    if result.ok:
+        expected = expected.with_allocation(asked)
+    assert (state.gpu_used, state.gpu_compute_used, state.gpu_whole) == (
+        expected.gpu_used, expected.gpu_compute_used, expected.gpu_whole,
+    )  # fmt: skip
+    ledger.release("ns/p")
+    ledger.release("ns/held")
+    empty = ledger.state("n1")
+    assert (empty.gpu_used, empty.gpu_compute_used, empty.gpu_whole) == (
+        (0, 0), (0, 0), (False, False),
+    )  # fmt: skip
+
+
+def test_malformed_compute_is_a_programming_error(ledger: Ledger) -> None:
+    with pytest.raises(ValueError, match="compute_milli 1200"):
+        ledger.apply(Allocation("ns/p", "n1", (shared(0, 4, 1200),)))

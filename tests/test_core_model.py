@@ -46,8 +46,38 @@ INVALID: list[tuple[str, Callable[[], object], str]] = [
         lambda: Node("n", (Gpu(1, "A100", 10), Gpu(0, "A100", 10))),
         "index order",
     ),
-    ("share without count", lambda: ContainerRequest("c", 5, 0), "both must be 0"),
-    ("count without share", lambda: ContainerRequest("c", 0, 1), "both must be 0"),
+    ("share without count", lambda: ContainerRequest("c", 5, 0), "asks memory, compute or"),
+    ("count without share", lambda: ContainerRequest("c", 0, 1), "asks memory, compute or"),
+    (
+        "compute without count",
+        lambda: ContainerRequest("c", 0, 0, compute_milli=300),
+        "asks memory, compute or",
+    ),
+    (
+        "compute above one GPU",
+        lambda: ContainerRequest("c", 4, 1, compute_milli=1001),
+        "compute_milli must be 0..1000",
+    ),
+    (
+        "negative compute",
+        lambda: ContainerRequest("c", 4, 1, compute_milli=-1),
+        "compute_milli must be 0..1000",
+    ),
+    (
+        "whole GPUs with a memory share",
+        lambda: ContainerRequest("c", 4, 1, exclusive=True),
+        "exclusive container asks whole GPUs only",
+    ),
+    (
+        "whole GPUs without a count",
+        lambda: ContainerRequest("c", 0, 0, exclusive=True),
+        "exclusive container asks whole GPUs only",
+    ),
+    (
+        "compute usage for the wrong number of GPUs",
+        lambda: NodeState(Node("n", (Gpu(0, "T4", 16),)), (0,), gpu_compute_used=(0, 0)),
+        "usage entries",
+    ),
     ("negative share", lambda: ContainerRequest("c", -1, 1), "must be >= 0"),
     ("negative count", lambda: ContainerRequest("c", 1, -1), "must be >= 0"),
     (
@@ -70,6 +100,12 @@ def test_invalid_model_is_rejected_at_construction(
 
 VALID: list[tuple[str, Callable[[], object]]] = [
     ("cpu-only container", lambda: ContainerRequest("c", 0, 0)),
+    (
+        "compute-only container (openb, Tencent share without memory is refused by its codec)",
+        lambda: ContainerRequest("c", 0, 1, compute_milli=300),
+    ),
+    ("memory and compute", lambda: ContainerRequest("c", 4, 1, compute_milli=1000)),
+    ("two whole GPUs", lambda: ContainerRequest("c", 0, 2, exclusive=True)),
     ("node without gpus", lambda: Node("n", ())),
     ("gpu indices with gaps", lambda: Node("n", (Gpu(0, "A100", 1), Gpu(3, "A100", 1)))),
 ]
@@ -93,6 +129,54 @@ GPU_FREE = [
     ("unhealthy gpu has nothing free", node(16, 16, healthy=(True, False)), (0, 0), (16, 0)),
     ("unhealthy gpu in use has nothing free", node(16, 16, healthy=(False, True)), (4, 4), (0, 12)),
 ]
+
+
+SECOND_DIMENSION = [
+    # (id, state, memory free, compute free, unused GPUs)
+    ("nothing used: all compute free, every GPU unused",
+     NodeState(node(16, 16), (0, 0)), (16, 16), (1000, 1000), (True, True)),
+    ("compute used on one GPU: it is no longer unused",
+     NodeState(node(16, 16), (0, 0), gpu_compute_used=(300, 0)), (16, 16), (700, 1000),
+     (False, True)),
+    ("a GPU held whole has nothing free in either dimension",
+     NodeState(node(16, 16), (16, 0), gpu_compute_used=(1000, 0), gpu_whole=(True, False)),
+     (0, 16), (0, 1000), (False, True)),
+    ("an unhealthy GPU has no compute free either",
+     NodeState(node(16, 16, healthy=(False, True)), (0, 0)), (0, 16), (0, 1000), (False, True)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "free", "compute_free", "unused"),
+    [case[1:] for case in SECOND_DIMENSION],
+    ids=[case[0] for case in SECOND_DIMENSION],
+)
+def test_compute_free_and_whole_gpus(
+    state: NodeState,
+    free: tuple[int, ...],
+    compute_free: tuple[int, ...],
+    unused: tuple[bool, ...],
+) -> None:
+    assert state.gpu_free == free
+    assert state.gpu_compute_free == compute_free
+    assert tuple(state.is_unused(p) for p in range(len(free))) == unused
+
+
+def test_with_and_without_an_allocation_move_both_dimensions_and_whole_gpus() -> None:
+    empty = NodeState.empty(node(16, 16))
+    allocation = Allocation(
+        "ns/p",
+        "n",
+        (
+            ContainerAllocation("a", (0,), 4, compute_milli=250),
+            ContainerAllocation("b", (1,), 16, compute_milli=1000, exclusive=True),
+        ),
+    )
+    held = empty.with_allocation(allocation)
+    assert (held.gpu_used, held.gpu_compute_used, held.gpu_whole) == (
+        (4, 16), (250, 1000), (False, True),
+    )  # fmt: skip
+    assert held.without(allocation) == empty
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,13 @@ kinds, after the scheduler framework's ``Unschedulable`` / ``UnschedulableAndUnr
 Multi-container pods are checked greedily: containers by decreasing share, each on the GPUs with
 the least free that still fit (lowest index on ties). Greedy packing can miss a feasible
 assignment in rare multi-container cases; it never claims a fit that does not exist.
+
+A GPU takes a container when it has the memory (``gpu_share``) free and, for a container that
+asks compute, the compute (``compute_milli``) too; a container asking whole GPUs
+(``exclusive``) takes only GPUs that hold nothing (``NodeState.is_unused``) and records each of
+them whole; a GPU held whole takes nothing else (docs/compute.md). Reasons for the second
+dimension carry its numbers (``compute_free_per_gpu``, shown only for pods that ask compute or
+whole GPUs, so other pods' reasons read as before).
 """
 
 from __future__ import annotations
@@ -19,7 +26,13 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpushare.core.model import ContainerAllocation, ContainerRequest, NodeState, PodRequest
+from gpushare.core.model import (
+    GPU_COMPUTE_MILLI,
+    ContainerAllocation,
+    ContainerRequest,
+    NodeState,
+    PodRequest,
+)
 
 
 class FitStatus(enum.Enum):
@@ -41,6 +54,8 @@ class Reason(enum.StrEnum):
     INSUFFICIENT_CPU = "insufficient cpu"
     INSUFFICIENT_MEMORY = "insufficient memory"
     INSUFFICIENT_GPU = "no GPU has enough free"
+    INSUFFICIENT_COMPUTE = "no GPU has enough free compute"
+    NO_UNUSED_GPU = "not enough GPUs that hold nothing for whole GPUs"
     UNHEALTHY = "not enough healthy GPUs"
     HANDSHAKE = "an equal pod bound here awaits its device-plugin start"
 
@@ -51,7 +66,9 @@ class FitResult:
 
     ``requested`` is the amount that failed (GPU units per GPU, milli-CPU or MiB, per
     ``reason``); ``free_per_gpu`` and ``capacity_per_gpu`` are the node's GPUs in position order.
-    ``container`` names the container that failed, when one did.
+    ``container`` names the container that failed, when one did. ``compute_free_per_gpu``:
+    the free ``compute_milli`` per GPU position, set for pods that ask compute or whole GPUs
+    (empty otherwise); for ``INSUFFICIENT_COMPUTE`` ``requested`` is compute_milli per GPU.
     """
 
     status: FitStatus
@@ -62,6 +79,7 @@ class FitResult:
     container: str | None = None
     available: int | None = None
     assignment: tuple[ContainerAllocation, ...] = ()
+    compute_free_per_gpu: tuple[int, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -80,6 +98,9 @@ class FitResult:
             parts.append(f"available {self.available}")
         if self.free_per_gpu:
             parts.append(describe_free_per_gpu(self.free_per_gpu, self.capacity_per_gpu))
+        if self.compute_free_per_gpu:
+            shown = ", ".join(map(str, self.compute_free_per_gpu))
+            parts.append(f"compute free per GPU {shown} (of {GPU_COMPUTE_MILLI})")
         return "; ".join(parts)
 
 
@@ -121,6 +142,8 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
     capacity = node.capacities
     free = state.gpu_free
     gpu_containers = pod.gpu_containers
+    two_dimensional = any(c.compute_milli or c.exclusive for c in gpu_containers)
+    compute_free = state.gpu_compute_free if two_dimensional else ()
 
     def fail(
         status: FitStatus,
@@ -129,7 +152,9 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
         container: str | None = None,
         available: int | None = None,
     ) -> FitResult:
-        return FitResult(status, reason, requested, free, capacity, container, available)
+        return FitResult(
+            status, reason, requested, free, capacity, container, available, (), compute_free
+        )
 
     if gpu_containers and not gpus:
         return fail(FitStatus.CAN_NEVER_FIT, Reason.NO_GPUS, pod.gpu_total)
@@ -198,25 +223,51 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
             )
     assignment = (
         _single_gpu_assignment(state, gpu_containers[0])
-        if len(gpu_containers) == 1 and gpu_containers[0].gpu_count == 1
+        if len(gpu_containers) == 1 and gpu_containers[0].gpu_count == 1 and not two_dimensional
         else greedy_assignment(state, gpu_containers)
     )
     if isinstance(assignment, ContainerRequest):
-        healthy_would_fit = best_fit_positions(
-            [cap - used for cap, used in zip(capacity, state.gpu_used, strict=True)],
-            tuple(gpu.model for gpu in gpus),
-            assignment,
-        )
-        unhealthy = any(not gpu.healthy for gpu in gpus) and healthy_would_fit is not None
-        return fail(
-            FitStatus.DOES_NOT_FIT_NOW,
-            Reason.UNHEALTHY if unhealthy else Reason.INSUFFICIENT_GPU,
-            assignment.gpu_share,
-            assignment.name,
-        )
+        reason, requested = _why_not(state, assignment)
+        return fail(FitStatus.DOES_NOT_FIT_NOW, reason, requested, assignment.name)
     return FitResult(
-        FitStatus.FITS, Reason.FITS, pod.gpu_total, free, capacity, assignment=assignment
+        FitStatus.FITS,
+        Reason.FITS,
+        pod.gpu_total,
+        free,
+        capacity,
+        assignment=assignment,
+        compute_free_per_gpu=compute_free,
     )
+
+
+def _why_not(state: NodeState, container: ContainerRequest) -> tuple[Reason, int]:
+    """(reason, requested) for ``container``, which found no room on ``state``: a GPU that is
+    unhealthy would have taken it (``UNHEALTHY``), too few GPUs hold nothing for whole GPUs
+    (``NO_UNUSED_GPU``, requested: the count), the memory is there but not the compute
+    (``INSUFFICIENT_COMPUTE``, requested: compute_milli), else ``INSUFFICIENT_GPU``."""
+    gpus, models = state.node.gpus, state.node.models
+    need = container.compute_milli
+
+    def room(*, unhealthy_too: bool, compute_too: bool) -> bool:
+        view = []
+        for p, gpu in enumerate(gpus):
+            usable = (unhealthy_too or gpu.healthy) and not state.gpu_whole[p]
+            if container.exclusive:
+                usable = usable and not state.gpu_used[p] and not state.gpu_compute_used[p]
+            elif compute_too and GPU_COMPUTE_MILLI - state.gpu_compute_used[p] < need:
+                usable = False
+            amount = gpu.capacity if container.exclusive else gpu.capacity - state.gpu_used[p]
+            view.append(amount if usable else -1)
+        return best_fit_positions(view, models, container) is not None
+
+    if any(not gpu.healthy for gpu in gpus) and room(unhealthy_too=True, compute_too=True):
+        requested = container.gpu_count if container.exclusive else container.gpu_share or need
+        return Reason.UNHEALTHY, requested
+    if container.exclusive:
+        return Reason.NO_UNUSED_GPU, container.gpu_count
+    if need and room(unhealthy_too=False, compute_too=False):
+        return Reason.INSUFFICIENT_COMPUTE, need
+    return Reason.INSUFFICIENT_GPU, container.gpu_share
 
 
 def greedy_assignment(
@@ -232,26 +283,58 @@ def greedy_assignment(
 def assign_containers(
     state: NodeState, containers: tuple[ContainerRequest, ...], pick: GpuPicker
 ) -> tuple[ContainerAllocation, ...] | ContainerRequest:
-    """Containers placed one by one, largest share first, each by ``pick`` on the running free
-    list. Returns the allocations in declaration order, or the first container with no room."""
+    """Containers placed one by one, whole GPUs first, then largest share first, each by
+    ``pick`` on the running free list of the container's binding dimension (memory per
+    position; compute for a container that asks compute and no memory), where a GPU that
+    cannot take the container (compute, whole-GPU rules) shows -1. Returns the allocations in
+    declaration order, or the first container with no room."""
     gpus = state.node.gpus
     models = state.node.models
     free = list(state.gpu_free)
-    chosen: dict[int, tuple[int, ...]] = {}  # by position in ``containers``: names may repeat
+    two_dimensional = any(c.compute_milli or c.exclusive for c in containers)
+    # The second dimension is followed only for pods that ask it (the common pod does not).
+    compute = list(state.gpu_compute_free) if two_dimensional else []
+    unused = [state.is_unused(p) for p in range(len(gpus))] if two_dimensional else []
+    chosen: dict[int, ContainerAllocation] = {}  # by position in ``containers``: names repeat
     order = sorted(
-        range(len(containers)), key=lambda i: (-containers[i].gpu_share, -containers[i].gpu_count)
+        range(len(containers)),
+        key=lambda i: (
+            not containers[i].exclusive,
+            -containers[i].gpu_share,
+            -containers[i].gpu_count,
+        ),
     )
     for i in order:
         container = containers[i]
-        positions = pick(free, models, container)
+        view = free  # what ``pick`` packs by: the binding dimension
+        if container.exclusive:
+            view = [amount if unused[p] else -1 for p, amount in enumerate(free)]
+        elif container.compute_milli:
+            need = container.compute_milli
+            # Memory binds when asked; a compute-only container (openb) packs by compute.
+            binding = free if container.gpu_share else compute
+            view = [amount if compute[p] >= need else -1 for p, amount in enumerate(binding)]
+        positions = pick(view, models, container)
         if positions is None:
             return container
+        indices = tuple(gpus[p].index for p in positions)
+        if container.exclusive:
+            for position in positions:
+                free[position], compute[position], unused[position] = 0, 0, False
+            share = min(gpus[p].capacity for p in positions)
+            chosen[i] = ContainerAllocation(
+                container.name, indices, share, GPU_COMPUTE_MILLI, exclusive=True
+            )
+            continue
         for position in positions:
             free[position] -= container.gpu_share
-        chosen[i] = tuple(gpus[p].index for p in positions)
-    return tuple(
-        ContainerAllocation(c.name, chosen[i], c.gpu_share) for i, c in enumerate(containers)
-    )
+            if two_dimensional:
+                compute[position] -= container.compute_milli
+                unused[position] = False
+        chosen[i] = ContainerAllocation(
+            container.name, indices, container.gpu_share, container.compute_milli
+        )
+    return tuple(chosen[i] for i in range(len(containers)))
 
 
 def _single_gpu_assignment(

@@ -6,9 +6,11 @@ derives it from the API server (design.md, "Source of truth"): allocations seen 
 *assumed* with ``assume`` and expire ``assume_ttl_s`` seconds later unless ``apply`` confirms them.
 Assumed allocations count in every free/fit computation exactly like committed ones.
 
-The ledger guards the "no overcommit, ever" contract for GPUs: an ``apply``/``assume`` that would
-put any GPU above its capacity, names an unknown node or GPU index, or lands new units on an
-unhealthy GPU is rejected, and a rejected call leaves the ledger exactly as it was. CPU and memory
+The ledger guards the "no overcommit, ever" contract for GPUs, in both dimensions: an
+``apply``/``assume`` that would put any GPU's memory above its capacity or its compute above one
+GPU (``GPU_COMPUTE_MILLI``), take a GPU whole that holds anything, put anything on a GPU held
+whole, name an unknown node or GPU index, or land new units on an unhealthy GPU is rejected,
+and a rejected call leaves the ledger exactly as it was. CPU and memory
 are recorded (they show in ``state``) but not enforced here: ``gpushare.core.fit.check_fit``
 checks them before a decision, and kube-scheduler owns them on a cluster.
 
@@ -21,10 +23,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpushare.core.fit import describe_free_per_gpu
-from gpushare.core.model import Allocation, Node, NodeState
+from gpushare.core.model import GPU_COMPUTE_MILLI, Allocation, Node, NodeState
 
 __all__ = [
     "Ledger",
@@ -49,6 +51,9 @@ class LedgerOutcome(enum.StrEnum):
     UNKNOWN_GPU = "node has no such GPU"
     CONFLICT = "pod already holds a different allocation"
     INSUFFICIENT_GPU = "not enough free on the GPU"
+    INSUFFICIENT_COMPUTE = "not enough compute free on the GPU"
+    GPU_IN_USE = "GPU holds something; a whole GPU must hold nothing"
+    HELD_WHOLE = "GPU is held whole by another pod"
     UNHEALTHY_GPU = "GPU is unhealthy"
 
     @property
@@ -112,6 +117,8 @@ class ViolationKind(enum.StrEnum):
     """What ``Ledger.check_invariants`` found wrong with one GPU."""
 
     OVER_CAPACITY = "GPU used above its capacity"
+    COMPUTE_OVER_CAPACITY = "GPU compute used above one GPU"
+    WHOLE_SHARED = "GPU held whole shared with another pod"
     UNKNOWN_GPU = "allocation names a GPU the node does not have"
     UNKNOWN_NODE = "allocation names a node the ledger does not know"
 
@@ -121,7 +128,8 @@ class Violation:
     """One broken invariant on GPU ``gpu_index`` (device index) of ``node``.
 
     ``used`` sums committed and assumed units there; ``capacity`` is the GPU's capacity (0 when
-    the GPU or node is unknown); ``pods`` are the pods with units on that GPU, sorted.
+    the GPU or node is unknown); for ``COMPUTE_OVER_CAPACITY`` both are ``compute_milli`` (the
+    capacity ``GPU_COMPUTE_MILLI``). ``pods`` are the pods with units on that GPU, sorted.
     """
 
     kind: ViolationKind
@@ -145,6 +153,8 @@ class _NodeBook:
     gpu_used: dict[int, int]  # by device index, committed + assumed
     cpu_used_milli: int = 0
     memory_used_mib: int = 0
+    gpu_compute_used: dict[int, int] = field(default_factory=dict)  # by device index
+    whole_holders: dict[int, int] = field(default_factory=dict)  # by device index: how many
 
 
 class Ledger:
@@ -254,11 +264,14 @@ class Ledger:
         if book is None or book.node is None:
             raise KeyError(f"ledger knows no node {node_name!r}")
         node = book.node
+        compute, whole = book.gpu_compute_used, book.whole_holders
         return NodeState(
             node=node,
             gpu_used=tuple(book.gpu_used.get(gpu.index, 0) for gpu in node.gpus),
             cpu_used_milli=book.cpu_used_milli,
             memory_used_mib=book.memory_used_mib,
+            gpu_compute_used=tuple(compute.get(g.index, 0) for g in node.gpus) if compute else (),
+            gpu_whole=tuple(g.index in whole for g in node.gpus) if whole else (),
         )
 
     def units_off_node(self, node_name: str) -> int:
@@ -299,41 +312,51 @@ class Ledger:
     def check_invariants(self) -> list[Violation]:
         """Every broken invariant, sorted by node and GPU index; empty when all is well.
 
-        Checked: each GPU's used sum (committed + assumed) is at most its capacity; allocations
-        name only GPU indices of known nodes. Allocations can break these only when a node
-        shrinks or disappears under them (``upsert_node``/``remove_node``).
+        Checked: each GPU's used sum (committed + assumed) is at most its capacity, and its
+        compute at most one GPU; a GPU held whole holds no other pod; allocations name only GPU
+        indices of known nodes. Allocations can break these only when a node shrinks or
+        disappears under them (``upsert_node``/``remove_node``).
         """
         violations: list[Violation] = []
         for node_name in sorted(self._books):
             book = self._books[node_name]
             # Recomputed from the entries, independently of the running totals.
             used: dict[int, int] = {}
+            compute: dict[int, int] = {}
+            whole: set[int] = set()
             pods_on: dict[int, list[str]] = {}
+            holding: dict[int, int] = {}  # pods that hold something there (memory, compute)
             for pod, entry in book.entries.items():
+                per_gpu_compute = entry.allocation.per_gpu_compute()
                 for index, amount in entry.allocation.per_gpu().items():
                     used[index] = used.get(index, 0) + amount
                     pods_on.setdefault(index, []).append(pod)
+                    if amount or per_gpu_compute.get(index):
+                        holding[index] = holding.get(index, 0) + 1
+                for index, amount in per_gpu_compute.items():
+                    compute[index] = compute.get(index, 0) + amount
+                whole |= entry.allocation.whole_gpus()
             capacities = {} if book.node is None else {g.index: g.capacity for g in book.node.gpus}
             for index in sorted(used):
+                broken: list[tuple[ViolationKind, int, int]] = []  # (kind, used, capacity)
                 if book.node is None:
-                    kind: ViolationKind | None = ViolationKind.UNKNOWN_NODE
+                    broken.append((ViolationKind.UNKNOWN_NODE, used[index], 0))
                 elif index not in capacities:
-                    kind = ViolationKind.UNKNOWN_GPU
-                elif used[index] > capacities[index]:
-                    kind = ViolationKind.OVER_CAPACITY
+                    broken.append((ViolationKind.UNKNOWN_GPU, used[index], 0))
                 else:
-                    kind = None
-                if kind is not None:
-                    violations.append(
-                        Violation(
-                            kind,
-                            node_name,
-                            index,
-                            used[index],
-                            capacities.get(index, 0),
-                            tuple(sorted(pods_on[index])),
+                    if used[index] > capacities[index]:
+                        broken.append((ViolationKind.OVER_CAPACITY, used[index], capacities[index]))
+                    if compute.get(index, 0) > GPU_COMPUTE_MILLI:
+                        broken.append(
+                            (ViolationKind.COMPUTE_OVER_CAPACITY, compute[index], GPU_COMPUTE_MILLI)
                         )
-                    )
+                    if index in whole and holding.get(index, 0) > 1:
+                        broken.append((ViolationKind.WHOLE_SHARED, used[index], capacities[index]))
+                pods = tuple(sorted(pods_on[index]))
+                violations.extend(
+                    Violation(kind, node_name, index, amount, capacity, pods)
+                    for kind, amount, capacity in broken
+                )
         return violations
 
     # -- internals ---------------------------------------------------------------------------
@@ -390,13 +413,28 @@ class Ledger:
         for index, amount in per_gpu:
             if index not in gpus:
                 return result(LedgerOutcome.UNKNOWN_GPU, index, amount)
+        compute = allocation.per_gpu_compute()
+        whole = allocation.whole_gpus()
         for index, amount in per_gpu:
             gpu = gpus[index]
             if not gpu.healthy and not allow_unhealthy:
                 return result(LedgerOutcome.UNHEALTHY_GPU, index, amount, 0)
-            available = gpu.capacity - book.gpu_used.get(index, 0)
-            if amount > available:
-                return result(LedgerOutcome.INSUFFICIENT_GPU, index, amount, available)
+            if book.whole_holders.get(index):
+                return result(LedgerOutcome.HELD_WHOLE, index, amount, 0)
+            used = book.gpu_used.get(index, 0)
+            compute_used = book.gpu_compute_used.get(index, 0)
+            if index in whole and (used or compute_used):
+                return result(LedgerOutcome.GPU_IN_USE, index, amount, gpu.capacity - used)
+            if amount > gpu.capacity - used:
+                return result(LedgerOutcome.INSUFFICIENT_GPU, index, amount, gpu.capacity - used)
+            asked = compute.get(index, 0)
+            if asked > GPU_COMPUTE_MILLI - compute_used:
+                return result(
+                    LedgerOutcome.INSUFFICIENT_COMPUTE,
+                    index,
+                    asked,
+                    GPU_COMPUTE_MILLI - compute_used,
+                )
         expires_at = self._clock() + self._assume_ttl_s if assumed else None
         book.entries[allocation.pod] = _Entry(allocation, expires_at)
         self._pods[allocation.pod] = allocation.node
@@ -413,14 +451,21 @@ class Ledger:
         return entry.allocation
 
     def _count(self, book: _NodeBook, allocation: Allocation, sign: int) -> None:
-        for index, amount in allocation.per_gpu().items():
-            used = book.gpu_used.get(index, 0) + sign * amount
-            if used:
-                book.gpu_used[index] = used
-            else:
-                book.gpu_used.pop(index, None)
+        _add(book.gpu_used, allocation.per_gpu(), sign)
+        _add(book.gpu_compute_used, allocation.per_gpu_compute(), sign)
+        _add(book.whole_holders, dict.fromkeys(allocation.whole_gpus(), 1), sign)
         book.cpu_used_milli += sign * allocation.cpu_milli
         book.memory_used_mib += sign * allocation.memory_mib
+
+
+def _add(totals: dict[int, int], amounts: dict[int, int], sign: int) -> None:
+    """``totals`` (by GPU index) plus ``sign`` × ``amounts``; zero totals are dropped."""
+    for index, amount in amounts.items():
+        total = totals.get(index, 0) + sign * amount
+        if total:
+            totals[index] = total
+        else:
+            totals.pop(index, None)
 
 
 def _validate(allocation: Allocation) -> None:
@@ -433,6 +478,10 @@ def _validate(allocation: Allocation) -> None:
     for container in allocation.containers:
         if container.gpu_share < 0:
             problems.append(f"container {container.container}: gpu_share {container.gpu_share}")
+        if not 0 <= container.compute_milli <= GPU_COMPUTE_MILLI:
+            problems.append(
+                f"container {container.container}: compute_milli {container.compute_milli}"
+            )
         if len(set(container.gpu_indices)) != len(container.gpu_indices):
             problems.append(
                 f"container {container.container}: GPU index repeated in {container.gpu_indices}"

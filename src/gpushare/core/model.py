@@ -1,7 +1,13 @@
 """The unit-free model: GPUs, nodes, requests, allocations and a node's state.
 
-Every amount of GPU here is an integer in the node's own unit (GiB or MiB on a cluster, milli-GPU
-in the openb trace): the core never converts units, the adapters do (design.md, "Units").
+Every amount of GPU memory here is an integer in the node's own unit (GiB or MiB on a cluster,
+milli-GPU in the openb trace): the core never converts units, the adapters do (design.md,
+"Units"). GPU **compute** is a second dimension of every GPU, in thousandths of one GPU
+(``compute_milli``; a GPU has ``GPU_COMPUTE_MILLI``): Tencent's ``tencent.com/vcuda-core`` and
+HAMi's ``nvidia.com/gpucores`` percentages are 10 each, openb's ``gpu_milli`` is it as is. A
+container that asks no compute (``compute_milli == 0``, Alibaba's dialect) is not bounded by
+it, as Alibaba's gpushare does not bound it (docs/compute.md). A container may instead ask
+**whole GPUs** (``exclusive``): GPUs nobody else uses, which then take nothing else while held.
 All types are frozen and hashable so that they can key caches and be shared between threads.
 """
 
@@ -10,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+GPU_COMPUTE_MILLI = 1000
+"""The compute of one whole GPU, in the unit of every ``compute_milli``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +74,22 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class ContainerRequest:
-    """What one container asks: ``gpu_share`` units on each of ``gpu_count`` distinct GPUs.
+    """What one container asks: on each of ``gpu_count`` distinct GPUs, ``gpu_share`` units of
+    memory and ``compute_milli`` thousandths of the GPU's compute (0: compute not bounded), or,
+    with ``exclusive``, the whole GPU (nothing else on it while held; ``gpu_share`` and
+    ``compute_milli`` are then 0 in the request and the allocation records the whole GPU).
 
-    A container with ``gpu_count == 0`` asks no GPU (``gpu_share`` must then be 0).
-    ``allowed_models`` restricts the GPU models it may use; empty means any model.
+    A container with ``gpu_count == 0`` asks no GPU (it then asks nothing of one); one with
+    ``gpu_count > 0`` asks memory, compute or whole GPUs. ``allowed_models`` restricts the GPU
+    models it may use; empty means any model. ``ValueError`` for anything else.
     """
 
     name: str
     gpu_share: int
     gpu_count: int = 1
     allowed_models: frozenset[str] = frozenset()
+    compute_milli: int = 0
+    exclusive: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0 or self.gpu_share < 0:
@@ -82,15 +97,29 @@ class ContainerRequest:
                 f"container {self.name}: gpu_share and gpu_count must be >= 0, "
                 f"got {self.gpu_share} x {self.gpu_count}"
             )
-        if (self.gpu_count == 0) != (self.gpu_share == 0):
+        if not 0 <= self.compute_milli <= GPU_COMPUTE_MILLI:
             raise ValueError(
-                f"container {self.name}: gpu_share {self.gpu_share} with gpu_count "
-                f"{self.gpu_count}; both must be 0 or both > 0"
+                f"container {self.name}: compute_milli must be 0..{GPU_COMPUTE_MILLI}, "
+                f"got {self.compute_milli}"
+            )
+        if self.exclusive and (self.gpu_share or self.compute_milli or not self.gpu_count):
+            raise ValueError(
+                f"container {self.name}: an exclusive container asks whole GPUs only "
+                f"(gpu_count > 0, gpu_share and compute_milli 0), got {self.gpu_share} units, "
+                f"{self.compute_milli} compute_milli x {self.gpu_count}"
+            )
+        asks = self.gpu_share > 0 or self.compute_milli > 0 or self.exclusive
+        if (self.gpu_count == 0) == asks:
+            raise ValueError(
+                f"container {self.name}: gpu_share {self.gpu_share}, compute_milli "
+                f"{self.compute_milli} with gpu_count {self.gpu_count}; a GPU container "
+                f"(gpu_count > 0) asks memory, compute or whole GPUs, another asks none"
             )
 
     @property
     def total(self) -> int:
-        """GPU units the container takes in all: share × count."""
+        """GPU memory units the container takes in all: share × count (0 for whole GPUs: their
+        amount is the capacity of the GPUs chosen)."""
         return self.gpu_share * self.gpu_count
 
     def allows(self, model: str) -> bool:
@@ -133,18 +162,25 @@ class PodRequest:
             (
                 self.cpu_milli,
                 self.memory_mib,
-                tuple((c.gpu_share, c.gpu_count, c.allowed_models) for c in self.containers),
+                tuple(
+                    (c.gpu_share, c.gpu_count, c.allowed_models, c.compute_milli, c.exclusive)
+                    for c in self.containers
+                ),
             ),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerAllocation:
-    """The GPUs one container got: ``gpu_share`` units on each index in ``gpu_indices``."""
+    """The GPUs one container got: ``gpu_share`` memory units and ``compute_milli`` of the
+    compute on each index in ``gpu_indices``; ``exclusive``: each of them whole (``gpu_share``
+    is then the GPUs' capacity, ``compute_milli`` all of it)."""
 
     container: str
     gpu_indices: tuple[int, ...]
     gpu_share: int
+    compute_milli: int = 0
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,22 +194,42 @@ class Allocation:
     memory_mib: int = 0
 
     def per_gpu(self) -> dict[int, int]:
-        """Units taken on each GPU index, summed over containers."""
+        """Memory units taken on each GPU index, summed over containers."""
         used: dict[int, int] = {}
         for container in self.containers:
             for index in container.gpu_indices:
                 used[index] = used.get(index, 0) + container.gpu_share
         return used
 
+    def per_gpu_compute(self) -> dict[int, int]:
+        """``compute_milli`` taken on each GPU index, summed over containers (only indices
+        where some is taken)."""
+        used: dict[int, int] = {}
+        for container in self.containers:
+            if container.compute_milli:
+                for index in container.gpu_indices:
+                    used[index] = used.get(index, 0) + container.compute_milli
+        return used
+
+    def whole_gpus(self) -> frozenset[int]:
+        """The GPU indices held whole (``exclusive`` containers)."""
+        return frozenset(i for c in self.containers if c.exclusive for i in c.gpu_indices)
+
 
 _EMPTY_TAGS: Mapping[str, int] = MappingProxyType({})
+_ZEROS: dict[int, tuple[int, ...]] = {}
+_NOT_WHOLE: dict[int, tuple[bool, ...]] = {}
+"""Shared default tuples per GPU count: most states use no compute and hold no GPU whole, and a
+simulation builds millions of them."""
 
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
     """A node with what is in use on it: the snapshot that fit checks and policies read.
 
-    ``gpu_used[i]`` is the amount in use on ``node.gpus[i]`` (position, not device index).
+    ``gpu_used[i]`` is the memory in use on ``node.gpus[i]`` (position, not device index),
+    ``gpu_compute_used[i]`` its compute in use (``compute_milli``; empty: none anywhere) and
+    ``gpu_whole[i]`` whether a pod holds it whole (empty: none is).
     ``workload_tags`` counts the pods on the node by tag (used by the clustering baseline).
     """
 
@@ -184,25 +240,61 @@ class NodeState:
     workload_tags: Mapping[str, int] = field(
         default_factory=lambda: _EMPTY_TAGS, compare=False, hash=False
     )
+    gpu_compute_used: tuple[int, ...] = ()
+    gpu_whole: tuple[bool, ...] = ()
     tags_key: tuple[tuple[str, int], ...] = field(init=False, repr=False)
     """``workload_tags`` as a sorted tuple (derived): the hashable part of the state."""
     gpu_free: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    """Free units per GPU position (derived); an unhealthy GPU has 0 free (it takes nothing new)."""
+    """Free memory units per GPU position (derived); an unhealthy GPU, or one held whole, has
+    0 free (it takes nothing new)."""
 
     def __post_init__(self) -> None:
-        if len(self.gpu_used) != len(self.node.gpus):
-            raise ValueError(
-                f"node {self.node.name}: {len(self.gpu_used)} usage entries for "
-                f"{len(self.node.gpus)} GPUs"
-            )
+        count = len(self.node.gpus)
+        if len(self.gpu_used) != count:
+            self._wrong_length("usage", self.gpu_used)
+        if not self.gpu_compute_used:
+            zeros = _ZEROS.get(count) or _ZEROS.setdefault(count, (0,) * count)
+            object.__setattr__(self, "gpu_compute_used", zeros)
+        elif len(self.gpu_compute_used) != count:
+            self._wrong_length("compute usage", self.gpu_compute_used)
+        if not self.gpu_whole:
+            falses = _NOT_WHOLE.get(count) or _NOT_WHOLE.setdefault(count, (False,) * count)
+            object.__setattr__(self, "gpu_whole", falses)
+        elif len(self.gpu_whole) != count:
+            self._wrong_length("whole-GPU", self.gpu_whole)
         object.__setattr__(self, "tags_key", tuple(sorted(self.workload_tags.items())))
-        object.__setattr__(
-            self,
-            "gpu_free",
-            tuple(
-                gpu.capacity - used if gpu.healthy else 0
-                for gpu, used in zip(self.node.gpus, self.gpu_used, strict=True)
-            ),
+        free = tuple(
+            gpu.capacity - used if gpu.healthy else 0
+            for gpu, used in zip(self.node.gpus, self.gpu_used, strict=True)
+        )
+        if True in self.gpu_whole:
+            free = tuple(0 if whole else f for f, whole in zip(free, self.gpu_whole, strict=True))
+        object.__setattr__(self, "gpu_free", free)
+
+    def _wrong_length(self, what: str, entries: tuple[object, ...]) -> None:
+        raise ValueError(
+            f"node {self.node.name}: {len(entries)} {what} entries for {len(self.node.gpus)} GPUs"
+        )
+
+    @property
+    def gpu_compute_free(self) -> tuple[int, ...]:
+        """Free ``compute_milli`` per GPU position; 0 on an unhealthy GPU or one held whole."""
+        return tuple(
+            GPU_COMPUTE_MILLI - used if gpu.healthy and not whole else 0
+            for gpu, used, whole in zip(
+                self.node.gpus, self.gpu_compute_used, self.gpu_whole, strict=True
+            )
+        )
+
+    def is_unused(self, position: int) -> bool:
+        """Whether GPU ``position`` is healthy and holds nothing (a whole-GPU request takes
+        only such GPUs)."""
+        gpu = self.node.gpus[position]
+        return (
+            gpu.healthy
+            and not self.gpu_whole[position]
+            and self.gpu_used[position] == 0
+            and self.gpu_compute_used[position] == 0
         )
 
     @classmethod
@@ -230,32 +322,57 @@ class NodeState:
         GPU indices the node lacks are ignored."""
         if allocation is None or allocation.node != self.node.name:
             return self
-        used = list(self.gpu_used)
-        position = {gpu.index: i for i, gpu in enumerate(self.node.gpus)}
-        for index, amount in allocation.per_gpu().items():
-            if index in position:
-                used[position[index]] -= amount
+        used, compute, whole = self._changed(allocation, -1)
         return NodeState(
             node=self.node,
-            gpu_used=tuple(used),
+            gpu_used=used,
             cpu_used_milli=self.cpu_used_milli - allocation.cpu_milli,
             memory_used_mib=self.memory_used_mib - allocation.memory_mib,
             workload_tags=self.workload_tags,
+            gpu_compute_used=compute,
+            gpu_whole=whole,
         )
 
     def with_allocation(self, allocation: Allocation, tag: str | None = None) -> NodeState:
-        """This state with ``allocation`` added (no fit check: see ``gpushare.core.fit``)."""
-        used = list(self.gpu_used)
-        position = {gpu.index: i for i, gpu in enumerate(self.node.gpus)}
-        for index, amount in allocation.per_gpu().items():
-            used[position[index]] += amount
+        """This state with ``allocation`` added (no fit check: see ``gpushare.core.fit``).
+        ``KeyError`` for a GPU index the node lacks."""
+        used, compute, whole = self._changed(allocation, +1)
         tags = dict(self.workload_tags)
         if tag is not None:
             tags[tag] = tags.get(tag, 0) + 1
         return NodeState(
             node=self.node,
-            gpu_used=tuple(used),
+            gpu_used=used,
             cpu_used_milli=self.cpu_used_milli + allocation.cpu_milli,
             memory_used_mib=self.memory_used_mib + allocation.memory_mib,
             workload_tags=MappingProxyType(tags),
+            gpu_compute_used=compute,
+            gpu_whole=whole,
         )
+
+    def _changed(
+        self, allocation: Allocation, sign: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]:
+        """(memory, compute, whole) per position with ``allocation`` added (``sign`` +1:
+        ``KeyError`` for a GPU index the node lacks) or taken away (-1: such indices are
+        ignored)."""
+        position = {gpu.index: i for i, gpu in enumerate(self.node.gpus)}
+        used = list(self.gpu_used)
+        for index, amount in allocation.per_gpu().items():
+            if index in position:
+                used[position[index]] += sign * amount
+            elif sign > 0:
+                raise KeyError(f"node {self.node.name} has no GPU {index}")
+        compute, whole = self.gpu_compute_used, self.gpu_whole
+        if not any(c.compute_milli or c.exclusive for c in allocation.containers):
+            return tuple(used), compute, whole
+        changed = list(compute)
+        for index, amount in allocation.per_gpu_compute().items():
+            if index in position:
+                changed[position[index]] += sign * amount
+        flags = list(whole)
+        for index in allocation.whole_gpus():
+            if index in position:
+                flags[position[index]] = sign > 0
+        compute, whole = tuple(changed), tuple(flags)
+        return tuple(used), compute, whole

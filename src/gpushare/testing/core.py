@@ -52,8 +52,11 @@ def node_state(
     cpu_used_milli: int = 0,
     memory_used_mib: int = 0,
     workload_tags: Mapping[str, int] | None = None,
+    compute_used: Sequence[int] = (),
+    whole: Sequence[bool] = (),
 ) -> NodeState:
-    """The state of a ``gpu_node`` with ``used`` per GPU (default: nothing used)."""
+    """The state of a ``gpu_node`` with ``used`` memory per GPU (default: nothing used),
+    ``compute_used`` compute_milli per GPU and ``whole`` GPUs held whole (default: none)."""
     node = gpu_node(
         capacities, name=name, model=model, models=models, healthy=healthy,
         cpu_milli=cpu_milli, memory_mib=memory_mib,
@@ -64,6 +67,8 @@ def node_state(
         cpu_used_milli=cpu_used_milli,
         memory_used_mib=memory_used_mib,
         workload_tags=dict(workload_tags or {}),
+        gpu_compute_used=tuple(compute_used),
+        gpu_whole=tuple(whole),
     )
 
 
