@@ -32,7 +32,7 @@ import pytest
 from gpushare.cli.deviceplugin import device_plugin
 from gpushare.cli.extender import extender
 from gpushare.core.policies import policy_names
-from gpushare.kube import nodepods, nodes
+from gpushare.kube import nodepods, nodes, unhealthy
 from gpushare.testing.controlplane import REPO_ROOT, gpushare_extender
 from gpushare.testing.helm import (
     CHART_DIR,
@@ -155,7 +155,9 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("Deployment", "gpushare-extender"),
         ("NetworkPolicy", "gpushare-extender"),
         ("PodDisruptionBudget", "gpushare-extender"),
+        ("Role", "gpushare-device-plugin"),
         ("Role", "gpushare-extender-leader-election"),
+        ("RoleBinding", "gpushare-device-plugin"),
         ("RoleBinding", "gpushare-extender-leader-election"),
         ("Secret", "gpushare-extender-tls"),
         ("Service", "gpushare-extender"),
@@ -243,6 +245,13 @@ def test_the_schema_knows_every_policy_and_every_default() -> None:
 def test_device_plugin_role_is_exactly_what_the_code_needs(default_objects: list[Obj]) -> None:
     role = find(default_objects, "ClusterRole", "gpushare-device-plugin")
     assert normalized(role["rules"]) == normalized([*nodes.RBAC_RULES, *nodepods.RBAC_RULES])
+    # Alibaba's unhealthy-gpu-<node> ConfigMaps: read in kube-system only.
+    configmaps = find(default_objects, "Role", "gpushare-device-plugin")
+    assert configmaps["metadata"]["namespace"] == "kube-system"
+    assert normalized(configmaps["rules"]) == normalized(unhealthy.RBAC_RULES)
+    binding = find(default_objects, "RoleBinding", "gpushare-device-plugin")
+    assert binding["metadata"]["namespace"] == "kube-system"
+    assert binding["roleRef"]["name"] == "gpushare-device-plugin"
 
 
 def test_extender_role_is_exactly_the_documented_rules(default_objects: list[Obj]) -> None:
@@ -516,7 +525,9 @@ def test_extender_replicas_and_leader_election(helm: Path) -> None:
     deployment = find(off, "Deployment", "gpushare-extender")
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert "--leader-elect" not in _args(container(deployment))
-    assert not [o for o in off if o["kind"] == "Role"]
+    assert not [
+        o for o in off if o["kind"] == "Role" and "leader-election" in o["metadata"]["name"]
+    ]
     with pytest.raises(HelmError, match=r"needs extender\.leaderElection\.enabled"):
         render_objects({"extender": {"leaderElection": {"enabled": False}}}, helm=helm)
 

@@ -32,11 +32,11 @@ from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule
-from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.extender.live import LiveOptions
-from gpushare.kube import nodepods, nodes
+from gpushare.kube import nodepods, nodes, unhealthy
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -71,7 +71,7 @@ PLUGIN_RULES = [
     PolicyRule(
         apiGroups=list(r["apiGroups"]), resources=list(r["resources"]), verbs=list(r["verbs"])
     )
-    for r in (*nodes.RBAC_RULES, *nodepods.RBAC_RULES)
+    for r in (*nodes.RBAC_RULES, *nodepods.RBAC_RULES, *unhealthy.RBAC_RULES)
 ]
 
 
@@ -299,6 +299,50 @@ def test_a_held_pod_is_placed_when_the_pin_expires_with_no_event(
     second = annotations_of(bound(kube, ns, "second"))[ALIYUN_IDX]
     print(f"second pod bound {time.monotonic() - started:.1f} s after the first was bound")
     assert second != first
+
+
+def test_gpus_marked_in_alibabas_unhealthy_configmap_take_no_pods_until_unmarked(
+    cluster: Cluster, kube: Client
+) -> None:
+    """Alibaba's ``kube-system/unhealthy-gpu-<node>`` (``data.gpus``): the plugin marks the
+    listed GPU unhealthy in ListAndWatch and in the node's inventory, so the extender places a
+    pod on the other GPU; a value it cannot read is a Warning Event on the node and leaves the
+    mark; deleting the ConfigMap brings the GPU back."""
+    name = f"unhealthy-gpu-{cluster.node}"
+    kubelet = cluster.kubelet
+
+    def gpu_health() -> tuple[bool, ...]:
+        return tuple(g.healthy for g in node_info(kube.get(Node, cluster.node).to_dict()).node.gpus)
+
+    def healthy_units() -> int:
+        view = kubelet.kubelet.resource(GPU_MEM)
+        assert view is not None
+        return view.allocatable
+
+    kube.create(
+        ConfigMap(metadata=ObjectMeta(name=name, namespace="kube-system"), data={"gpus": "0"})
+    )
+    try:
+        wait_for("GPU 0 unhealthy in the inventory", lambda: gpu_health() == (False, True) or None)
+        wait_for("kubelet sees 16 healthy units", lambda: healthy_units() == 16 or None)
+        kube.create(gpu_pod(cluster.namespace, "marked", {"main": 4}))
+        assert annotations_of(bound(kube, cluster.namespace, "marked"))[ALIYUN_IDX] == "1"
+
+        kube.patch(ConfigMap, name, {"data": {"gpus": "zero"}}, namespace="kube-system")
+
+        def warned() -> bool | None:
+            events = kube.list(
+                Event, namespace="default", fields={"involvedObject.name": cluster.node}
+            )
+            return any(e.reason == "UnhealthyGpuConfigInvalid" and "'zero'" in (e.message or "")
+                       for e in events) or None  # fmt: skip
+
+        wait_for("a Warning Event naming the value", warned)
+        assert gpu_health() == (False, True)  # the last good marks stay
+    finally:
+        kube.delete(ConfigMap, name, namespace="kube-system")
+    wait_for("GPU 0 healthy again", lambda: gpu_health() == (True, True) or None)
+    wait_for("kubelet sees 32 healthy units", lambda: healthy_units() == 32 or None)
 
 
 def test_kubelet_restart_makes_the_plugin_register_again(cluster: Cluster, kube: Client) -> None:

@@ -103,6 +103,13 @@ async def _serve(daemon: DevicePluginDaemon) -> None:
     help="An XID that never marks a GPU unhealthy (repeatable; application XIDs always are).",
 )
 @click.option(
+    "--unhealthy-configmap/--no-unhealthy-configmap",
+    default=True,
+    show_default=True,
+    help="Also treat as unhealthy the GPUs listed in Alibaba's ConfigMap "
+    'kube-system/unhealthy-gpu-<node> (data.gpus, e.g. "0,2").',
+)
+@click.option(
     "--mps",
     is_flag=True,
     help="Also give containers CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and "
@@ -156,6 +163,7 @@ def device_plugin(
     health: bool,
     recovery_s: float,
     ignored_xids: tuple[int, ...],
+    unhealthy_configmap: bool,
     mps: bool,
     mps_managed: bool,
     mps_root: Path,
@@ -192,6 +200,7 @@ def device_plugin(
         health=health,
         recovery_s=recovery_s,
         ignored_xids=ignored_xids,
+        unhealthy_configmap=unhealthy_configmap,
         mps=mps,
         mps_managed=mps_managed,
         mps_root=mps_root,

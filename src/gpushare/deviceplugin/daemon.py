@@ -19,7 +19,11 @@
    started before serving, supervised, and stopped (compute mode restored) at the end
    (``gpushare.deviceplugin.mps``); while it is down every GPU is unhealthy, whatever the XIDs
    say, and Allocate gives containers its directories and limits.
-7. ``/metrics`` on its own port (``gpushare.deviceplugin.metrics``): inventory, Allocate
+7. With ``unhealthy_configmap`` (on by default), GPUs an operator lists in Alibaba's ConfigMap
+   ``kube-system/unhealthy-gpu-<node>`` (``gpushare.kube.unhealthy``) are unhealthy too, in
+   ListAndWatch and in the inventory, until the ConfigMap lets them go; a value that cannot be
+   read is a Warning Event on the node and changes nothing.
+8. ``/metrics`` on its own port (``gpushare.deviceplugin.metrics``): inventory, Allocate
    outcomes and latency, registrations, and with NVML used memory and utilisation per GPU and
    per process (mapped to its pod).
 
@@ -59,11 +63,13 @@ from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.client import AsyncClient
-from gpushare.kube.codec import InventoryGpu, MemoryUnit
+from gpushare.kube.codec import CodecError, InventoryGpu, MemoryUnit
+from gpushare.kube.codec.configmaps import unhealthy_configmap_name
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventRecorder, EventType
 from gpushare.kube.nodepods import NodePods
 from gpushare.kube.nodes import NodePublisher
+from gpushare.kube.unhealthy import UnhealthyMarks
 
 __all__ = ["EVENT_COMPONENT", "DaemonOptions", "DevicePluginDaemon", "inventory_gpus"]
 
@@ -85,7 +91,8 @@ class DaemonOptions:
     host's ``/proc`` (GPU processes are mapped to pods through their cgroups);
     ``mps_managed``: run and supervise the MPS control daemon (needs NVML), with its
     directories under ``mps_root``, the binary ``mps_control`` and a liveness check every
-    ``mps_check_interval_s``.
+    ``mps_check_interval_s``; ``unhealthy_configmap``: honour
+    ``kube-system/unhealthy-gpu-<node>`` (module doc, 7).
     """
 
     node_name: str
@@ -104,6 +111,7 @@ class DaemonOptions:
     mps_root: Path = DEFAULT_MPS_ROOT
     mps_control: str = DEFAULT_MPS_CONTROL
     mps_check_interval_s: float = 5.0
+    unhealthy_configmap: bool = True
 
 
 def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryGpu]:
@@ -155,6 +163,15 @@ class DevicePluginDaemon:
         self.service = DevicePluginService(inventory.gpus(), options.unit, self.allocator)
         self._xid_healthy = {gpu.index: gpu.healthy for gpu in self.service.gpus}
         self._mps_healthy = True
+        self.marks: UnhealthyMarks | None = None
+        if options.unhealthy_configmap:
+            self.marks = UnhealthyMarks(
+                client,
+                options.node_name,
+                frozenset(self._xid_healthy),
+                self._marks_changed,
+                self._marks_invalid,
+            )
         self.mps: MpsSupervisor | None = None
         if mps_paths is not None and nvml is not None:
             gpus = self.service.gpus
@@ -192,25 +209,58 @@ class DevicePluginDaemon:
         self.metrics.observe_registration()
         await self._republish(force=self.runner.registrations > 1)
 
+    def _healthy(self, index: int) -> bool:
+        """GPU ``index`` is healthy: no critical XID, MPS up (when managed), not marked
+        unhealthy by hand."""
+        marked = self.marks is not None and index in self.marks.marked
+        return self._xid_healthy[index] and self._mps_healthy and not marked
+
     async def _health_changed(self, index: int, healthy: bool) -> None:
-        """An XID transition of GPU ``index``; the GPU is healthy when MPS is too."""
+        """An XID transition of GPU ``index``."""
         self._xid_healthy[index] = healthy
-        await self.service.set_health(index, healthy and self._mps_healthy)
+        await self.service.set_health(index, self._healthy(index))
+        await self._republish()
+
+    async def _apply_health(self) -> None:
+        """Every GPU's health from its sources, then publish."""
+        for index in self._xid_healthy:
+            await self.service.set_health(index, self._healthy(index))
         await self._republish()
 
     async def _mps_health_changed(self, healthy: bool) -> None:
         """The managed MPS daemon went down (every GPU unhealthy) or came back."""
         self._mps_healthy = healthy
-        for index, xid_healthy in self._xid_healthy.items():
-            await self.service.set_health(index, healthy and xid_healthy)
-        await self._republish()
+        await self._apply_health()
 
-    async def _mps_event(self, reason: str, message: str, warning: bool) -> None:
+    async def _marks_changed(self, marked: frozenset[int]) -> None:
+        """``unhealthy-gpu-<node>`` now marks ``marked`` (module doc, 7)."""
+        shown = ", ".join(map(str, sorted(marked))) or "none"
+        log.warning("GPUs marked unhealthy by configmap kube-system/%s: %s",
+                    unhealthy_configmap_name(self.options.node_name), shown)  # fmt: skip
+        await self._apply_health()
+        await self._node_event(
+            "GpuMarkedUnhealthy",
+            f"GPUs marked unhealthy by configmap kube-system/"
+            f"{unhealthy_configmap_name(self.options.node_name)}: {shown}",
+            warning=bool(marked),
+        )
+
+    async def _marks_invalid(self, error: CodecError) -> None:
+        """``unhealthy-gpu-<node>`` holds a value that cannot be read: the last good marks stay."""
+        log.error("%s; the GPUs marked before stay marked", error)
+        await self._node_event(
+            "UnhealthyGpuConfigInvalid", f"{error}; the GPUs marked before stay marked", True
+        )
+
+    async def _node_event(self, reason: str, message: str, warning: bool) -> None:
         kind = EventType.WARNING if warning else EventType.NORMAL
         try:
             await self.events.node_event(self.options.node_name, reason, message, kind)
         except KubeError as error:
-            log.warning("recording the MPS event %s failed: %s", reason, error)
+            log.warning("recording the event %s failed: %s", reason, error)
+
+    async def _mps_event(self, reason: str, message: str, warning: bool) -> None:
+        await self._node_event(reason, message, warning)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (module doc)."""
@@ -218,6 +268,7 @@ class DevicePluginDaemon:
         self.pods.start()
         health: asyncio.Task[None] | None = None
         mps: asyncio.Task[None] | None = None
+        marks: asyncio.Task[None] | None = None
         try:
             if options.metrics_port is not None:  # 0: any free port (tests)
                 self.metrics_server = metrics = await serve_metrics(
@@ -225,6 +276,8 @@ class DevicePluginDaemon:
                 )
                 log.info("metrics on http://%s:%d/metrics", metrics.host, metrics.port)
             await self.pods.wait_synced(options.sync_timeout_s)
+            if self.marks is not None:
+                marks = asyncio.create_task(self.marks.run(), name="gpushare-unhealthy-marks")
             try:
                 await self.publish(force=True)
             except KubeError as error:
@@ -253,7 +306,7 @@ class DevicePluginDaemon:
             )  # fmt: skip
             await stop.wait()
         finally:
-            for task in (health, mps):
+            for task in (health, mps, marks):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

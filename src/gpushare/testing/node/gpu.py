@@ -27,7 +27,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpushare.deviceplugin.inventory import parse_fake_gpus
-from gpushare.kube import nodepods, nodes
+from gpushare.kube import nodepods, nodes, unhealthy
 from gpushare.kube.codec import (
     GPU_COUNT_ANNOTATION,
     GPU_MEM,
@@ -57,7 +57,7 @@ PLUGIN_RULES = [
     PolicyRule(
         apiGroups=list(r["apiGroups"]), resources=list(r["resources"]), verbs=list(r["verbs"])
     )
-    for r in (*nodes.RBAC_RULES, *nodepods.RBAC_RULES)
+    for r in (*nodes.RBAC_RULES, *nodepods.RBAC_RULES, *unhealthy.RBAC_RULES)
 ]
 PRINT_ENV = 'trap "exit 0" TERM; env | sort; while :; do sleep 1; done'
 """A container command: print the environment once (read back with ``kubectl logs``), then
