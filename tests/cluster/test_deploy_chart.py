@@ -347,10 +347,10 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
             assert body["metadata"]["name"] == obj["metadata"]["name"], what
             checked[label] += 1
     assert checked == {
-        "gpushare.yaml": 16,
-        "gpushare-with-scheduler.yaml": 24,  # + the second scheduler's 8
-        "every option": 25,  # + the dashboard
-        "generated certificate": 25,  # + the extender's Secret
+        "gpushare.yaml": 18,
+        "gpushare-with-scheduler.yaml": 26,  # + the second scheduler's 8
+        "every option": 27,  # + the dashboard
+        "generated certificate": 27,  # + the extender's Secret
     }
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
