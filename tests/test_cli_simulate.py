@@ -79,6 +79,20 @@ def test_simulate_on_the_embedded_trace(tmp_path: Path) -> None:
     assert "fgd" in result.output
     assert "bestfit" in result.output
     assert "empty-cluster fragmentation" in result.output
+    # one seed: the seed itself, no spread, no range
+    assert "seed 42" in result.stdout
+    assert "±" not in result.stdout
+    assert "42–42" not in result.stdout
+    # the failure column says it counts the whole 130 % stream
+    assert "failed, whole stream" in result.stdout
+    assert "tuned to 130% of capacity (not only those arrived by 100%)" in result.stdout
+    # CliRunner's output is not a terminal: one progress line per finished run, on stderr
+    assert result.stderr.splitlines() == [
+        line for line in result.stderr.splitlines() if line.startswith("simulate: ")
+    ]
+    assert "simulate: 1/2 runs done (fgd seed 42," in result.stderr
+    assert "simulate: 2/2 runs done (bestfit seed 42," in result.stderr
+    assert "runs done" not in result.stdout
 
     document = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert document["workload"] == "default"
@@ -89,6 +103,8 @@ def test_simulate_on_the_embedded_trace(tmp_path: Path) -> None:
         assert summary["seeds"] == [42]
         assert 0 <= summary["unallocated_pct"]["mean"] <= 100
         assert summary["unallocated_pct"]["sd"] == 0
+        assert summary["unallocated_pct"]["count"] == 1
+        assert summary["failed_pods_whole_stream"]["mean"] >= 0
     runs = document["runs"]
     assert [(r["policy"], r["seed"]) for r in runs] == [("fgd", 42), ("bestfit", 42)]
     for run in runs:
@@ -98,6 +114,17 @@ def test_simulate_on_the_embedded_trace(tmp_path: Path) -> None:
         assert 0 < run["placed"] <= run["pods"]
 
     assert (out / "unallocated.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_several_seeds_show_mean_and_spread(tmp_path: Path) -> None:
+    result = invoke(
+        "--policy", "bestfit", "--seeds", "42-43", "--jobs", "1", "--out", str(tmp_path)
+    )
+    assert result.exit_code == 0, result.output
+    assert "seeds 42–43" in result.stdout
+    assert "±" in result.stdout
+    assert "mean ± sd over seeds" in result.stdout
+    assert "simulate: 2/2 runs done" in result.stderr
 
 
 # --- bad input -------------------------------------------------------------------------------
