@@ -251,7 +251,7 @@ def simulate(
     )
     from gpushare.sim.plot import plot_results  # noqa: PLC0415 (matplotlib: only when plotting)
 
-    plot_results(out_dir / "unallocated.png", results, label)
+    plot_results(out_dir / "unallocated.png", results, label, references)
     console.print(
         f"wrote {out_dir / 'results.json'} and {out_dir / 'unallocated.png'} "
         f"in {time.perf_counter() - started:.1f} s"
