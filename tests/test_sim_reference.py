@@ -77,6 +77,13 @@ BOUNDS = [
         1620,  # 810 + 810; one 810 out for 300 + 300 gives only 1410
     ),
     BoundCase("small shares fill the leftovers exactly", shares(800, 800, 200, 200), [C, C], 2 * C),
+    BoundCase("three 400s never share a GPU: at most 800 of it", shares(*[400] * 6), [C, C], 1600),
+    BoundCase(
+        "a leftover holds only sums of the sizes that fit it",
+        shares(700, 700, 200, 200, 200),
+        [C, C],
+        2 * 700 + 2 * 200,  # each 300 leftover takes one 200: 100 of it stays empty
+    ),
     BoundCase(
         "dropping a big share can pay: three 600s and four 500s on three GPUs",
         shares(600, 600, 600, 500, 500, 500, 500),

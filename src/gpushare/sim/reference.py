@@ -16,7 +16,8 @@ the stream up to the last event that the headline bin averages), two references:
   ``gpu_count`` GPUs). A piece larger than C/2 ("big") shares its GPU with no other big piece,
   and only pieces no larger than its leftover C − b fit beside it. If m big pieces are placed,
   they allocate at most the m largest big pieces, and the small pieces (≤ C/2) go into at most
-  the m largest leftovers (each takes only pieces that fit it) plus G − m empty GPUs; because
+  the m largest leftovers (each takes only pieces that fit it, at most the largest sum of small
+  sizes that fits it) plus G − m empty GPUs (likewise at most the largest such sum ≤ C); because
   "fits this leftover" is nested by leftover size, the fractional best filling is greedy over
   sinks in increasing size. The bound is the maximum over m, capped by total capacity.
 
@@ -82,6 +83,13 @@ def allocated_upper_bound(pods: Sequence[PodRequest], gpu_capacities: Sequence[i
         """Total of the small pieces no larger than ``size``."""
         return small_cumulative[bisect.bisect_right(small, size)]
 
+    fill = _subset_sums(sorted(set(small)), bin_capacity)
+
+    def fillable(size: int) -> int:
+        """The most a GPU with ``size`` room can hold of small pieces: the largest sum of small
+        sizes (each any number of times) that is ≤ ``size``."""
+        return fill[size]
+
     big_cumulative = list(itertools.accumulate(big, initial=0))
     best = 0
     leftovers: Counter[int] = Counter()  # the m largest leftovers: those of the m smallest bigs
@@ -91,9 +99,27 @@ def allocated_upper_bound(pods: Sequence[PodRequest], gpu_capacities: Sequence[i
         sinks = sorted([*leftovers.items(), (bin_capacity, gpus - placed)])
         filled = 0
         for size, count in sinks:
-            filled += min(size * count, small_at_most(size) - filled)
+            filled += min(fillable(size) * count, small_at_most(size) - filled)
         best = max(best, big_cumulative[placed] + filled)
     return min(best, total_capacity)
+
+
+def _subset_sums(sizes: Sequence[int], limit: int) -> list[int]:
+    """``best[r]`` for r in 0..``limit``: the largest sum ≤ r of ``sizes`` (each used any number
+    of times), by a bit set of reachable sums."""
+    mask = (1 << (limit + 1)) - 1
+    reachable = 1  # bit i set: sum i is reachable
+    for size in sizes:
+        step = size
+        while step <= limit:  # multiplicities 0..2^k - 1 of ``size``, by doubling
+            reachable |= (reachable << step) & mask
+            step *= 2
+    best, last = [], 0
+    for total in range(limit + 1):
+        if reachable >> total & 1:
+            last = total
+        best.append(last)
+    return best
 
 
 def best_fit_decreasing(
