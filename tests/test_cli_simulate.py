@@ -79,6 +79,26 @@ def test_simulate_on_the_embedded_trace(tmp_path: Path) -> None:
     assert "fgd" in result.output
     assert "bestfit" in result.output
     assert "empty-cluster fragmentation" in result.output
+    # one seed: the seed itself, no spread, no range
+    assert "seed 42" in result.stdout
+    assert "±" not in result.stdout
+    assert "42–42" not in result.stdout
+    # the failure column says it counts the whole 130 % stream
+    assert "failed, whole stream" in result.stdout
+    text = " ".join(result.stdout.split())  # the caption wraps
+    assert "tuned to 130% of capacity (not only those arrived by 100%)" in text
+    # CliRunner's output is not a terminal: one progress line per finished run, on stderr
+    assert result.stderr.splitlines() == [
+        line for line in result.stderr.splitlines() if line.startswith("simulate: ")
+    ]
+    assert "simulate: 1/3 runs done (fgd seed 42," in result.stderr
+    assert "simulate: 2/3 runs done (bestfit seed 42," in result.stderr
+    assert "runs done" not in result.stdout
+    # the offline references close the table, and the column measures each policy against them
+    assert "offline BFD" in result.stdout
+    assert "lower bound" in result.stdout
+    assert "above bound" in result.stdout
+    assert "simulate: 3/3 runs done (offline reference seed 42)" in result.stderr
 
     document = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert document["workload"] == "default"
@@ -89,6 +109,18 @@ def test_simulate_on_the_embedded_trace(tmp_path: Path) -> None:
         assert summary["seeds"] == [42]
         assert 0 <= summary["unallocated_pct"]["mean"] <= 100
         assert summary["unallocated_pct"]["sd"] == 0
+        assert summary["unallocated_pct"]["count"] == 1
+        assert summary["failed_pods_whole_stream"]["mean"] >= 0
+    reference = document["reference"]
+    assert reference["seeds"] == [42]
+    [per_seed] = reference["per_seed"]
+    assert per_seed["seed"] == 42
+    assert per_seed["pods"] > 0
+    bound, bfd = per_seed["bound_unallocated_pct"], per_seed["bfd_unallocated_pct"]
+    assert 0 <= bound <= bfd <= 100
+    assert reference["bound_unallocated_pct"]["mean"] == pytest.approx(bound, abs=1e-3)
+    for summary in document["summaries"]:
+        assert bound <= summary["unallocated_pct"]["mean"]  # no policy beats the bound
     runs = document["runs"]
     assert [(r["policy"], r["seed"]) for r in runs] == [("fgd", 42), ("bestfit", 42)]
     for run in runs:
@@ -98,6 +130,20 @@ def test_simulate_on_the_embedded_trace(tmp_path: Path) -> None:
         assert 0 < run["placed"] <= run["pods"]
 
     assert (out / "unallocated.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_several_seeds_show_mean_and_spread(tmp_path: Path) -> None:
+    result = invoke(
+        "--policy", "bestfit", "--seeds", "42-43", "--no-reference", "--jobs", "1",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "lower bound" not in result.stdout
+    assert "reference" not in json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    assert "seeds 42–43" in result.stdout
+    assert "±" in result.stdout
+    assert "mean ± sd over seeds" in " ".join(result.stdout.split())
+    assert "simulate: 2/2 runs done" in result.stderr
 
 
 # --- bad input -------------------------------------------------------------------------------

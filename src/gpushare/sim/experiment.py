@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import Node, PodRequest
@@ -21,6 +23,7 @@ from gpushare.sim.metrics import Curves, bin_by_arrived
 from gpushare.sim.workload import make_run
 
 PAPER_SEEDS = tuple(range(42, 52))
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,25 +102,38 @@ def run_experiment(
 ) -> list[RunResult]:
     """Every (policy, seed) run, ``jobs`` processes at a time (default: all cores; 1 runs in
     this process). ``on_done`` is called as each run finishes. Results in (policy, seed) order."""
-    tasks = [(policy, seed) for policy in policies for seed in seeds]
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
-    results: list[RunResult] = []
+    calls = [
+        partial(run_one, nodes, pods, policy, seed, tune_ratio=tune_ratio)
+        for policy in policies
+        for seed in seeds
+    ]
+    return run_in_processes(calls, jobs=jobs, on_done=on_done)
+
+
+def run_in_processes(
+    calls: Sequence[Callable[[], T]],
+    *,
+    jobs: int | None = None,
+    on_done: Callable[[T], None] | None = None,
+) -> list[T]:
+    """``calls`` (picklable: module-level functions or partials of them), ``jobs`` processes at
+    a time (default: all cores; 1 runs in this process); ``on_done`` as each one finishes.
+    Results in the order of ``calls``."""
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(calls)))
     if workers == 1:
-        for policy, seed in tasks:
-            result = run_one(nodes, pods, policy, seed, tune_ratio=tune_ratio)
+        results = []
+        for call in calls:
+            result = call()
             results.append(result)
             if on_done is not None:
                 on_done(result)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [
-                pool.submit(run_one, nodes, pods, policy, seed, tune_ratio=tune_ratio)
-                for policy, seed in tasks
-            ]
-            for future in as_completed(futures):
-                result = future.result()
-                results.append(result)
-                if on_done is not None:
-                    on_done(result)
-    order = {task: i for i, task in enumerate(tasks)}
-    return sorted(results, key=lambda r: order[(r.policy, r.seed)])
+        return results
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(call): i for i, call in enumerate(calls)}
+        done: dict[int, T] = {}
+        for future in as_completed(futures):
+            result = future.result()
+            done[futures[future]] = result
+            if on_done is not None:
+                on_done(result)
+    return [done[i] for i in range(len(calls))]

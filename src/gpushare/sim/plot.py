@@ -13,11 +13,19 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from gpushare.sim.experiment import RunResult
+from gpushare.sim.reference import Reference
 
 
-def plot_results(path: Path, results: Sequence[RunResult], title: str) -> None:
+def plot_results(
+    path: Path,
+    results: Sequence[RunResult],
+    title: str,
+    references: Sequence[Reference] = (),
+) -> None:
     """Write a two-panel PNG to ``path``: unallocated GPU % for arrived 75–120% (with the ideal
-    line 100 − arrived) and fragmentation amount for arrived 0–120%."""
+    line 100 − arrived and, given ``references``, their means at their arrived % as markers:
+    offline best-fit-decreasing and the lower bound) and fragmentation amount for arrived
+    0–120%."""
     by_policy: dict[str, list[RunResult]] = {}
     for result in results:
         by_policy.setdefault(result.policy, []).append(result)
@@ -41,6 +49,14 @@ def plot_results(path: Path, results: Sequence[RunResult], title: str) -> None:
                 axis.fill_between(x, q1, q3, color=line.get_color(), alpha=0.2, linewidth=0)
     ideal = np.arange(75, 121)
     left.plot(ideal, np.maximum(100 - ideal, 0), "k--", linewidth=1, label="ideal")
+    reached = [r for r in references if not np.isnan(r.bound_unallocated_pct)]
+    if reached:
+        at = reached[0].percent
+        for values, marker, label in (
+            ([r.bfd_unallocated_pct for r in reached], "s", "offline BFD"),
+            ([r.bound_unallocated_pct for r in reached], "v", "lower bound"),
+        ):
+            left.plot([at], [float(np.mean(values))], "k" + marker, markersize=7, label=label)
     left.set_xlabel("arrived workload (% of GPU capacity)")
     left.set_ylabel("unallocated GPU (% of capacity)")
     left.set_title("Unallocated GPU (lower is better)")
