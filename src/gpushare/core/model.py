@@ -123,19 +123,19 @@ class PodRequest:
                 f"pod {self.key}: cpu_milli and memory_mib must be >= 0, "
                 f"got {self.cpu_milli} and {self.memory_mib}"
             )
-        object.__setattr__(
-            self, "gpu_containers", tuple(c for c in self.containers if c.gpu_count > 0)
-        )
-        object.__setattr__(self, "gpu_total", sum(c.total for c in self.containers))
-        object.__setattr__(
-            self,
-            "shape",
-            (
-                self.cpu_milli,
-                self.memory_mib,
-                tuple((c.gpu_share, c.gpu_count, c.allowed_models) for c in self.containers),
-            ),
-        )
+        gpu: list[ContainerRequest] = []
+        shapes: list[tuple[int, int, frozenset[str]]] = []
+        total = 0
+        for c in self.containers:  # one pass: a pod is built for every one the API lists
+            share, count = c.gpu_share, c.gpu_count
+            if count > 0:
+                gpu.append(c)
+            total += share * count
+            shapes.append((share, count, c.allowed_models))
+        setattr_ = object.__setattr__
+        setattr_(self, "gpu_containers", tuple(gpu))
+        setattr_(self, "gpu_total", total)
+        setattr_(self, "shape", (self.cpu_milli, self.memory_mib, tuple(shapes)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ from gpushare.kube.codec import (
     pod_request,
 )
 from gpushare.kube.codec.handshake import pending_pod
+from gpushare.kube.codec.record import fast_pod_record
 
 UNKNOWN_UNIT = "unit unknown"
 _T = TypeVar("_T")
@@ -292,6 +293,21 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     bound = pod_node_name(obj) or None
     if pod_finished(obj):
         return PodRead(bound, finished=True)
+    record = fast_pod_record(obj)
+    if record is not None:  # well-formed: read once; else each part below, for its error
+        request = record.request
+        if bound is None:
+            return PodRead(
+                None, key=record.key, request=request if request.gpu_containers else None
+            )
+        if not request.gpu_containers:
+            return PodRead(bound, key=record.key)
+        allocation = record.allocation
+        return PodRead(
+            bound, key=record.key, request=request, allocation=allocation,
+            waiting=record.pending,
+            assigned=allocation is not None and record.alibaba.assigned is True,
+        )  # fmt: skip
     if bound is None:
         try:
             request = pod_request(obj)
