@@ -91,8 +91,12 @@ def _gpu_resources(
     """Each of ``names`` in the container's ``resources``: the limit, else the request (equal
     when both are set), ``None`` when neither. The objects are read once for all names; errors
     come in the order of reading one name after the other."""
-    resources = mapping(container.get("resources"), subject, "resources")
-    limits = mapping(resources.get("limits"), subject, "resources.limits")
+    resources = container.get("resources")
+    if type(resources) is not dict:  # plain dicts (decoded JSON) without the call
+        resources = mapping(resources, subject, "resources")
+    limits = resources.get("limits")
+    if type(limits) is not dict:
+        limits = mapping(limits, subject, "resources.limits")
     requests: Json | None = None
     found: list[int | None] = []
     for name in names:
@@ -100,7 +104,9 @@ def _gpu_resources(
         if name in limits:
             limit = whole_quantity(limits[name], subject, f"resources.limits.{name}")
         if requests is None:
-            requests = mapping(resources.get("requests"), subject, "resources.requests")
+            requests = resources.get("requests")
+            if type(requests) is not dict:
+                requests = mapping(requests, subject, "resources.requests")
         if name in requests:
             request = whole_quantity(requests[name], subject, f"resources.requests.{name}")
         if limit is not None and request is not None and limit != request:
@@ -167,16 +173,20 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         if count is not None and not total:
             raise CodecError(where, GPU_COUNT, count, f"without {GPU_MEM}", f"with {GPU_MEM}")
         asked.append((name, total or 0, count))
-    _refuse_init_containers(spec, subject)
-    gpu_names = [name for name, total, _ in asked if total]
-    counts = _per_container(
-        annotations, GPU_COUNT_ANNOTATION, subject, gpu_names,
-        parse=_count, accepted='"2" or {"<container>": 2}, 1..1024',
-    )  # fmt: skip
-    models = _per_container(
-        annotations, GPU_MODELS_ANNOTATION, subject, gpu_names,
-        parse=_models, accepted='"A100,V100" or {"<container>": ["A100"]}',
-    )  # fmt: skip
+    if spec.get("initContainers"):  # absent or empty: nothing to refuse
+        _refuse_init_containers(spec, subject)
+    counts: dict[str, int] = {}
+    models: dict[str, frozenset[str]] = {}
+    if GPU_COUNT_ANNOTATION in annotations or GPU_MODELS_ANNOTATION in annotations:
+        gpu_names = [name for name, total, _ in asked if total]
+        counts = _per_container(
+            annotations, GPU_COUNT_ANNOTATION, subject, gpu_names,
+            parse=_count, accepted='"2" or {"<container>": 2}, 1..1024',
+        )  # fmt: skip
+        models = _per_container(
+            annotations, GPU_MODELS_ANNOTATION, subject, gpu_names,
+            parse=_models, accepted='"A100,V100" or {"<container>": ["A100"]}',
+        )  # fmt: skip
     containers = []
     for name, total, limit_count in asked:
         count = counts.get(name, limit_count or 1)
@@ -191,11 +201,13 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
                 f"not divisible by the GPU count {count}", "the total over all its GPUs",
             )  # fmt: skip
         containers.append(
-            ContainerRequest(
-                name, total // count, count if total else 0, models.get(name, frozenset())
-            )
+            ContainerRequest(name, total // count, count if total else 0, models.get(name, _ANY))
         )
-    return PodRequest(key=key, containers=tuple(containers))
+    return PodRequest(key, tuple(containers))
+
+
+_ANY: frozenset[str] = frozenset()
+"""Allowed GPU models of a container that names none: any model."""
 
 
 # -- allocations -----------------------------------------------------------------------------
@@ -205,7 +217,11 @@ _ALLOCATION_ACCEPTED = (
 )
 
 
-def _our_allocation(raw: str, subject: str) -> tuple[str, tuple[ContainerAllocation, ...]]:
+def _our_allocation(
+    raw: str, subject: str
+) -> tuple[str, tuple[ContainerAllocation, ...], dict[str, tuple[int, int]], set[int], int]:
+    """``gpushare.io/allocation`` read: the node, the containers, and for the checks against
+    the request: (share, GPU count) by container name, the GPU indices used, the total."""
     document = parse_json(raw, subject, ALLOCATION, _ALLOCATION_ACCEPTED)
     if not isinstance(document, dict) or not isinstance(document.get("node"), str):
         raise _bad_allocation(raw, subject, "no node")
@@ -213,6 +229,9 @@ def _our_allocation(raw: str, subject: str) -> tuple[str, tuple[ContainerAllocat
     if not isinstance(items, list):
         raise _bad_allocation(raw, subject, "no containers list")
     containers = []
+    got: dict[str, tuple[int, int]] = {}
+    indices: set[int] = set()
+    total = 0
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise _bad_allocation(raw, subject, "a container without a name")
@@ -223,8 +242,12 @@ def _our_allocation(raw: str, subject: str) -> tuple[str, tuple[ContainerAllocat
         if (len(gpus) > 1 and len(set(gpus)) != len(gpus)) or not is_int(share) or share <= 0:
             problem = f"container {item['name']}: repeated GPU or share not an integer > 0"
             raise _bad_allocation(raw, subject, problem)
-        containers.append(ContainerAllocation(item["name"], tuple(gpus), share))
-    return document["node"], tuple(containers)
+        name = item["name"]
+        containers.append(ContainerAllocation(name, tuple(gpus), share))
+        got[name] = (share, len(gpus))
+        indices.update(gpus)
+        total += share * len(gpus)
+    return document["node"], tuple(containers), got, indices, total
 
 
 def _indices(gpus: list[Any]) -> bool:
@@ -283,24 +306,19 @@ def allocation_of(
     if ALLOCATION not in annotations and ALIYUN_IDX not in annotations:
         return None
     subject = f"pod {key}"
-    asked = {c.name: c for c in request.gpu_containers}
+    asked: dict[str, ContainerRequest] = {}
+    wanted: dict[str, tuple[int, int]] = {}
+    for c in request.gpu_containers:
+        asked[c.name], wanted[c.name] = c, (c.gpu_share, c.gpu_count)
     if not asked:
         raise CodecError(subject, GPU_MEM, None, "records a GPU but asks none", "a GPU pod")
     index, pod_total = alibaba.index, alibaba.pod_total
-    total = 0
     if ALLOCATION in annotations:
-        node, containers = _our_allocation(annotations[ALLOCATION], subject)
+        node, containers, got, indices, total = _our_allocation(annotations[ALLOCATION], subject)
         if bound is not None and node != bound:
             raise CodecError(
                 subject, f"annotation {ALLOCATION}", node, f"pod is bound to {bound}", bound
             )
-        got: dict[str, tuple[int, int]] = {}
-        indices: set[int] = set()
-        for c in containers:
-            got[c.container] = (c.gpu_share, len(c.gpu_indices))
-            indices.update(c.gpu_indices)
-            total += c.gpu_share * len(c.gpu_indices)
-        wanted = {name: (c.gpu_share, c.gpu_count) for name, c in asked.items()}
         if got != wanted:
             raise CodecError(
                 subject, f"annotation {ALLOCATION}", got, "does not match the pod's request",
@@ -355,7 +373,14 @@ def alibaba_of(key: str, annotations: Json) -> AlibabaAnnotations:
     numbers: list[int | None] = []
     for name, positive in _ALIBABA_NUMBERS:
         raw = annotations.get(name)
-        numbers.append(None if raw is None else decimal(raw, subject, name, positive=positive))
+        if raw is None:
+            numbers.append(None)
+        elif (
+            raw.isdigit() and raw.isascii() and len(raw) <= 20 and (not positive or raw.strip("0"))
+        ):
+            numbers.append(int(raw))  # the common case; decimal() for the rest and its error
+        else:
+            numbers.append(decimal(raw, subject, name, positive=positive))
     index, pod_total, device_memory, assume_time_ns = numbers
     return AlibabaAnnotations(
         index, pod_total, device_memory, None if flag is None else flag == "true", assume_time_ns
