@@ -469,7 +469,7 @@ def _node_report(
     skipped = list(book.blocked)
     for allocation, assigned in sorted(book.placed, key=lambda entry: entry[0].pod):
         per_gpu = allocation.per_gpu()
-        missing = sorted(set(per_gpu) - set(position))
+        missing = sorted(index for index in per_gpu if index not in position)
         if missing:
             have = ", ".join(str(gpu.index) for gpu in gpus) or "none"
             reason = f"GPU {', '.join(map(str, missing))}; the node has GPUs {have}"
@@ -485,8 +485,8 @@ def _node_report(
         pods.append(
             PodReport(
                 namespace, pod_name, info.node.name, tuple(sorted(per_gpu.items())),
-                tuple(ContainerReport(c.container, c.gpu_indices, c.gpu_share)
-                      for c in allocation.containers),
+                tuple([ContainerReport(c.container, c.gpu_indices, c.gpu_share)
+                       for c in allocation.containers]),
                 assigned, sum(per_gpu.values()),
             )
         )  # fmt: skip

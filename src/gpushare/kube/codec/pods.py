@@ -102,18 +102,26 @@ def _gpu_resources(
     for name in names:
         limit = request = None
         if name in limits:
-            limit = whole_quantity(limits[name], subject, f"resources.limits.{name}")
+            limit = _quantity(limits[name], subject, "resources.limits.", name)
         if requests is None:
             requests = resources.get("requests")
             if type(requests) is not dict:
                 requests = mapping(requests, subject, "resources.requests")
         if name in requests:
-            request = whole_quantity(requests[name], subject, f"resources.requests.{name}")
+            request = _quantity(requests[name], subject, "resources.requests.", name)
         if limit is not None and request is not None and limit != request:
             values = {"limits": limit, "requests": request}
             raise CodecError(subject, name, values, "limit and request differ", "equal values")
         found.append(limit if limit is not None else request)
     return found
+
+
+def _quantity(value: object, subject: str, kind: str, name: str) -> int:
+    """``whole_quantity`` of resource ``name`` under ``kind``; plain digits without building
+    the key for the error message."""
+    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 64:
+        return int(value)
+    return whole_quantity(value, subject, kind + name)
 
 
 INIT_CONTAINER_REFUSAL = (
@@ -164,7 +172,7 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         raise CodecError(subject, "spec.containers", raw_containers, "missing", "a list")
     asked: list[tuple[str, int, int | None]] = []
     for i, raw in enumerate(raw_containers):
-        container = mapping(raw, subject, f"spec.containers[{i}]")
+        container = raw if type(raw) is dict else mapping(raw, subject, f"spec.containers[{i}]")
         name = container.get("name")
         if not isinstance(name, str) or not name:
             raise CodecError(subject, f"spec.containers[{i}].name", name, "missing", "a name")
