@@ -40,6 +40,7 @@ from gpushare.kube.codec import (
 from gpushare.kube.codec.common import parse_json
 from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS, pending_pod
 from gpushare.kube.codec.record import PodRecord, fast_pod_record, pod_record
+from gpushare.testing import strategies
 from gpushare.testing.extender import pod_json
 from gpushare.testing.pods import bound_gpu_pod
 
@@ -282,13 +283,7 @@ def test_the_fast_path_leaves_the_pod_as_it_was() -> None:
 
 # -- any JSON --------------------------------------------------------------------------------
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
-    ),
-    max_leaves=12,
-)
+json_values = strategies.json_values(text_size=8, items=3, max_leaves=12)
 annotation_values = st.one_of(
     st.sampled_from(["0", "1", "2", "4", "true", "false", "", " 1", OURS,
                      '{"main": 2}', "A100", '{"main": ["T4"]}']),
