@@ -28,6 +28,7 @@ from gpushare.kube.codec import (
     INVENTORY,
     allocation_annotations,
 )
+from gpushare.testing import strategies
 from gpushare.testing.extender import RecordingBinder, node_json, plain_node_json, pod_json
 
 PREFIX = "/gpushare-scheduler"
@@ -51,13 +52,7 @@ def build() -> tuple[ExtenderState, TestClient]:
 
 STATE, CLIENT = build()
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
-    ),
-    max_leaves=12,
-)
+json_values = strategies.json_values(text_size=6, items=3, max_leaves=12)
 quantities = st.one_of(
     st.integers(-2, 40).map(str),
     st.sampled_from(["1k", "500m", "2Ki", "1e1", "", "x", "1.5", "-0"]),

@@ -39,6 +39,7 @@ from gpushare.kube.codec import (
     pod_request,
 )
 from gpushare.kube.codec.pods import INIT_CONTAINER_REFUSAL
+from gpushare.testing import strategies
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 
@@ -578,13 +579,7 @@ def test_node_garbage(node: dict[str, Any], message: str) -> None:
 
 # -- any JSON: a CodecError or a value, never another exception ------------------------------
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = strategies.json_values(text_size=8, items=4, max_leaves=20)
 annotation_keys = st.sampled_from(
     [ALLOCATION, GPU_COUNT_ANNOTATION, GPU_MODELS_ANNOTATION, INVENTORY, *ALIYUN_KEYS]
 )

@@ -142,7 +142,7 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
     capacity = node.capacities
     free = state.gpu_free
     gpu_containers = pod.gpu_containers
-    two_dimensional = any(c.compute_milli or c.exclusive for c in gpu_containers)
+    two_dimensional = pod.two_dimensional
     compute_free = state.gpu_compute_free if two_dimensional else ()
 
     def fail(

@@ -145,6 +145,9 @@ class PodRequest:
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
     """A hashable key of everything a placement decision depends on, not the pod's name
     (derived)."""
+    two_dimensional: bool = field(init=False, repr=False, compare=False)
+    """Whether a container asks compute or whole GPUs (derived): the fit follows the second
+    dimension only then."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0:
@@ -152,22 +155,22 @@ class PodRequest:
                 f"pod {self.key}: cpu_milli and memory_mib must be >= 0, "
                 f"got {self.cpu_milli} and {self.memory_mib}"
             )
-        object.__setattr__(
-            self, "gpu_containers", tuple(c for c in self.containers if c.gpu_count > 0)
-        )
-        object.__setattr__(self, "gpu_total", sum(c.total for c in self.containers))
-        object.__setattr__(
-            self,
-            "shape",
-            (
-                self.cpu_milli,
-                self.memory_mib,
-                tuple(
-                    (c.gpu_share, c.gpu_count, c.allowed_models, c.compute_milli, c.exclusive)
-                    for c in self.containers
-                ),
-            ),
-        )
+        gpu: list[ContainerRequest] = []
+        shapes: list[tuple[int, int, frozenset[str], int, bool]] = []
+        two_dimensional = False
+        total = 0
+        for c in self.containers:  # one pass: a pod is built for every one the API lists
+            share, count = c.gpu_share, c.gpu_count
+            if count > 0:
+                gpu.append(c)
+            total += share * count
+            shapes.append((share, count, c.allowed_models, c.compute_milli, c.exclusive))
+            two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
+        setattr_ = object.__setattr__
+        setattr_(self, "gpu_containers", tuple(gpu))
+        setattr_(self, "gpu_total", total)
+        setattr_(self, "shape", (self.cpu_milli, self.memory_mib, tuple(shapes)))
+        setattr_(self, "two_dimensional", two_dimensional)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ from gpushare.kube.codec import (
     pod_uid,
 )
 from gpushare.kube.codec.handshake import pending_pod
+from gpushare.kube.codec.record import fast_pod_record
 
 CHANGE_LOG_LIMIT = 4096
 REQUESTED_LIMIT = 1024
@@ -330,9 +331,13 @@ class ExtenderState:
         if pod_finished(pod):
             return self.forget_pod(key)
         node = pod_node_name(pod)
+        record = fast_pod_record(pod)  # a well-formed pod, read once; else part by part
         try:
-            allocation = pod_allocation(pod)
-            pending = pending_pod(pod, allocation) if allocation is not None and node else None
+            if record is not None:
+                allocation, pending = record.allocation, record.pending
+            else:
+                allocation = pod_allocation(pod)
+                pending = pending_pod(pod, allocation) if allocation is not None and node else None
         except CodecError as error:
             if node:  # bound: it holds something we cannot read; block the node
                 self._pods[key] = dict(pod)

@@ -59,6 +59,7 @@ from gpushare.kube.codec import (
     pod_request,
 )
 from gpushare.kube.codec.handshake import pending_pod
+from gpushare.kube.codec.record import fast_pod_record
 
 UNKNOWN_UNIT = "unit unknown"
 _T = TypeVar("_T")
@@ -292,6 +293,21 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     bound = pod_node_name(obj) or None
     if pod_finished(obj):
         return PodRead(bound, finished=True)
+    record = fast_pod_record(obj)
+    if record is not None:  # well-formed: read once; else each part below, for its error
+        request = record.request
+        if bound is None:
+            return PodRead(
+                None, key=record.key, request=request if request.gpu_containers else None
+            )
+        if not request.gpu_containers:
+            return PodRead(bound, key=record.key)
+        allocation = record.allocation
+        return PodRead(
+            bound, key=record.key, request=request, allocation=allocation,
+            waiting=record.pending,
+            assigned=allocation is not None and record.alibaba.assigned is True,
+        )  # fmt: skip
     if bound is None:
         try:
             request = pod_request(obj)
@@ -453,7 +469,7 @@ def _node_report(
     skipped = list(book.blocked)
     for allocation, assigned in sorted(book.placed, key=lambda entry: entry[0].pod):
         per_gpu = allocation.per_gpu()
-        missing = sorted(set(per_gpu) - set(position))
+        missing = sorted(index for index in per_gpu if index not in position)
         if missing:
             have = ", ".join(str(gpu.index) for gpu in gpus) or "none"
             reason = f"GPU {', '.join(map(str, missing))}; the node has GPUs {have}"
@@ -469,8 +485,8 @@ def _node_report(
         pods.append(
             PodReport(
                 namespace, pod_name, info.node.name, tuple(sorted(per_gpu.items())),
-                tuple(ContainerReport(c.container, c.gpu_indices, c.gpu_share)
-                      for c in allocation.containers),
+                tuple([ContainerReport(c.container, c.gpu_indices, c.gpu_share)
+                       for c in allocation.containers]),
                 assigned, sum(per_gpu.values()),
             )
         )  # fmt: skip

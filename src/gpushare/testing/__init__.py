@@ -12,6 +12,7 @@
 * :mod:`gpushare.testing.nvml`: a declared fake of NVML (devices, XID events, failing probes).
 * :mod:`gpushare.testing.pods`: GPU pods created already bound, with the extender's annotations.
 * :mod:`gpushare.testing.metrics`: a sample summed from a running program's ``/metrics``.
+* :mod:`gpushare.testing.strategies`: Hypothesis strategies (any JSON value) for property tests.
 * :mod:`gpushare.testing.helm`: the Helm binary (``scripts/build-helm.sh``) and the chart
   rendered to objects.
 

@@ -48,6 +48,10 @@ left to kube-scheduler (``None``).
 ``Failed``, ``TERMINAL_PHASES``: the one place that rule is written), "being deleted", container
 IDs, a node's label and InternalIP. These readers are lenient (a missing field reads as empty).
 
+**Read once** (``record``): ``pod_record`` gives what a pod asks, its Alibaba annotations, its
+allocation and its handshake state in one read (the inspect report, the extender's ledger
+rebuild), through a fast path for well-formed pods that answers exactly as the readers above.
+
 Garbage raises ``CodecError`` naming the object, the key, the value and what is accepted.
 """
 
@@ -96,6 +100,7 @@ from gpushare.kube.codec.pods import (
     pod_allocation,
     pod_request,
 )
+from gpushare.kube.codec.record import PodRecord, fast_pod_record, pod_record
 
 __all__ = [
     "ALIYUN_ASSIGNED",
@@ -118,8 +123,10 @@ __all__ = [
     "Json",
     "MemoryUnit",
     "NodeInfo",
+    "PodRecord",
     "alibaba_annotations",
     "allocation_annotations",
+    "fast_pod_record",
     "inventory_annotation",
     "is_gpushare_node",
     "node_info",
@@ -136,6 +143,7 @@ __all__ = [
     "pod_key",
     "pod_node_name",
     "pod_phase",
+    "pod_record",
     "pod_request",
     "pod_uid",
     "whole_quantity",

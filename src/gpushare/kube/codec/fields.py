@@ -43,7 +43,7 @@ def _dig(obj: object, *keys: str) -> object:
     """``obj[k1][k2]...``, or ``None`` where a level is missing or not an object."""
     value = obj
     for key in keys:
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):  # dict: no ABC check
             return None
         value = value.get(key)
     return value

@@ -15,7 +15,7 @@ A pod with a recorded allocation and ``ASSIGNED`` not ``"true"`` is *pending*: a
 
 from __future__ import annotations
 
-from gpushare.core.handshake import PendingPod, steps_of
+from gpushare.core.handshake import PendingPod, Step, steps_of
 from gpushare.core.model import Allocation
 from gpushare.kube.codec.common import (
     ALIYUN_ASSIGNED,
@@ -27,7 +27,7 @@ from gpushare.kube.codec.common import (
 )
 from gpushare.kube.codec.pods import AlibabaAnnotations, alibaba_annotations, pod_allocation
 
-__all__ = ["ASSIGNED_CONTAINERS", "handshake_annotations", "pending_pod"]
+__all__ = ["ASSIGNED_CONTAINERS", "handshake_annotations", "pending_of", "pending_pod"]
 
 ASSIGNED_CONTAINERS = "gpushare.io/assigned-containers"
 
@@ -57,15 +57,42 @@ def pending_pod(
     if allocation is None or not allocation.containers:
         return None
     key = pod_key(pod)
+    steps = _steps(key, mapping(pod.get("spec"), f"pod {key}", "spec"), allocation)
+    return _pending(key, steps, annotations_of(pod, f"pod {key}"), alibaba)
+
+
+def pending_of(
+    key: str,
+    spec: Json,
+    annotations: Json,
+    allocation: Allocation | None,
+    alibaba: AlibabaAnnotations,
+) -> PendingPod | None:
+    """``pending_pod`` of the pod ``key`` from what the caller has read: its ``spec``,
+    ``metadata.annotations`` (values checked to be strings), ``allocation``
+    (``pod_allocation``) and ``alibaba`` annotations. ``CodecError`` on garbage."""
+    if alibaba.assigned or allocation is None or not allocation.containers:
+        return None
+    return _pending(key, _steps(key, spec, allocation), annotations, alibaba)
+
+
+def _steps(key: str, spec: Json, allocation: Allocation) -> tuple[Step, ...]:
+    """The allocation's containers in ``spec.containers`` order (``steps_of``)."""
     placed = {c.container for c in allocation.containers}
-    containers = mapping(pod.get("spec"), f"pod {key}", "spec").get("containers") or []
+    containers = spec.get("containers") or []
     names = [c.get("name") for c in containers if isinstance(c, dict)]
     order = [name for name in names if isinstance(name, str) and name in placed]
     try:
-        steps = steps_of(allocation, order)
+        return steps_of(allocation, order)
     except ValueError as error:  # pod_allocation checks names; kept for a clear message
         raise CodecError(f"pod {key}", "containers", order, str(error), "") from None
-    raw = annotations_of(pod, f"pod {key}").get(ASSIGNED_CONTAINERS, "0")
+
+
+def _pending(
+    key: str, steps: tuple[Step, ...], annotations: Json, alibaba: AlibabaAnnotations
+) -> PendingPod:
+    """The pending pod with ``steps``, its progress read from ``annotations``."""
+    raw = annotations.get(ASSIGNED_CONTAINERS, "0")
     if not (raw.isascii() and raw.isdigit() and int(raw) <= len(steps)):
         raise CodecError(
             f"pod {key}", f"annotation {ASSIGNED_CONTAINERS}", raw, "not a count of its GPU "

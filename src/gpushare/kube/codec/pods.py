@@ -82,15 +82,46 @@ def _models(raw: object) -> frozenset[str] | None:
 
 
 def _resource(container: Json, subject: str, name: str) -> int | None:
-    resources = mapping(container.get("resources"), subject, "resources")
-    found = {}
-    for kind in ("limits", "requests"):
-        values = mapping(resources.get(kind), subject, f"resources.{kind}")
-        if name in values:
-            found[kind] = whole_quantity(values[name], subject, f"resources.{kind}.{name}")
-    if len(set(found.values())) > 1:
-        raise CodecError(subject, name, found, "limit and request differ", "equal values")
-    return found.get("limits", found.get("requests"))
+    return _gpu_resources(container, subject, (name,))[0]
+
+
+def _gpu_resources(
+    container: Json, subject: str, names: tuple[str, ...] = (GPU_MEM, GPU_COUNT)
+) -> list[int | None]:
+    """Each of ``names`` in the container's ``resources``: the limit, else the request (equal
+    when both are set), ``None`` when neither. The objects are read once for all names; errors
+    come in the order of reading one name after the other."""
+    resources = container.get("resources")
+    if type(resources) is not dict:  # plain dicts (decoded JSON) without the call
+        resources = mapping(resources, subject, "resources")
+    limits = resources.get("limits")
+    if type(limits) is not dict:
+        limits = mapping(limits, subject, "resources.limits")
+    requests: Json | None = None
+    found: list[int | None] = []
+    for name in names:
+        limit = request = None
+        if name in limits:
+            limit = _quantity(limits[name], subject, "resources.limits.", name)
+        if requests is None:
+            requests = resources.get("requests")
+            if type(requests) is not dict:
+                requests = mapping(requests, subject, "resources.requests")
+        if name in requests:
+            request = _quantity(requests[name], subject, "resources.requests.", name)
+        if limit is not None and request is not None and limit != request:
+            values = {"limits": limit, "requests": request}
+            raise CodecError(subject, name, values, "limit and request differ", "equal values")
+        found.append(limit if limit is not None else request)
+    return found
+
+
+def _quantity(value: object, subject: str, kind: str, name: str) -> int:
+    """``whole_quantity`` of resource ``name`` under ``kind``; plain digits without building
+    the key for the error message."""
+    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 64:
+        return int(value)
+    return whole_quantity(value, subject, kind + name)
 
 
 INIT_CONTAINER_REFUSAL = (
@@ -129,32 +160,41 @@ def pod_request(pod: Json) -> PodRequest:
     key = pod_key(pod)
     subject = f"pod {key}"
     spec = mapping(pod.get("spec"), subject, "spec")
-    annotations = annotations_of(pod, subject)
+    return request_of(key, spec, annotations_of(pod, subject))
+
+
+def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
+    """``pod_request`` of the pod ``key`` whose ``spec`` and ``metadata.annotations`` (values
+    checked to be strings) the caller has read. ``CodecError`` on garbage."""
+    subject = f"pod {key}"
     raw_containers = spec.get("containers")
     if not isinstance(raw_containers, list) or not raw_containers:
         raise CodecError(subject, "spec.containers", raw_containers, "missing", "a list")
     asked: list[tuple[str, int, int | None]] = []
     for i, raw in enumerate(raw_containers):
-        container = mapping(raw, subject, f"spec.containers[{i}]")
+        container = raw if type(raw) is dict else mapping(raw, subject, f"spec.containers[{i}]")
         name = container.get("name")
         if not isinstance(name, str) or not name:
             raise CodecError(subject, f"spec.containers[{i}].name", name, "missing", "a name")
         where = f"{subject} container {name}"
-        total = _resource(container, where, GPU_MEM)
-        count = _resource(container, where, GPU_COUNT)
+        total, count = _gpu_resources(container, where)
         if count is not None and not total:
             raise CodecError(where, GPU_COUNT, count, f"without {GPU_MEM}", f"with {GPU_MEM}")
         asked.append((name, total or 0, count))
-    _refuse_init_containers(spec, subject)
-    gpu_names = [name for name, total, _ in asked if total]
-    counts = _per_container(
-        annotations, GPU_COUNT_ANNOTATION, subject, gpu_names,
-        parse=_count, accepted='"2" or {"<container>": 2}, 1..1024',
-    )  # fmt: skip
-    models = _per_container(
-        annotations, GPU_MODELS_ANNOTATION, subject, gpu_names,
-        parse=_models, accepted='"A100,V100" or {"<container>": ["A100"]}',
-    )  # fmt: skip
+    if spec.get("initContainers"):  # absent or empty: nothing to refuse
+        _refuse_init_containers(spec, subject)
+    counts: dict[str, int] = {}
+    models: dict[str, frozenset[str]] = {}
+    if GPU_COUNT_ANNOTATION in annotations or GPU_MODELS_ANNOTATION in annotations:
+        gpu_names = [name for name, total, _ in asked if total]
+        counts = _per_container(
+            annotations, GPU_COUNT_ANNOTATION, subject, gpu_names,
+            parse=_count, accepted='"2" or {"<container>": 2}, 1..1024',
+        )  # fmt: skip
+        models = _per_container(
+            annotations, GPU_MODELS_ANNOTATION, subject, gpu_names,
+            parse=_models, accepted='"A100,V100" or {"<container>": ["A100"]}',
+        )  # fmt: skip
     containers = []
     for name, total, limit_count in asked:
         count = counts.get(name, limit_count or 1)
@@ -169,11 +209,13 @@ def pod_request(pod: Json) -> PodRequest:
                 f"not divisible by the GPU count {count}", "the total over all its GPUs",
             )  # fmt: skip
         containers.append(
-            ContainerRequest(
-                name, total // count, count if total else 0, models.get(name, frozenset())
-            )
+            ContainerRequest(name, total // count, count if total else 0, models.get(name, _ANY))
         )
-    return PodRequest(key=key, containers=tuple(containers))
+    return PodRequest(key, tuple(containers))
+
+
+_ANY: frozenset[str] = frozenset()
+"""Allowed GPU models of a container that names none: any model."""
 
 
 # -- allocations -----------------------------------------------------------------------------
@@ -183,27 +225,51 @@ _ALLOCATION_ACCEPTED = (
 )
 
 
-def _our_allocation(raw: str, subject: str) -> tuple[str, tuple[ContainerAllocation, ...]]:
-    def bad(problem: str) -> CodecError:
-        return CodecError(subject, f"annotation {ALLOCATION}", raw, problem, _ALLOCATION_ACCEPTED)
-
+def _our_allocation(
+    raw: str, subject: str
+) -> tuple[str, tuple[ContainerAllocation, ...], dict[str, tuple[int, int]], set[int], int]:
+    """``gpushare.io/allocation`` read: the node, the containers, and for the checks against
+    the request: (share, GPU count) by container name, the GPU indices used, the total."""
     document = parse_json(raw, subject, ALLOCATION, _ALLOCATION_ACCEPTED)
     if not isinstance(document, dict) or not isinstance(document.get("node"), str):
-        raise bad("no node")
+        raise _bad_allocation(raw, subject, "no node")
     items = document.get("containers")
     if not isinstance(items, list):
-        raise bad("no containers list")
+        raise _bad_allocation(raw, subject, "no containers list")
     containers = []
+    got: dict[str, tuple[int, int]] = {}
+    indices: set[int] = set()
+    total = 0
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise bad("a container without a name")
+            raise _bad_allocation(raw, subject, "a container without a name")
         gpus, share = item.get("gpus"), item.get("share")
-        if not isinstance(gpus, list) or not gpus or not all(is_int(g) and g >= 0 for g in gpus):
-            raise bad(f"container {item['name']}: gpus must be a non-empty list of indices")
-        if len(set(gpus)) != len(gpus) or not is_int(share) or share <= 0:
-            raise bad(f"container {item['name']}: repeated GPU or share not an integer > 0")
-        containers.append(ContainerAllocation(item["name"], tuple(gpus), share))
-    return document["node"], tuple(containers)
+        if not isinstance(gpus, list) or not gpus or not _indices(gpus):
+            problem = f"container {item['name']}: gpus must be a non-empty list of indices"
+            raise _bad_allocation(raw, subject, problem)
+        if (len(gpus) > 1 and len(set(gpus)) != len(gpus)) or not is_int(share) or share <= 0:
+            problem = f"container {item['name']}: repeated GPU or share not an integer > 0"
+            raise _bad_allocation(raw, subject, problem)
+        name = item["name"]
+        containers.append(ContainerAllocation(name, tuple(gpus), share))
+        got[name] = (share, len(gpus))
+        indices.update(gpus)
+        total += share * len(gpus)
+    return document["node"], tuple(containers), got, indices, total
+
+
+def _indices(gpus: list[Any]) -> bool:
+    """Whether every item is a GPU index: an integer (not a bool) >= 0."""
+    for gpu in gpus:
+        if type(gpu) is not int and not is_int(gpu):
+            return False
+        if gpu < 0:
+            return False
+    return True
+
+
+def _bad_allocation(raw: str, subject: str, problem: str) -> CodecError:
+    return CodecError(subject, f"annotation {ALLOCATION}", raw, problem, _ALLOCATION_ACCEPTED)
 
 
 def pod_allocation(
@@ -231,24 +297,41 @@ def pod_allocation(
         return None
     alibaba = alibaba if alibaba is not None else alibaba_annotations(pod)
     request = request if request is not None else pod_request(pod)
-    asked = {c.name: c for c in request.gpu_containers}
+    return allocation_of(key, annotations, bound, request, alibaba)
+
+
+def allocation_of(
+    key: str,
+    annotations: Json,
+    bound: str | None,
+    request: PodRequest,
+    alibaba: AlibabaAnnotations,
+) -> Allocation | None:
+    """``pod_allocation`` of the pod ``key`` from what the caller has read: its
+    ``metadata.annotations`` (values checked to be strings), the node it is ``bound`` to
+    (``spec.nodeName``, checked to be a string; ``None``: not bound), its ``request`` and its
+    ``alibaba`` annotations. ``CodecError`` on garbage."""
+    if ALLOCATION not in annotations and ALIYUN_IDX not in annotations:
+        return None
+    subject = f"pod {key}"
+    asked: dict[str, ContainerRequest] = {}
+    wanted: dict[str, tuple[int, int]] = {}
+    for c in request.gpu_containers:
+        asked[c.name], wanted[c.name] = c, (c.gpu_share, c.gpu_count)
     if not asked:
         raise CodecError(subject, GPU_MEM, None, "records a GPU but asks none", "a GPU pod")
     index, pod_total = alibaba.index, alibaba.pod_total
     if ALLOCATION in annotations:
-        node, containers = _our_allocation(annotations[ALLOCATION], subject)
+        node, containers, got, indices, total = _our_allocation(annotations[ALLOCATION], subject)
         if bound is not None and node != bound:
             raise CodecError(
                 subject, f"annotation {ALLOCATION}", node, f"pod is bound to {bound}", bound
             )
-        got = {c.container: (c.gpu_share, len(c.gpu_indices)) for c in containers}
-        wanted = {name: (c.gpu_share, c.gpu_count) for name, c in asked.items()}
         if got != wanted:
             raise CodecError(
                 subject, f"annotation {ALLOCATION}", got, "does not match the pod's request",
                 f"(share, count) per GPU container: {wanted}",
             )  # fmt: skip
-        indices = {i for c in containers for i in c.gpu_indices}
         if index is not None and indices != {index}:
             raise CodecError(subject, ALIYUN_IDX, index, f"{ALLOCATION} uses GPUs {indices}", "")
     else:
@@ -262,10 +345,10 @@ def pod_allocation(
         containers = tuple(
             ContainerAllocation(c.name, (index,), c.gpu_share) for c in asked.values()
         )
-    total = sum(c.gpu_share * len(c.gpu_indices) for c in containers)
+        total = sum(c.gpu_share for c in containers)
     if pod_total is not None and pod_total != total:
         raise CodecError(subject, ALIYUN_POD, pod_total, f"the pod asks {total}", str(total))
-    return Allocation(pod=key, node=node, containers=containers)
+    return Allocation(key, node, containers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,25 +365,39 @@ class AlibabaAnnotations:
 
 def alibaba_annotations(pod: Json) -> AlibabaAnnotations:
     """Read and check Alibaba's annotations on ``pod`` (formats: module doc)."""
-    subject = f"pod {pod_key(pod)}"
-    annotations = annotations_of(pod, subject)
+    key = pod_key(pod)
+    return alibaba_of(key, annotations_of(pod, f"pod {key}"))
 
-    def number(key: str, *, positive: bool = False) -> int | None:
-        raw = annotations.get(key)
-        return None if raw is None else decimal(raw, subject, key, positive=positive)
 
+def alibaba_of(key: str, annotations: Json) -> AlibabaAnnotations:
+    """``alibaba_annotations`` of the pod ``key`` whose ``metadata.annotations`` (values
+    checked to be strings) the caller has read. ``CodecError`` on garbage."""
+    subject = f"pod {key}"
     flag = annotations.get(ALIYUN_ASSIGNED)
     if flag not in (None, "true", "false"):
         raise CodecError(
             subject, f"annotation {ALIYUN_ASSIGNED}", flag, "not a flag", '"true" or "false"'
         )
+    numbers: list[int | None] = []
+    for name, positive in _ALIBABA_NUMBERS:
+        raw = annotations.get(name)
+        if raw is None:
+            numbers.append(None)
+        elif (
+            raw.isdigit() and raw.isascii() and len(raw) <= 20 and (not positive or raw.strip("0"))
+        ):
+            numbers.append(int(raw))  # the common case; decimal() for the rest and its error
+        else:
+            numbers.append(decimal(raw, subject, name, positive=positive))
+    index, pod_total, device_memory, assume_time_ns = numbers
     return AlibabaAnnotations(
-        index=number(ALIYUN_IDX),
-        pod_total=number(ALIYUN_POD),
-        device_memory=number(ALIYUN_DEV, positive=True),
-        assigned=None if flag is None else flag == "true",
-        assume_time_ns=number(ALIYUN_ASSUME_TIME),
+        index, pod_total, device_memory, None if flag is None else flag == "true", assume_time_ns
     )
+
+
+_ALIBABA_NUMBERS = ((ALIYUN_IDX, False), (ALIYUN_POD, False), (ALIYUN_DEV, True),
+                    (ALIYUN_ASSUME_TIME, False))  # fmt: skip
+"""Alibaba's numeric annotations in the order they are read, and whether they must be > 0."""
 
 
 def allocation_annotations(
