@@ -18,7 +18,7 @@ from gpushare.core.skipped import SkipKind
 from gpushare.inspect import Report, Snapshot, build_report
 from gpushare.inspect import report as report_module
 from gpushare.inspect.gcpause import gc_paused
-from gpushare.inspect.report import PodRead, PodReader, narrow, read_pod
+from gpushare.inspect.report import PodRead, PodReader, read_pod
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -339,23 +339,6 @@ def test_report_is_pure_and_deterministic() -> None:
     snapshot = Snapshot((n,), tuple(pods))
     assert build_report(snapshot) == build_report(Snapshot((n,), tuple(reversed(pods))))
     assert snapshot == Snapshot((n,), tuple(pods))
-
-
-def test_narrowing_the_cluster_report_gives_each_nodes_own_report() -> None:
-    """``narrow`` (one report per /inspect request) equals building the node's report alone."""
-    n1, n2, n3 = node("n1", [16, 16]), node("n2", [8]), node("n3", [16], unit=MemoryUnit.MIB)
-    pods = [
-        bound("a", n1, [("main", (0,), 12)]),
-        bound("b", n1, [("main", (1,), 12)], assigned=False),
-        bound("c", n2, [("main", (0,), 9)]),  # above capacity: a problem naming n2
-        on_gpu_index("ghost", "n1", "5", "2"),  # a GPU n1 lacks: charged on both, a problem
-        on_gpu_index("odd", "n3", "0", "-1"),  # unreadable: n3 blocked, a problem
-        pod_json("big", 10, namespace="ml"),
-        pod_json("small", 2, namespace="ml"),
-    ]
-    cluster = report([n1, n2, n3], pods)
-    for name in ("n1", "n2", "n3"):
-        assert narrow(cluster, name) == report([n1, n2, n3], pods, only=name), name
 
 
 def test_a_kept_pod_reader_reads_only_new_objects_and_reports_the_same(

@@ -36,9 +36,9 @@ device-plugin handshake rule), so the reasons are the extender's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
@@ -62,7 +62,6 @@ from gpushare.kube.codec.handshake import pending_pod
 from gpushare.kube.codec.record import fast_pod_record
 
 UNKNOWN_UNIT = "unit unknown"
-_T = TypeVar("_T")
 
 
 def unit_label(unit: str | None) -> str:
@@ -269,7 +268,7 @@ class _Book:
 @dataclass(frozen=True, slots=True)
 class PodRead:
     """What one Pod object says for the report, read once (``read_pod``): ``bound`` node (or
-    ``None``); ``finished``; for a GPU pod its ``key``, ``request``, recorded ``allocation``
+    ``None``); ``finished``; for a GPU pod its ``request``, recorded ``allocation``
     (``None``: bound without a record, or not bound), the handshake pin it holds (``waiting``)
     and ``assigned`` (started by the device plugin); ``problem``: a line for
     ``Report.problems``; ``blocked``: the skipped pod an unreadable allocation makes. A pod
@@ -277,7 +276,6 @@ class PodRead:
 
     bound: str | None
     finished: bool = False
-    key: str | None = None
     request: PodRequest | None = None
     allocation: Allocation | None = None
     waiting: PendingPod | None = None
@@ -297,14 +295,12 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     if record is not None:  # well-formed: read once; else each part below, for its error
         request = record.request
         if bound is None:
-            return PodRead(
-                None, key=record.key, request=request if request.gpu_containers else None
-            )
+            return PodRead(None, request=request if request.gpu_containers else None)
         if not request.gpu_containers:
-            return PodRead(bound, key=record.key)
+            return PodRead(bound)
         allocation = record.allocation
         return PodRead(
-            bound, key=record.key, request=request, allocation=allocation,
+            bound, request=request, allocation=allocation,
             waiting=record.pending,
             assigned=allocation is not None and record.alibaba.assigned is True,
         )  # fmt: skip
@@ -313,41 +309,27 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
             request = pod_request(obj)
         except CodecError as error:
             return PodRead(None, problem=_line(error))
-        return PodRead(None, key=request.key, request=request if request.gpu_containers else None)
+        return PodRead(None, request=request if request.gpu_containers else None)
     try:
         key = pod_key(obj)
     except CodecError as error:
         return PodRead(bound, problem=_line(error))
-    # Each part is read once; one that cannot be read is read again where the extender reads
-    # it, so that its error lands where the extender's would (allocation: a blocked node).
-    read, alibaba = _or_none(pod_request, obj), _or_none(alibaba_annotations, obj)
-    try:
-        allocation = pod_allocation(obj, request=read, alibaba=alibaba)
-        waiting = None
-        if allocation is not None:
-            waiting = pending_pod(obj, allocation, alibaba=alibaba)
+    try:  # read as the extender reads a bound pod (ExtenderState.observe_pod)
+        allocation = pod_allocation(obj)
+        waiting = pending_pod(obj, allocation) if allocation is not None else None
     except CodecError as error:
         skipped = unreadable(key, bound, str(error))
-        return PodRead(bound, key=key, problem=skipped.describe(), blocked=skipped)
+        return PodRead(bound, problem=skipped.describe(), blocked=skipped)
     try:
-        request = read if read is not None else pod_request(obj)
-        alibaba = alibaba if alibaba is not None else alibaba_annotations(obj)
+        request = pod_request(obj)
+        assigned = allocation is not None and alibaba_annotations(obj).assigned is True
     except CodecError as error:
-        return PodRead(bound, key=key, problem=_line(error))
-    assigned = allocation is not None and alibaba.assigned is True
+        return PodRead(bound, problem=_line(error))
     if not request.gpu_containers:
-        return PodRead(bound, key=key)
+        return PodRead(bound)
     return PodRead(
-        bound, key=key, request=request, allocation=allocation, waiting=waiting, assigned=assigned
+        bound, request=request, allocation=allocation, waiting=waiting, assigned=assigned
     )
-
-
-def _or_none(read: Callable[[Mapping[str, Any]], _T], obj: Mapping[str, Any]) -> _T | None:
-    """``read(obj)``, or ``None`` where it raises ``CodecError``."""
-    try:
-        return read(obj)
-    except CodecError:
-        return None
 
 
 class PodReader:
@@ -587,26 +569,3 @@ def _totals(nodes: list[NodeReport]) -> tuple[UnitTotal, ...]:
                   sum(n.total for n in members), sum(n.unhealthy for n in members), len(members))
         for members in groups if members
     )  # fmt: skip
-
-
-def narrow(report: Report, node: str) -> Report:
-    """``report`` (of the whole cluster) as seen from ``node`` alone, without building it
-    again: that node, each pending pod's fit on it (its summary that node's line), the node's
-    totals, and the problems that name it. For a node of ``report``, the same as
-    ``build_report(snapshot, node=node)`` except for unreadable pods, which a cluster report
-    cannot attribute to a node (they stay in the cluster report's ``problems``)."""
-    nodes = tuple(n for n in report.nodes if n.name == node)
-    pending = []
-    for pod in report.pending:
-        fits = [fit for fit in pod.nodes if fit.node == node]
-        pending.append(
-            PendingReport(pod.namespace, pod.name, pod.asks, pod.total, tuple(fits), _summary(fits))
-        )
-    mention = f"node {node}"
-    skipped = {pod.describe() for n in nodes for pod in n.skipped}
-    problems = tuple(
-        p
-        for p in report.problems
-        if p.startswith(f"{mention}:") or f"{mention} " in p or p in skipped
-    )
-    return Report(nodes, tuple(pending), _totals(list(nodes)), problems, node)

@@ -39,17 +39,11 @@ class _Unread:
 UNREAD = _Unread()
 
 
-def pending_pod(
-    pod: Json,
-    allocation: Allocation | _Unread | None = UNREAD,
-    *,
-    alibaba: AlibabaAnnotations | None = None,
-) -> PendingPod | None:
+def pending_pod(pod: Json, allocation: Allocation | _Unread | None = UNREAD) -> PendingPod | None:
     """The handshake state of ``pod`` (module doc), or ``None`` when it records no allocation
     or every GPU container has been given its GPUs. ``allocation`` is ``pod_allocation(pod)``
-    and ``alibaba`` is ``alibaba_annotations(pod)`` when the caller has them already (they are
-    not read again). ``CodecError`` on garbage."""
-    alibaba = alibaba if alibaba is not None else alibaba_annotations(pod)
+    when the caller has it already (it is not read again). ``CodecError`` on garbage."""
+    alibaba = alibaba_annotations(pod)
     if alibaba.assigned:
         return None
     if isinstance(allocation, _Unread):

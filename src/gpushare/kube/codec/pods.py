@@ -91,37 +91,23 @@ def _gpu_resources(
     """Each of ``names`` in the container's ``resources``: the limit, else the request (equal
     when both are set), ``None`` when neither. The objects are read once for all names; errors
     come in the order of reading one name after the other."""
-    resources = container.get("resources")
-    if type(resources) is not dict:  # plain dicts (decoded JSON) without the call
-        resources = mapping(resources, subject, "resources")
-    limits = resources.get("limits")
-    if type(limits) is not dict:
-        limits = mapping(limits, subject, "resources.limits")
+    resources = mapping(container.get("resources"), subject, "resources")
+    limits = mapping(resources.get("limits"), subject, "resources.limits")
     requests: Json | None = None
     found: list[int | None] = []
     for name in names:
         limit = request = None
         if name in limits:
-            limit = _quantity(limits[name], subject, "resources.limits.", name)
+            limit = whole_quantity(limits[name], subject, f"resources.limits.{name}")
         if requests is None:
-            requests = resources.get("requests")
-            if type(requests) is not dict:
-                requests = mapping(requests, subject, "resources.requests")
+            requests = mapping(resources.get("requests"), subject, "resources.requests")
         if name in requests:
-            request = _quantity(requests[name], subject, "resources.requests.", name)
+            request = whole_quantity(requests[name], subject, f"resources.requests.{name}")
         if limit is not None and request is not None and limit != request:
             values = {"limits": limit, "requests": request}
             raise CodecError(subject, name, values, "limit and request differ", "equal values")
         found.append(limit if limit is not None else request)
     return found
-
-
-def _quantity(value: object, subject: str, kind: str, name: str) -> int:
-    """``whole_quantity`` of resource ``name`` under ``kind``; plain digits without building
-    the key for the error message."""
-    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 64:
-        return int(value)
-    return whole_quantity(value, subject, kind + name)
 
 
 INIT_CONTAINER_REFUSAL = (
@@ -260,31 +246,19 @@ def _our_allocation(
 
 def _indices(gpus: list[Any]) -> bool:
     """Whether every item is a GPU index: an integer (not a bool) >= 0."""
-    for gpu in gpus:
-        if type(gpu) is not int and not is_int(gpu):
-            return False
-        if gpu < 0:
-            return False
-    return True
+    return all(is_int(gpu) and gpu >= 0 for gpu in gpus)
 
 
 def _bad_allocation(raw: str, subject: str, problem: str) -> CodecError:
     return CodecError(subject, f"annotation {ALLOCATION}", raw, problem, _ALLOCATION_ACCEPTED)
 
 
-def pod_allocation(
-    pod: Json,
-    *,
-    request: PodRequest | None = None,
-    alibaba: AlibabaAnnotations | None = None,
-) -> Allocation | None:
+def pod_allocation(pod: Json) -> Allocation | None:
     """The allocation recorded on ``pod`` (module doc), or ``None`` when it records none or
     when only Alibaba's annotations are set and the pod is not bound (they name no node).
 
     The node is ``spec.nodeName`` when bound, else the one in ``gpushare.io/allocation``. The
-    record is checked against what the pod asks. ``request`` and ``alibaba``: ``pod_request``
-    and ``alibaba_annotations`` of ``pod`` when the caller has read them already (they are not
-    read again). Raises ``CodecError`` on garbage.
+    record is checked against what the pod asks. Raises ``CodecError`` on garbage.
     """
     key = pod_key(pod)
     subject = f"pod {key}"
@@ -295,9 +269,7 @@ def pod_allocation(
         raise CodecError(subject, "spec.nodeName", bound, "not a string", "a node name")
     if ALLOCATION not in annotations and ALIYUN_IDX not in annotations:
         return None
-    alibaba = alibaba if alibaba is not None else alibaba_annotations(pod)
-    request = request if request is not None else pod_request(pod)
-    return allocation_of(key, annotations, bound, request, alibaba)
+    return allocation_of(key, annotations, bound, pod_request(pod), alibaba_annotations(pod))
 
 
 def allocation_of(
@@ -381,14 +353,7 @@ def alibaba_of(key: str, annotations: Json) -> AlibabaAnnotations:
     numbers: list[int | None] = []
     for name, positive in _ALIBABA_NUMBERS:
         raw = annotations.get(name)
-        if raw is None:
-            numbers.append(None)
-        elif (
-            raw.isdigit() and raw.isascii() and len(raw) <= 20 and (not positive or raw.strip("0"))
-        ):
-            numbers.append(int(raw))  # the common case; decimal() for the rest and its error
-        else:
-            numbers.append(decimal(raw, subject, name, positive=positive))
+        numbers.append(None if raw is None else decimal(raw, subject, name, positive=positive))
     index, pod_total, device_memory, assume_time_ns = numbers
     return AlibabaAnnotations(
         index, pod_total, device_memory, None if flag is None else flag == "true", assume_time_ns

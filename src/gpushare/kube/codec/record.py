@@ -61,9 +61,9 @@ def pod_record(pod: Json) -> PodRecord:
         return record
     request = pod_request(pod)
     alibaba = alibaba_annotations(pod)
-    allocation = pod_allocation(pod, request=request, alibaba=alibaba)
+    allocation = pod_allocation(pod)
     bound = pod_node_name(pod) or None  # pod_allocation refused a nodeName not a string
-    pending = None if bound is None else pending_pod(pod, allocation, alibaba=alibaba)
+    pending = None if bound is None else pending_pod(pod, allocation)
     return PodRecord(request.key, bound, request, alibaba, allocation, pending)
 
 
