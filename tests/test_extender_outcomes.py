@@ -1,6 +1,8 @@
 """``held_error``: the filter's ``Error`` for a pod the device-plugin handshake rule holds, so
 that kube-scheduler retries it with backoff rather than waiting for a cluster event that may
-have raced past the extender's watch (``gpushare.extender.outcomes``)."""
+have raced past the extender's watch (``gpushare.extender.outcomes``). Which nodes the rule
+held (``Verdict.held``, not the reason's text) is the scheduler's part, held to it reason by
+reason in ``tests/test_inspect_agreement.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from gpushare.extender import outcomes
 from gpushare.extender.outcomes import held_error, outcome_of
 
 WAITS = f"gpushare: {Reason.HANDSHAKE}; container main; requested 4"
-FULL = f"gpushare: {Reason.INSUFFICIENT_GPU}; container main; requested 4"
 PREFIX = f"{outcomes.HELD}: "
 
 
@@ -21,17 +22,14 @@ PREFIX = f"{outcomes.HELD}: "
 class Case:
     id: str
     passed: list[str]
-    failed: dict[str, str]
+    held: dict[str, str]  # the nodes the rule refused (``Verdict.held``), with their reasons
     error: str
 
 
 CASES = [
-    Case("nothing refused: no error", ["a"], {}, ""),
+    Case("nothing held: no error", [], {}, ""),
     Case("a node passes: the pod is placed there, no error", ["a"], {"b": WAITS}, ""),
-    Case("refused for room only: unschedulable, no error", [], {"a": FULL}, ""),
     Case("held on the only node: an error naming it", [], {"a": WAITS}, f"{PREFIX}a: {WAITS}"),
-    Case("held on one node, full on another: names the held one only",
-         [], {"a": FULL, "b": WAITS}, f"{PREFIX}b: {WAITS}"),
     Case("held on five nodes: names three and counts the rest",
          [], dict.fromkeys("abcde", WAITS),
          f"{PREFIX}a: {WAITS}; b: {WAITS}; c: {WAITS}; and 2 more nodes"),
@@ -40,7 +38,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_held_error(case: Case) -> None:
-    assert held_error(case.passed, case.failed) == case.error
+    assert held_error(case.passed, case.held) == case.error
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from gpushare.core.fit import FitStatus
 from gpushare.core.model import PodRequest
+from gpushare.extender.outcomes import Verdict
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import HostPriority
 
@@ -24,6 +24,8 @@ CACHE_LIMIT = 500_000
 """Entries a ``NodeShapeCache`` keeps; past it, it starts again."""
 
 ShapeKey = tuple[object, ...]
+Answer = tuple[list[str], dict[str, str], dict[str, str], dict[str, str]]
+"""A filter answer: passed names, failed, unresolvable and held node → reason."""
 Value = TypeVar("Value")
 
 
@@ -59,8 +61,9 @@ class NodeShapeCache(Generic[Value]):
 
 class ShapeMemo:
     """The last filter or prioritize of one pod shape: its candidate ``names``, the state
-    ``epoch`` it reflects, per-node verdicts (``outcomes``: status and reason) or policy
-    ``values``, and the assembled answer (``result`` or ``priorities``; ``None``: to rebuild)."""
+    ``epoch`` it reflects, per-node verdicts (``outcomes``) or policy ``values``, and the
+    assembled answer (``result``: passed, failed, unresolvable and held, or ``priorities``;
+    ``None``: to rebuild)."""
 
     __slots__ = ("epoch", "members", "names", "outcomes", "priorities", "result", "values")
 
@@ -68,9 +71,9 @@ class ShapeMemo:
         self.names = names
         self.members = set(names)
         self.epoch = epoch
-        self.outcomes: dict[str, tuple[FitStatus, str]] = {}
+        self.outcomes: dict[str, Verdict] = {}
         self.values: dict[str, float] = {}
-        self.result: tuple[list[str], dict[str, str], dict[str, str]] | None = None
+        self.result: Answer | None = None
         self.priorities: list[HostPriority] | None = None
 
 

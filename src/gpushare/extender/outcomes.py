@@ -6,7 +6,10 @@ under the handshake rule) is ``gpushare.core.handshake.handshake_verdict``; its 
 
 from __future__ import annotations
 
-from gpushare.core.fit import FitResult, Reason
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from gpushare.core.fit import FitResult, FitStatus
 from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import NodeInfo
 
@@ -27,6 +30,16 @@ def describe_fit(result: FitResult, info: NodeInfo) -> str:
     return f"{result.describe()}{unit}"
 
 
+class Verdict(NamedTuple):
+    """The filter's verdict on one node: ``status``, the ``reason`` text (``""`` when it fits)
+    and whether the device-plugin handshake rule is what refused it (``held``,
+    ``Reason.HANDSHAKE``)."""
+
+    status: FitStatus
+    reason: str = ""
+    held: bool = False
+
+
 def outcome_of(error: str) -> str:
     """The ``outcome`` label of a verb's answer whose ``Error`` is ``error``: ``ok`` (none),
     ``held`` (``held_error``: a normal wait, kept out of the error rate) or ``error``."""
@@ -44,9 +57,9 @@ def skipped_note(state: ExtenderState, node: str) -> str:
     return "; counted too, not in the ledger: " + " | ".join(s.describe() for s in skipped)
 
 
-def held_error(passed: list[str], failed: dict[str, str]) -> str:
+def held_error(passed: Sequence[str], held: Mapping[str, str]) -> str:
     """The filter's ``Error`` for a pod the handshake rule holds: ``""`` unless no node passed
-    and at least one of ``failed`` (node → reason) refused it by the rule (``Reason.HANDSHAKE``).
+    and the rule refused it on at least one node (``held``: node → reason).
 
     An extender error makes kube-scheduler retry the pod with backoff (its scheduling queue
     requeues a pod that failed with an error, not one rejected by plugins or extenders, which
@@ -54,12 +67,9 @@ def held_error(passed: list[str], failed: dict[str, str]) -> str:
     event still says why. Source: kube-scheduler ``findNodesThatPassExtenders`` and
     ``PriorityQueue.determineSchedulingHintForInFlightPod`` (v1.37).
     """
-    if passed:
+    if passed or not held:
         return ""
-    held = [f"{name}: {why}" for name, why in failed.items() if Reason.HANDSHAKE.value in why]
-    if not held:
-        return ""
-    shown = "; ".join(held[:HELD_SHOWN])
+    shown = "; ".join(f"{name}: {why}" for name, why in list(held.items())[:HELD_SHOWN])
     more = f"; and {len(held) - HELD_SHOWN} more nodes" if len(held) > HELD_SHOWN else ""
     return f"{HELD}: {shown}{more}"
 

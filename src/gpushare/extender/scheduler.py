@@ -46,16 +46,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpushare.core.fit import FitResult, FitStatus, check_fit
+from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, generational, tie_break_of
 from gpushare.extender.binding import BindVerb
-from gpushare.extender.memo import AnswerMemo, NodeShapeCache, ShapeMemo, shape_key
+from gpushare.extender.memo import Answer, AnswerMemo, NodeShapeCache, ShapeMemo, shape_key
 from gpushare.extender.outcomes import (
     NOT_GPUSHARE,
     NOT_SYNCED,
     UNKNOWN_NODE,
+    Verdict,
     describe_fit,
     held_error,
     not_gpushare,
@@ -194,6 +195,7 @@ class Scheduler:
         """The filter verb (module doc). ``RequestError`` when no candidates are given."""
         names, unresolvable, names_mode = self._candidates(args)
         failed: dict[str, str] = {}
+        held: dict[str, str] = {}
         passed: list[str] = []
         error = ""
         try:
@@ -210,15 +212,17 @@ class Scheduler:
             if names_mode and own is None:
                 return self._filter_memoised(names, pod)
             for name in names:
-                status, reason = self._outcome(name, pod, own)
-                if status is FitStatus.FITS:
+                verdict = self._outcome(name, pod, own)
+                if verdict.status is FitStatus.FITS:
                     passed.append(name)
-                elif status is FitStatus.DOES_NOT_FIT_NOW:
-                    failed[name] = reason
+                elif verdict.status is FitStatus.DOES_NOT_FIT_NOW:
+                    failed[name] = verdict.reason
                 else:
-                    unresolvable[name] = reason
-        if pod is not None and not error:
-            error = held_error(passed, failed)
+                    unresolvable[name] = verdict.reason
+                if verdict.held:
+                    held[name] = verdict.reason
+        if not error:
+            error = held_error(passed, held)
         if names_mode or args.nodes is None:
             return ExtenderFilterResult(None, passed, failed, unresolvable, error)
         keep = set(passed)
@@ -247,17 +251,19 @@ class Scheduler:
         scores = to_priorities(values, names)
         return [HostPriority(name, scores[name]) for name in names]
 
-    def _outcome(self, name: str, pod: PodRequest, own: Allocation | None) -> tuple[FitStatus, str]:
-        """The filter's verdict on node ``name``: (``FITS``, ``""``), (``DOES_NOT_FIT_NOW``,
-        reason) or (``CAN_NEVER_FIT``, reason: also for an unknown or non-GPU-share node)."""
+    def _outcome(self, name: str, pod: PodRequest, own: Allocation | None) -> Verdict:
+        """The filter's verdict on node ``name``: ``FITS``, ``DOES_NOT_FIT_NOW`` with the
+        reason (``held`` when the handshake rule refused it) or ``CAN_NEVER_FIT`` with the
+        reason (also for an unknown or non-GPU-share node)."""
         info = self.state.node(name)
         result = self._fit(name, pod, own) if info is not None and info.gpushare else None
         if info is None or result is None:
-            return FitStatus.CAN_NEVER_FIT, UNKNOWN_NODE if info is None else not_gpushare(info)
+            why = UNKNOWN_NODE if info is None else not_gpushare(info)
+            return Verdict(FitStatus.CAN_NEVER_FIT, why)
         if result.status is FitStatus.FITS:
-            return FitStatus.FITS, ""
+            return Verdict(FitStatus.FITS)
         why = f"gpushare: {describe_fit(result, info)}{skipped_note(self.state, name)}"
-        return result.status, why
+        return Verdict(result.status, why, held=result.reason is Reason.HANDSHAKE)
 
     def _node_value(self, name: str, pod: PodRequest, own: Allocation | None) -> float | None:
         """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit."""
@@ -278,8 +284,8 @@ class Scheduler:
                 entry.outcomes[name] = self._outcome(name, pod, None)
         if entry.result is None:
             entry.result = _split(entry)
-        passed, failed, unresolvable = entry.result
-        error = held_error(passed, failed)
+        passed, failed, unresolvable, held = entry.result
+        error = held_error(passed, held)
         return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable), error)
 
     def _prioritize_memoised(self, names: list[str], pod: PodRequest) -> list[HostPriority]:
@@ -306,14 +312,15 @@ class Scheduler:
         return list(entry.priorities)
 
 
-def _split(entry: ShapeMemo) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """(passed names, failed name → reason, unresolvable name → reason) of ``entry``'s
-    verdicts, in candidate order."""
+def _split(entry: ShapeMemo) -> Answer:
+    """(passed names, failed, unresolvable and held node → reason) of ``entry``'s verdicts, in
+    candidate order."""
     outcomes = entry.outcomes
     return (
-        [name for name, (status, _) in outcomes.items() if status is FitStatus.FITS],
-        {n: why for n, (st, why) in outcomes.items() if st is FitStatus.DOES_NOT_FIT_NOW},
-        {n: why for n, (st, why) in outcomes.items() if st is FitStatus.CAN_NEVER_FIT},
+        [name for name, v in outcomes.items() if v.status is FitStatus.FITS],
+        {name: v.reason for name, v in outcomes.items() if v.status is FitStatus.DOES_NOT_FIT_NOW},
+        {name: v.reason for name, v in outcomes.items() if v.status is FitStatus.CAN_NEVER_FIT},
+        {name: v.reason for name, v in outcomes.items() if v.held},
     )
 
 
