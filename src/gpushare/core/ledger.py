@@ -314,8 +314,10 @@ class Ledger:
 
         Checked: each GPU's used sum (committed + assumed) is at most its capacity, and its
         compute at most one GPU; a GPU held whole holds no other pod; allocations name only GPU
-        indices of known nodes. Allocations can break these only when a node shrinks or
-        disappears under them (``upsert_node``/``remove_node``).
+        indices of known nodes. Recomputed from the entries, not the running totals that
+        ``apply``/``assume`` check, so a bug in those shows here. Allocations can otherwise
+        break only the capacity and index checks, when a node shrinks or disappears under them
+        (``upsert_node``/``remove_node``).
         """
         violations: list[Violation] = []
         for node_name in sorted(self._books):

@@ -235,15 +235,13 @@ class DevicePluginDaemon:
     async def _marks_changed(self, marked: frozenset[int]) -> None:
         """``unhealthy-gpu-<node>`` now marks ``marked`` (module doc, 7)."""
         shown = ", ".join(map(str, sorted(marked))) or "none"
-        log.warning("GPUs marked unhealthy by configmap kube-system/%s: %s",
-                    unhealthy_configmap_name(self.options.node_name), shown)  # fmt: skip
-        await self._apply_health()
-        await self._node_event(
-            "GpuMarkedUnhealthy",
+        text = (
             f"GPUs marked unhealthy by configmap kube-system/"
-            f"{unhealthy_configmap_name(self.options.node_name)}: {shown}",
-            warning=bool(marked),
+            f"{unhealthy_configmap_name(self.options.node_name)}: {shown}"
         )
+        log.log(logging.WARNING if marked else logging.INFO, "%s", text)
+        await self._apply_health()
+        await self._node_event("GpuMarkedUnhealthy", text, warning=bool(marked))
 
     async def _marks_invalid(self, error: CodecError) -> None:
         """``unhealthy-gpu-<node>`` holds a value that cannot be read: the last good marks stay."""

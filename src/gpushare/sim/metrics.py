@@ -27,9 +27,15 @@ class Curves:
     frag_rate_pct: FloatArray
 
 
+def arrived_bins(arrived: npt.ArrayLike, capacity: float) -> npt.NDArray[np.int64]:
+    """The arrived-% bin of each event: ``round(100 · arrived / capacity)`` (module doc);
+    ``arrived`` cumulative GPU units, ``capacity`` the cluster's GPU total (both GPU units)."""
+    return np.rint(100.0 * np.asarray(arrived, dtype=np.float64) / capacity).astype(np.int64)
+
+
 def bin_by_arrived(record: RunRecord, capacity: float, max_percent: int = 130) -> Curves:
     """The run's curves (module doc). ``capacity`` is the cluster's GPU total in GPU units."""
-    arrived_pct = np.rint(100.0 * record.arrived / capacity).astype(np.int64)
+    arrived_pct = arrived_bins(record.arrived, capacity)
     alloc_pct = 100.0 * record.allocated / capacity
     amount_pct = 100.0 * record.fragmentation / capacity
     with np.errstate(divide="ignore", invalid="ignore"):

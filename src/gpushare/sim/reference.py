@@ -40,18 +40,18 @@ from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import Node, PodRequest
 from gpushare.core.policies import PolicyContext, make_policy
 from gpushare.sim.engine import simulate
+from gpushare.sim.metrics import arrived_bins
 from gpushare.sim.workload import make_run
 
 
 def headline_prefix(stream: Sequence[PodRequest], capacity: int, percent: int = 100) -> int | None:
     """How many pods of ``stream`` feed the ``percent`` bin of the curves: up to the last event
-    whose arrived % (``round(100 · arrived / capacity)``, as ``metrics.bin_by_arrived``) is in
-    that bin, or in the bins ±1 when the bin itself is empty. ``None`` when none is (the curve
+    whose arrived-% bin (``metrics.arrived_bins``) is that bin, or one of the bins ±1 when the
+    bin itself is empty. ``None`` when none is (the curve
     has no value there). ``capacity`` is the cluster's GPU total in GPU units (> 0)."""
     if capacity <= 0:
         raise ValueError(f"capacity must be > 0 GPU units, got {capacity}")
-    arrived = np.cumsum([0, *(pod.gpu_total for pod in stream)], dtype=np.float64)
-    bins = np.rint(100.0 * arrived / capacity).astype(np.int64)
+    bins = arrived_bins(np.cumsum([0, *(pod.gpu_total for pod in stream)]), capacity)
     events = np.flatnonzero(bins == percent)
     if events.size == 0:
         events = np.flatnonzero(np.abs(bins - percent) <= 1)
@@ -83,12 +83,9 @@ def allocated_upper_bound(pods: Sequence[PodRequest], gpu_capacities: Sequence[i
         """Total of the small pieces no larger than ``size``."""
         return small_cumulative[bisect.bisect_right(small, size)]
 
-    fill = _subset_sums(sorted(set(small)), bin_capacity)
-
-    def fillable(size: int) -> int:
-        """The most a GPU with ``size`` room can hold of small pieces: the largest sum of small
-        sizes (each any number of times) that is ≤ ``size``."""
-        return fill[size]
+    # fillable[size]: the most a GPU with ``size`` room holds of small pieces (the largest sum
+    # of small sizes, each any number of times, that is <= size).
+    fillable = _subset_sums(sorted(set(small)), bin_capacity)
 
     big_cumulative = list(itertools.accumulate(big, initial=0))
     best = 0
@@ -99,7 +96,7 @@ def allocated_upper_bound(pods: Sequence[PodRequest], gpu_capacities: Sequence[i
         sinks = sorted([*leftovers.items(), (bin_capacity, gpus - placed)])
         filled = 0
         for size, count in sinks:
-            filled += min(fillable(size) * count, small_at_most(size) - filled)
+            filled += min(fillable[size] * count, small_at_most(size) - filled)
         best = max(best, big_cumulative[placed] + filled)
     return min(best, total_capacity)
 
