@@ -170,6 +170,8 @@ def check_golden(path: Path, text: str) -> None:
 def test_golden_views(case: str, make: Callable[[], Snapshot], only: str | None) -> None:
     report = build_report(make(), node=only)
     check_golden(GOLDEN / f"{case}.summary.txt", render_summary(report))
+    without_rows = build_report(make(), node=only, pod_rows=False)  # as kubectl builds it
+    assert render_summary(without_rows) == render_summary(report)
     check_golden(GOLDEN / f"{case}.detail.txt", render_detail(report))
     data = report_json(report)
     check_golden(GOLDEN / f"{case}.json", json.dumps(data, indent=2) + "\n")

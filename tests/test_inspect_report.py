@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -277,12 +278,14 @@ def case_unlabelled_node_with_pods() -> None:
 
 def case_overcommit_is_a_problem() -> None:
     n = node("n1", [16])
-    pods = [bound("a", n, [("main", (0,), 12)]), bound("b", n, [("main", (0,), 8)])]
-    r = report([n], pods)
-    assert (r.nodes[0].gpus[0].allocated, r.nodes[0].gpus[0].free) == (20, 0)
-    assert r.problems == (
-        "node n1 GPU 0: allocated 20 above its capacity 16 (GiB; pods default/a, default/b)",
-    )
+    pods = [bound("b", n, [("main", (0,), 8)]), bound("a", n, [("main", (0,), 12)])]
+    for rows in (True, False):  # the pods are named in order, with or without pod rows
+        r = build_report(Snapshot((n,), tuple(pods)), pod_rows=rows)
+        assert (r.nodes[0].gpus[0].allocated, r.nodes[0].gpus[0].free) == (20, 0)
+        assert r.problems == (
+            "node n1 GPU 0: allocated 20 above its capacity 16 (GiB; pods default/a, default/b)",
+        )
+        assert len(r.nodes[0].pods) == (2 if rows else 0)
 
 
 def case_fits_somewhere() -> None:
@@ -386,6 +389,61 @@ def test_a_kept_pod_reader_reads_only_new_objects_and_reports_the_same(
     kept(changed[1:])  # a gone: forgotten
     kept(changed)
     assert reads.count("a") == 1
+
+
+def _status(phase: object) -> Json:
+    pod = bound("p", node("n1", [16]), [("main", (0,), 4)])
+    pod["status"] = {"phase": phase} if phase is not None else {}
+    return pod
+
+
+def _garbage_spec_finished() -> Json:
+    pod = _status("Failed")
+    pod["spec"]["containers"] = "not a list"
+    return pod
+
+
+def _no_status() -> Json:
+    pod = bound("p", node("n1", [16]), [("main", (0,), 4)])
+    pod.pop("status", None)
+    return pod
+
+
+def _frozen(value: object) -> object:
+    """``value`` with every object a read-only mapping: not a plain ``dict``, so ``read_pod``
+    takes its general path."""
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_frozen(v) for v in value]
+    return value
+
+
+READ_POD_CASES: list[tuple[str, Callable[[], Json], bool, str | None]] = [
+    ("running pod is read", lambda: _status("Running"), False, "n1"),
+    ("succeeded pod is finished", lambda: _status("Succeeded"), True, "n1"),
+    ("failed pod with a garbage spec is finished, not a problem", _garbage_spec_finished,
+     True, "n1"),
+    ("phase not a string is not finished", lambda: _status(["Failed"]), False, "n1"),
+    ("no phase is not finished", lambda: _status(None), False, "n1"),
+    ("no status is not finished", _no_status, False, "n1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "finished", "node_name"),
+    [c[1:] for c in READ_POD_CASES],
+    ids=[c[0] for c in READ_POD_CASES],
+)
+def test_read_pod_reads_plain_json_as_any_mapping(
+    make: Callable[[], Json], finished: bool, node_name: str | None
+) -> None:
+    """``read_pod`` reads plain JSON dicts without walking paths; any other mapping type goes
+    the general way: both give the same read."""
+    pod = make()
+    read = read_pod(pod)
+    assert (read.finished, read.bound) == (finished, node_name)
+    assert read_pod(_frozen(pod)) == read  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["gc on stays on", "gc off stays off"])

@@ -252,7 +252,9 @@ def inspect(
         raise InspectError(f"node {node} not found")
     with gc_paused():
         try:
-            report = build_report(Snapshot(nodes=objects.nodes, pods=objects.pods), node=node)
+            snapshot = Snapshot(nodes=objects.nodes, pods=objects.pods)
+            rows = details or output == "json"  # the summary table shows no pod
+            report = build_report(snapshot, node=node, pod_rows=rows)
         except Exception as error:  # a bug, not the cluster: still one line, never a traceback
             raise _bug(error) from error
         if node is None and not any(n.gpushare for n in report.nodes):

@@ -45,6 +45,7 @@ from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.skipped import SkippedPod, charged, refused, unreadable
 from gpushare.kube.codec import (
+    TERMINAL_PHASES,
     CodecError,
     MemoryUnit,
     NodeInfo,
@@ -288,8 +289,14 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     """``obj`` (a Pod as JSON) read as the extender reads it (``ExtenderState.observe_pod``).
     Never raises: what cannot be read is a ``problem`` (and, for a bound pod's allocation, a
     ``blocked`` skipped pod)."""
-    bound = pod_node_name(obj) or None
-    if pod_finished(obj):
+    spec, status = (obj.get("spec"), obj.get("status")) if type(obj) is dict else (None, None)
+    if type(spec) is dict and type(status) is dict:  # plain JSON: no walk through _dig
+        bound, phase = spec.get("nodeName"), status.get("phase")
+        bound = bound if isinstance(bound, str) and bound else None
+        finished = isinstance(phase, str) and phase in TERMINAL_PHASES
+    else:
+        bound, finished = pod_node_name(obj) or None, pod_finished(obj)
+    if finished:
         return PodRead(bound, finished=True)
     record = fast_pod_record(obj)
     if record is not None:  # well-formed: read once; else each part below, for its error
@@ -361,6 +368,7 @@ def build_report(
     node: str | None = None,
     pending: Mapping[str, Sequence[PendingPod]] | None = None,
     reader: PodReader | None = None,
+    pod_rows: bool = True,
 ) -> Report:
     """The report of ``snapshot`` (module doc); with ``node``, of that node alone (pending pods
     are then checked against it only; it is shown even when it is not a GPU-share node).
@@ -370,7 +378,10 @@ def build_report(
     snapshot (every bound pod the device plugin has not started yet pins). ``reader``: a
     ``PodReader`` kept from earlier reports of the same source, so that unchanged pods are not
     read again (a report of one ``node`` reads only that node's and the unbound pods).
-    Never raises on unreadable objects: they become ``Report.problems``."""
+    ``pod_rows=False`` leaves every ``NodeReport.pods`` empty (the GPUs' and nodes' amounts are
+    the same): the summary table shows no pod, so ``kubectl inspect gpushare`` skips building
+    a row per pod (docs/extender.md, "``/inspect`` at scale"). Never raises on unreadable
+    objects: they become ``Report.problems``."""
     problems: list[str] = []
     infos: dict[str, tuple[NodeInfo, str | None]] = {}
     for obj in snapshot.nodes:
@@ -427,7 +438,7 @@ def build_report(
         book = books.get(name, _Book())
         if not (info.gpushare or book.placed or book.unplaced or book.blocked or name == node):
             continue
-        report, state = _node_report(info, address, book, problems)
+        report, state = _node_report(info, address, book, problems, pod_rows)
         nodes.append(report)
         states[name] = state
     candidates = [n for n in nodes if n.gpushare or n.name == node]
@@ -440,7 +451,7 @@ def build_report(
 
 
 def _node_report(
-    info: NodeInfo, address: str | None, book: _Book, problems: list[str]
+    info: NodeInfo, address: str | None, book: _Book, problems: list[str], pod_rows: bool
 ) -> tuple[NodeReport, NodeState]:
     gpus = info.node.gpus
     position = {gpu.index: i for i, gpu in enumerate(gpus)}
@@ -449,7 +460,8 @@ def _node_report(
     holders: list[list[str]] = [[] for _ in gpus]
     pods: list[PodReport] = []
     skipped = list(book.blocked)
-    for allocation, assigned in sorted(book.placed, key=lambda entry: entry[0].pod):
+    placed = sorted(book.placed, key=lambda entry: entry[0].pod) if pod_rows else book.placed
+    for allocation, assigned in placed:
         per_gpu = allocation.per_gpu()
         missing = sorted(index for index in per_gpu if index not in position)
         if missing:
@@ -463,6 +475,8 @@ def _node_report(
             holders[position[index]].append(allocation.pod)
             if not assigned:
                 assumed[position[index]] += amount
+        if not pod_rows:
+            continue
         namespace, _, pod_name = allocation.pod.partition("/")
         pods.append(
             PodReport(
@@ -472,21 +486,20 @@ def _node_report(
                 assigned, sum(per_gpu.values()),
             )
         )  # fmt: skip
-    unplaced = 0
-    for request in sorted(book.unplaced, key=lambda r: r.key):
+    unplaced = sum(request.gpu_total for request in book.unplaced)
+    for request in sorted(book.unplaced, key=lambda r: r.key) if pod_rows else ():
         namespace, _, pod_name = request.key.partition("/")
         containers = tuple(ContainerReport(c.name, (), c.gpu_share) for c in request.gpu_containers)
         pods.append(
             PodReport(namespace, pod_name, info.node.name, (), containers, False, request.gpu_total)
         )
-        unplaced += request.gpu_total
     state = charged(NodeState(info.node, tuple(used)), skipped)  # the extender's rule
     reports = []
     for i, gpu in enumerate(gpus):
         if used[i] > gpu.capacity:
             problems.append(
                 f"node {info.node.name} GPU {gpu.index}: allocated {used[i]} above its capacity "
-                f"{gpu.capacity} ({unit_label(info.unit)}; pods {', '.join(holders[i])})"
+                f"{gpu.capacity} ({unit_label(info.unit)}; pods {', '.join(sorted(holders[i]))})"
             )
         uuid = info.uuids[i] if i < len(info.uuids) else ""
         reports.append(
