@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.model import Allocation, ContainerAllocation, ContainerRequest, PodRequest
+from gpushare.core.fit import FitStatus, Reason, check_fit
+from gpushare.core.model import (
+    Allocation,
+    ContainerAllocation,
+    ContainerRequest,
+    NodeState,
+    PodRequest,
+)
 from gpushare.kube.codec import (
     ALLOCATION,
     CodecError,
@@ -285,3 +292,9 @@ def test_a_record_that_disagrees_with_the_pod_is_refused(
                    annotations={ALLOCATION: json.dumps(document)})  # fmt: skip
     with pytest.raises(CodecError, match=message):
         pod_allocation(pod)
+
+
+def test_the_core_refuses_a_request_not_resolved_into_the_node_unit() -> None:
+    request = pod_request(gpu_manager_readme_pod_1("p", "ns"))
+    result = check_fit(NodeState.empty(gpu_node([16])), request)
+    assert (result.status, result.reason) == (FitStatus.CAN_NEVER_FIT, Reason.NOT_IN_NODE_UNITS)
