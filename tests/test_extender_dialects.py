@@ -235,3 +235,26 @@ def test_nothing_shared_lands_on_a_gpu_held_whole_and_a_used_gpu_is_not_taken_wh
     small_call = binder.calls[-1]
     assert json.loads(small_call.annotations[ALLOCATION])["containers"][0]["gpus"] == [0]
     assert state.recorded_state("g").gpu_used == (3, 16, 16)
+
+
+def test_inspect_shows_compute_and_whole_gpus_next_to_memory() -> None:
+    state = state_of(Node("g", [16, 16, 16], used=[4]))
+    with TestClient(create_app(state, binder=RecordingBinder(), expire_interval_s=None)) as client:
+        assert schedule(client, gpu_manager_readme_pod_1("share", "ns"), ["g"])[1] == ""
+        assert schedule(client, gpu_manager_readme_pod_2("whole", "ns"), ["g"])[1] == ""
+        report = client.get(f"{PREFIX}/inspect/g").json()
+    devs = [(d["usedGPU"], d["compute"], d["whole"]) for d in report["devs"]]
+    assert devs == [(12, 500, False), (16, 1000, True), (16, 1000, True)]
+    pods = {p["name"]: (p.get("compute"), p.get("whole")) for p in report["devs"][0]["pods"]}
+    assert pods == {"seed-g-0": (None, None), "share": (500, None)}
+    gpus = report["gpushare"]["nodes"][0]["gpus"]
+    assert [(g["compute_milli"], g["whole"]) for g in gpus] == [(500, False), (1000, True),
+                                                               (1000, True)]  # fmt: skip
+
+
+def test_inspect_of_a_node_without_compute_has_no_compute_keys() -> None:
+    state = state_of(Node("g", [16, 16], used=[4]))
+    with TestClient(create_app(state, binder=RecordingBinder())) as client:
+        report = client.get(f"{PREFIX}/inspect/g").json()
+    assert "compute" not in report["devs"][0]
+    assert "compute_milli" not in report["gpushare"]["nodes"][0]["gpus"][0]

@@ -104,7 +104,15 @@ class Cluster:
         assert status == 200, report
         return {
             "devs": [
-                {"id": d["id"], "pods": sorted((p["name"], p["usedGPU"]) for p in d["pods"])}
+                {
+                    "id": d["id"],
+                    "compute": d.get("compute"),
+                    "whole": d.get("whole"),
+                    "pods": sorted(
+                        (p["name"], p["usedGPU"], p.get("compute", 0), p.get("whole", False))
+                        for p in d["pods"]
+                    ),
+                }
                 for d in report["devs"]
             ]
         }

@@ -7,11 +7,20 @@ unquoted number, which the API server does not keep: docs/compute.md)."""
 
 from __future__ import annotations
 
+import copy
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["dialect_pod_json", "gpu_manager_readme_pod_1", "gpu_manager_readme_pod_2"]
+from gpushare.core.model import Allocation, ContainerAllocation, Node
+from gpushare.kube.codec import ALIYUN_ASSIGNED, MemoryUnit, allocation_annotations
+
+__all__ = [
+    "bound_dialect_pod",
+    "dialect_pod_json",
+    "gpu_manager_readme_pod_1",
+    "gpu_manager_readme_pod_2",
+]
 
 IMAGE = "registry.invalid/gpushare/test:0"
 
@@ -79,3 +88,27 @@ def gpu_manager_readme_pod_2(
         namespace=namespace,
         scheduler=scheduler,
     )
+
+
+def bound_dialect_pod(
+    pod: dict[str, Any],
+    node: Node,
+    containers: Sequence[ContainerAllocation],
+    *,
+    unit: MemoryUnit = MemoryUnit.GIB,
+    assume_ns: int = 1,
+    assigned: bool = True,
+) -> dict[str, Any]:
+    """``pod`` (a dict from :func:`dialect_pod_json`) bound to ``node`` with the annotations
+    the extender writes for ``containers`` (``gpushare.io/allocation`` with compute and whole
+    GPUs); started by the device plugin unless ``assigned`` is false."""
+    allocation = Allocation(
+        f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", node.name, tuple(containers)
+    )
+    annotations = allocation_annotations(allocation, node, now_ns=assume_ns, unit=unit)
+    if assigned:
+        annotations[ALIYUN_ASSIGNED] = "true"
+    bound = copy.deepcopy(pod)
+    bound["metadata"].setdefault("annotations", {}).update(annotations)
+    bound["spec"]["nodeName"] = node.name
+    return bound
