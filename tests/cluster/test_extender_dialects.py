@@ -17,6 +17,9 @@ Proved here, in order, on one node of four 16 GiB GPUs whose GPU 0 holds 4 GiB:
   Alibaba pod lands on GPU 3, never on a GPU held whole;
 * ``tencent.com/vcuda-core: 150`` stays Pending, its FailedScheduling event giving
   gpu-manager's rule;
+* ``kubectl-inspect-gpushare -d`` (the plugin kubectl runs) shows each pod's compute next to
+  its memory (``8,50%``, ``16,whole``), the waiting whole-GPU pod with its reason and the
+  invalid pod as a problem with gpu-manager's rule;
 * a second extender started on the same cluster rebuilds the same ledger from the pods'
   annotations alone, and neither ledger has a violation.
 """
@@ -25,8 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -190,6 +197,24 @@ def test_an_invalid_vcuda_core_stays_pending_with_gpu_managers_rule(cluster: Clu
     message = cluster.failed_scheduling(name, "above 100 only multiples of 100")
     assert "tencent.com/vcuda-core=150" in message, message
     assert cluster.pending(name)
+
+
+def test_kubectl_inspect_gpushare_shows_compute_and_whole_gpus(cluster: Cluster) -> None:
+    plugin = Path(sys.executable).parent / "kubectl-inspect-gpushare"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+           "KUBECONFIG": str(cluster.control_plane.kubeconfig)}  # fmt: skip
+    done = subprocess.run(
+        [str(plugin), "-d", NODE], env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split()[2:6] for line in done.stdout.splitlines() if line}
+    assert rows["readme-1"] == ["8,50%", "0", "0", "0"], done.stdout
+    assert rows["hami-share"] == ["2,30%", "0", "0", "0"], done.stdout
+    assert rows["readme-2"] == ["0", "16,whole", "16,whole", "0"], done.stdout
+    assert rows["alibaba-12"] == ["0", "0", "0", "12"], done.stdout
+    assert "not enough GPUs that hold nothing for whole GPUs" in done.stdout
+    assert "above 100 only multiples of 100" in done.stdout  # the unreadable pod, a problem
 
 
 def test_a_restarted_extender_rebuilds_the_same_ledger(cluster: Cluster) -> None:
