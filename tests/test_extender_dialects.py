@@ -21,6 +21,7 @@ from gpushare.testing.dialects import (
 )
 from gpushare.testing.extender import (
     RecordingBinder,
+    RecordingEvents,
     alibaba_node_json,
     node_json,
     pod_json,
@@ -80,6 +81,7 @@ class Placed:
     node: Node
     pod: dict[str, Any]
     containers: list[dict[str, Any]]
+    event: str = ""
 
 
 def _pod(containers: dict[str, dict[str, str | int]], **annotations: str) -> dict[str, Any]:
@@ -89,10 +91,12 @@ def _pod(containers: dict[str, dict[str, str | int]], **annotations: str) -> dic
 PLACED = [
     Placed("gpu-manager README pod 1 on a GiB node: 7,680 MiB is 8 GiB, with 500 compute",
            Node("g", [16, 16], used=[12]), gpu_manager_readme_pod_1("p", "ns"),
-           [{"name": "nvidia", "gpus": [1], "share": 8, "compute": 500}]),
+           [{"name": "nvidia", "gpus": [1], "share": 8, "compute": 500}],
+           "container nvidia on GPU 1 (8 GiB, 50% compute each)"),
     Placed("gpu-manager README pod 2 takes two GPUs that hold nothing, whole",
            Node("g", [16, 16, 16], used=[0, 4]), gpu_manager_readme_pod_2("p", "ns"),
-           [{"name": "nvidia", "gpus": [0, 2], "share": 16, "compute": 1000, "whole": True}]),
+           [{"name": "nvidia", "gpus": [0, 2], "share": 16, "compute": 1000, "whole": True}],
+           "container nvidia on GPU 0,2 (whole)"),
     Placed("the fork's MiB on a MiB node, as written",
            Node("m", [16384], MIB),
            _pod({"main": {"nvidia.com/vcuda-core": 25, "nvidia.com/vcuda-memory": 4097}}),
@@ -104,7 +108,7 @@ PLACED = [
            [{"name": "main", "gpus": [0, 1], "share": 3, "compute": 300}]),
     Placed("HAMi: nvidia.com/gpu alone takes all the memory of a GPU",
            Node("g", [16, 16], used=[1]), _pod({"main": {"nvidia.com/gpu": 1}}),
-           [{"name": "main", "gpus": [1], "share": 16}]),
+           [{"name": "main", "gpus": [1], "share": 16}], "container main on GPU 1 (16 GiB each)"),
     Placed("HAMi: a quarter of the GPU's memory",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25}}),
@@ -126,8 +130,8 @@ PLACED = [
 
 @pytest.mark.parametrize("case", PLACED, ids=[c.id for c in PLACED])
 def test_a_dialect_pod_is_placed_recorded_and_rebuilt(case: Placed) -> None:
-    state, binder = state_of(case.node), RecordingBinder()
-    app = create_app(state, binder=binder, expire_interval_s=None)
+    state, binder, events = state_of(case.node), RecordingBinder(), RecordingEvents()
+    app = create_app(state, binder=binder, events=events, expire_interval_s=None)
     with TestClient(app) as client:
         result, error = schedule(client, case.pod, [case.node.name])
         assert result["NodeNames"] == [case.node.name], result
@@ -135,6 +139,9 @@ def test_a_dialect_pod_is_placed_recorded_and_rebuilt(case: Placed) -> None:
     (call,) = binder.calls
     document = json.loads(call.annotations[ALLOCATION])
     assert document["containers"] == case.containers
+    (event,) = events.events
+    assert event.ok
+    assert case.event in event.message
     # A restarted extender reads the bound pod back into the same ledger.
     bound = json.loads(json.dumps(case.pod))
     bound["metadata"].setdefault("annotations", {}).update(call.annotations)

@@ -226,12 +226,19 @@ def _one_line(error: BaseException) -> str:
 def _describe_allocation(
     key: str, node: str, allocation: Allocation | None, state: ExtenderState
 ) -> str:
-    """``pod ns/n bound to node n3: container main on GPU 1 (8138 MiB each)``."""
+    """``pod ns/n bound to node n3: container main on GPU 1 (8138 MiB each)``; with compute
+    ``(8 GiB, 50% compute each)``, whole GPUs ``(whole)``."""
     info = state.node(node)
     unit = f" {info.unit}" if info is not None and info.unit else ""
     parts = [
         f"container {c.container} on GPU {','.join(map(str, c.gpu_indices))} "
-        f"({c.gpu_share}{unit} each)"
+        + (
+            "(whole)"
+            if c.exclusive
+            else f"({c.gpu_share}{unit}, {c.compute_milli / 10:g}% compute each)"
+            if c.compute_milli
+            else f"({c.gpu_share}{unit} each)"
+        )
         for c in (allocation.containers if allocation is not None else ())
     ]
     return f"gpushare: pod {key} bound to node {node}" + (": " + "; ".join(parts) if parts else "")
