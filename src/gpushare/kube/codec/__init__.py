@@ -41,8 +41,9 @@ for it on a GPU nobody placed):
   never changed); POD, ASSIGNED and ASSUME_TIME always.
 * ``gpushare.io/allocation``: JSON ``{"node": "n3", "unit": "MiB", "containers": [{"name":
   "main", "gpus": [0, 1], "share": 8}]}`` (``share`` per GPU; optional ``"compute"``,
-  compute_milli per GPU, and ``"whole": true``, GPUs held whole; absent: 0 and false). Authoritative when present;
-  pods with only Alibaba's annotations (bound by Alibaba's extender) are read from those.
+  compute_milli per GPU, and ``"whole": true``, GPUs held whole; absent: 0 and false).
+  Authoritative when present; pods with only Alibaba's annotations (bound by Alibaba's
+  extender) are read from those.
 
 **Nodes**: a GPU-share (memory-shared) node is one labelled ``gpushare=true`` (design.md,
 "Node modes"; Alibaba's device plugin runs only there) that publishes GPUs. Its GPUs come from

@@ -99,7 +99,14 @@ def _flag(raw: object) -> bool | None:
 def _dialect_ask(container: Json, where: str, total: int | None) -> GpuAsk | None:
     """The container's ask in a dialect other than plain ``aliyun.com/gpu-mem``
     (``gpushare.kube.codec.dialects``), or ``None`` when it names none of their resources."""
-    resources = mapping(container.get("resources"), where, "resources")
+    resources = container.get("resources")
+    if type(resources) is dict:  # the common case, checked without copies
+        limits, requests = resources.get("limits"), resources.get("requests")
+        if (not limits or DIALECT_NAMES.isdisjoint(limits)) and (
+            not requests or DIALECT_NAMES.isdisjoint(requests)
+        ):
+            return None
+    resources = mapping(resources, where, "resources")
     names: set[str] = set()
     for part in ("limits", "requests"):
         given = resources.get(part)
@@ -201,6 +208,7 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
     if not isinstance(raw_containers, list) or not raw_containers:
         raise CodecError(subject, "spec.containers", raw_containers, "missing", "a list")
     asked: list[tuple[str, int, int | None, GpuAsk | None]] = []
+    dialects: list[str] = []
     for i, raw in enumerate(raw_containers):
         container = raw if type(raw) is dict else mapping(raw, subject, f"spec.containers[{i}]")
         name = container.get("name")
@@ -210,10 +218,12 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         total, count = _gpu_resources(container, where)
         if count is not None and not total:
             raise CodecError(where, GPU_COUNT, count, f"without {GPU_MEM}", f"with {GPU_MEM}")
-        asked.append((name, total or 0, count, _dialect_ask(container, where, total)))
+        ask = _dialect_ask(container, where, total)
+        if ask is not None:
+            dialects.append(name)
+        asked.append((name, total or 0, count, ask))
     if spec.get("initContainers"):  # absent or empty: nothing to refuse
         _refuse_init_containers(spec, subject)
-    dialects = {name: ask.dialect for name, _, _, ask in asked if ask is not None}
     if dialects:
         _refuse_mixed(subject, asked)
     counts: dict[str, int] = {}
@@ -234,7 +244,7 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
             parse=_flag, accepted='"true" or {"<container>": true}',
         )  # fmt: skip
         models = _per_container(
-            annotations, GPU_MODELS_ANNOTATION, subject, gpu_names + list(dialects),
+            annotations, GPU_MODELS_ANNOTATION, subject, gpu_names + dialects,
             parse=_models, accepted='"A100,V100" or {"<container>": ["A100"]}',
         )  # fmt: skip
     containers = []
