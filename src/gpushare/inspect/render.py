@@ -320,26 +320,22 @@ def _gpu_json(gpu: GpuReport, *, compute: bool) -> dict[str, Any]:
     return data
 
 
+def _with(data: dict[str, Any], **optional: object) -> dict[str, Any]:
+    """``data`` with each of ``optional`` that is set (not 0, empty or false) added."""
+    data.update((key, value) for key, value in optional.items() if value)
+    return data
+
+
 def _container_json(c: ContainerReport) -> dict[str, Any]:
     data: dict[str, Any] = {"name": c.name, "gpus": list(c.gpus), "share": c.share}
-    if c.compute_milli:
-        data["compute_milli"] = c.compute_milli
-    if c.whole:
-        data["whole"] = True
-    return data
+    return _with(data, compute_milli=c.compute_milli, whole=c.whole)
 
 
 def _ask_json(a: ContainerAsk) -> dict[str, Any]:
     data: dict[str, Any] = {
         "container": a.name, "share": a.share, "count": a.count, "models": list(a.models),
     }  # fmt: skip
-    if a.basis:
-        data["basis"] = a.basis
-    if a.compute_milli:
-        data["compute_milli"] = a.compute_milli
-    if a.whole:
-        data["whole"] = True
-    return data
+    return _with(data, basis=a.basis, compute_milli=a.compute_milli, whole=a.whole)
 
 
 def _fit_json(fit: NodeFit) -> dict[str, Any]:
