@@ -265,3 +265,15 @@ def test_inspect_of_a_node_without_compute_has_no_compute_keys() -> None:
         report = client.get(f"{PREFIX}/inspect/g").json()
     assert "compute" not in report["devs"][0]
     assert "compute_milli" not in report["gpushare"]["nodes"][0]["gpus"][0]
+
+
+def test_prioritize_scores_a_dialect_pod_on_each_node_in_that_nodes_unit() -> None:
+    state = state_of(Node("fuller", [16, 16], used=[8]), Node("empty", [16, 16]))
+    state.upsert_node(alibaba_node_json("unknown-unit", 32, 2))
+    body = filter_body(gpu_manager_readme_pod_1("p", "ns"), ["fuller", "empty", "unknown-unit"])
+    with TestClient(create_app(state, binder=RecordingBinder())) as client:
+        answer = client.post(f"{PREFIX}/prioritize", json=body)
+    assert answer.status_code == 200
+    scores = {entry["Host"]: entry["Score"] for entry in answer.json()}
+    assert scores["fuller"] > scores["empty"]  # binpack: 8 GiB fills fuller's GPU 0
+    assert scores["unknown-unit"] == 0  # MiB cannot be resolved there
