@@ -33,6 +33,7 @@ from gpushare.cli.deviceplugin import device_plugin
 from gpushare.cli.extender import extender
 from gpushare.core.policies import policy_names
 from gpushare.kube import nodepods, nodes, unhealthy
+from gpushare.kube.codec.dialects import DIALECT_NAMES
 from gpushare.testing.controlplane import REPO_ROOT, gpushare_extender
 from gpushare.testing.helm import (
     CHART_DIR,
@@ -210,6 +211,7 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ({"extender": {"tls": {"validityDays": 0}}}, "validityDays"),
         ({"extender": {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.1"]}}}, "controlPlaneCIDRs"),
         ({"devicePlugin": {"restrictToOwnNode": "yes"}}, "restrictToOwnNode"),
+        ({"scheduler": {"dialectResources": ["amd.com/gpu"]}}, "dialectResources"),
     ],
 )
 def test_the_values_schema_refuses_bad_values(
@@ -303,6 +305,15 @@ def test_default_scheduler_config_has_gpushare_extender(default_objects: list[Ob
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
     assert config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]
+
+
+def test_dialect_resources_join_the_extender_entry_ignored_by_kube_scheduler(helm: Path) -> None:
+    values = {"scheduler": {"dialectResources": sorted(DIALECT_NAMES)}}
+    objects = render_objects(values, helm=helm)
+    config = scheduler_config(find(objects, "ConfigMap", "gpushare-default-scheduler-config"))
+    (entry,) = config["extenders"]
+    expected = gpushare_extender(SERVICE_URL, dialects=True)["managedResources"]
+    assert entry["managedResources"] == expected
 
 
 PLAIN_HTTP: dict[str, Any] = {"tls": {"enabled": False}}  # unsafe, but possible

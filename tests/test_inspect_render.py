@@ -19,8 +19,15 @@ from typing import Any
 
 import pytest
 
+from gpushare.core.model import ContainerAllocation
 from gpushare.inspect import Snapshot, build_report, render_detail, render_summary, report_json
 from gpushare.kube.codec import ALIYUN_ASSIGNED, INVENTORY, MemoryUnit, node_info
+from gpushare.testing.dialects import (
+    bound_dialect_pod,
+    dialect_pod_json,
+    gpu_manager_readme_pod_1,
+    gpu_manager_readme_pod_2,
+)
 from gpushare.testing.extender import alibaba_node_json, node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 from gpushare.testing.pods import bound_gpu_pod
@@ -142,6 +149,26 @@ def mixed_units() -> Snapshot:
     return Snapshot((gib, mib, old), pods)
 
 
+def compute_and_whole() -> Snapshot:
+    """docs/compute.md on one node of three 16 GiB GPUs: an Alibaba pod of 4 and gpu-manager's
+    README pod 1 (8 GiB, 50 % compute) share GPU 0, README pod 2 holds GPUs 1 and 2 whole;
+    pending: a HAMi whole GPU (no GPU holds nothing) and a HAMi 25 % share of 3,000 MiB."""
+    n = node("n1", [16] * 3, "10.0.0.1")
+    core_node = node_info(n).node
+    pods = (
+        bound("default", "alibaba", n, [("main", (0,), 4)]),
+        bound_dialect_pod(gpu_manager_readme_pod_1("tencent", "ml"), core_node,
+                          [ContainerAllocation("nvidia", (0,), 8, 500)]),
+        bound_dialect_pod(gpu_manager_readme_pod_2("whole", "ml"), core_node,
+                          [ContainerAllocation("nvidia", (1, 2), 16, 1000, exclusive=True)]),
+        dialect_pod_json("hami-whole", {"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}},
+                         namespace="ml"),
+        dialect_pod_json("hami-share", {"main": {"nvidia.com/gpumem": 3000,
+                                                 "nvidia.com/gpucores": 60}}, namespace="ml"),
+    )  # fmt: skip
+    return Snapshot((n,), pods)
+
+
 CASES: list[tuple[str, Callable[[], Snapshot], str | None]] = [
     ("two_nodes_165", two_nodes_165, None),
     ("t4_notebooks", t4_notebooks, None),
@@ -152,6 +179,7 @@ CASES: list[tuple[str, Callable[[], Snapshot], str | None]] = [
     ("node_filter", node_filter, "n1"),
     ("garbage_inventory", garbage_inventory, None),
     ("mixed_units", mixed_units, None),
+    ("compute_and_whole", compute_and_whole, None),
 ]
 
 

@@ -81,7 +81,15 @@ class ContainerRequest:
 
     A container with ``gpu_count == 0`` asks no GPU (it then asks nothing of one); one with
     ``gpu_count > 0`` asks memory, compute or whole GPUs. ``allowed_models`` restricts the GPU
-    models it may use; empty means any model. ``ValueError`` for anything else.
+    models it may use; empty means any model.
+
+    ``memory_basis`` names what ``gpu_share`` counts when it is not the node's unit (empty, the
+    default): an adapter's label such as ``"MiB"`` or a percentage of the GPU, for a request
+    written in another system's dialect. The core never converts it: such a request is placed
+    only once the adapter has resolved it into the node's unit for one node
+    (``gpushare.kube.codec.resolve``); ``check_fit`` refuses it before that
+    (``PodRequest.in_node_units``).
+    ``ValueError`` for anything else.
     """
 
     name: str
@@ -90,6 +98,7 @@ class ContainerRequest:
     allowed_models: frozenset[str] = frozenset()
     compute_milli: int = 0
     exclusive: bool = False
+    memory_basis: str = ""
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0 or self.gpu_share < 0:
@@ -107,6 +116,10 @@ class ContainerRequest:
                 f"container {self.name}: an exclusive container asks whole GPUs only "
                 f"(gpu_count > 0, gpu_share and compute_milli 0), got {self.gpu_share} units, "
                 f"{self.compute_milli} compute_milli x {self.gpu_count}"
+            )
+        if self.memory_basis and not self.gpu_share:
+            raise ValueError(
+                f"container {self.name}: memory in {self.memory_basis} needs gpu_share > 0"
             )
         asks = self.gpu_share > 0 or self.compute_milli > 0 or self.exclusive
         if (self.gpu_count == 0) == asks:
@@ -148,6 +161,9 @@ class PodRequest:
     two_dimensional: bool = field(init=False, repr=False, compare=False)
     """Whether a container asks compute or whole GPUs (derived): the fit follows the second
     dimension only then."""
+    in_node_units: bool = field(init=False, repr=False, compare=False)
+    """Whether every container's memory is in the node's unit (derived; no ``memory_basis``):
+    only such a request can be placed."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0:
@@ -156,21 +172,27 @@ class PodRequest:
                 f"got {self.cpu_milli} and {self.memory_mib}"
             )
         gpu: list[ContainerRequest] = []
-        shapes: list[tuple[int, int, frozenset[str], int, bool]] = []
+        shapes: list[tuple[object, ...]] = []
         two_dimensional = False
+        in_node_units = True
         total = 0
         for c in self.containers:  # one pass: a pod is built for every one the API lists
             share, count = c.gpu_share, c.gpu_count
             if count > 0:
                 gpu.append(c)
             total += share * count
-            shapes.append((share, count, c.allowed_models, c.compute_milli, c.exclusive))
+            if c.memory_basis:
+                in_node_units = False
+                shapes.append((share, count, c.allowed_models, c.compute_milli, c.memory_basis))
+            else:
+                shapes.append((share, count, c.allowed_models, c.compute_milli, c.exclusive))
             two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
         setattr_ = object.__setattr__
         setattr_(self, "gpu_containers", tuple(gpu))
         setattr_(self, "gpu_total", total)
         setattr_(self, "shape", (self.cpu_milli, self.memory_mib, tuple(shapes)))
         setattr_(self, "two_dimensional", two_dimensional)
+        setattr_(self, "in_node_units", in_node_units)
 
 
 @dataclass(frozen=True, slots=True)

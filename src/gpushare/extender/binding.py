@@ -34,6 +34,7 @@ from gpushare.kube.codec import (
     pod_request,
     pod_uid,
 )
+from gpushare.kube.codec.resolve import resolve
 
 log = logging.getLogger("gpushare.extender.scheduler")
 
@@ -119,6 +120,10 @@ class BindVerb:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
+        resolved = resolve(pod, info.unit, info.node)
+        if isinstance(resolved, str):
+            return f"gpushare: pod {key} cannot be on node {node}: {resolved}"
+        pod = resolved
         own = self._state.allocation(key)
         if own is not None and own.node == node and _matches(own, pod):
             return own, info  # a retry: the GPUs chosen before
@@ -221,19 +226,34 @@ def _one_line(error: BaseException) -> str:
 def _describe_allocation(
     key: str, node: str, allocation: Allocation | None, state: ExtenderState
 ) -> str:
-    """``pod ns/n bound to node n3: container main on GPU 1 (8138 MiB each)``."""
+    """``pod ns/n bound to node n3: container main on GPU 1 (8138 MiB each)``; with compute
+    ``(8 GiB, 50% compute each)``, whole GPUs ``(whole)``."""
     info = state.node(node)
     unit = f" {info.unit}" if info is not None and info.unit else ""
     parts = [
         f"container {c.container} on GPU {','.join(map(str, c.gpu_indices))} "
-        f"({c.gpu_share}{unit} each)"
+        + (
+            "(whole)"
+            if c.exclusive
+            else f"({c.gpu_share}{unit}, {c.compute_milli / 10:g}% compute each)"
+            if c.compute_milli
+            else f"({c.gpu_share}{unit} each)"
+        )
         for c in (allocation.containers if allocation is not None else ())
     ]
     return f"gpushare: pod {key} bound to node {node}" + (": " + "; ".join(parts) if parts else "")
 
 
 def _matches(allocation: Allocation, pod: PodRequest) -> bool:
-    """Whether ``allocation`` gives each GPU container of ``pod`` what it asks (a pod recreated
-    under the same name may ask differently)."""
-    got = {c.container: (c.gpu_share, len(c.gpu_indices)) for c in allocation.containers}
-    return got == {c.name: (c.gpu_share, c.gpu_count) for c in pod.gpu_containers}
+    """Whether ``allocation`` gives each GPU container of ``pod`` (in the node's unit) what it
+    asks (a pod recreated under the same name may ask differently): whole GPUs are recorded at
+    their capacity."""
+    got = {
+        c.container: (0, len(c.gpu_indices), 0, True)
+        if c.exclusive
+        else (c.gpu_share, len(c.gpu_indices), c.compute_milli, False)
+        for c in allocation.containers
+    }
+    return got == {
+        c.name: (c.gpu_share, c.gpu_count, c.compute_milli, c.exclusive) for c in pod.gpu_containers
+    }

@@ -4,6 +4,9 @@ Keys follow Alibaba gpushare's ``pkg/scheduler/gpushare-inspect.go`` (``nodes``,
 ``totalGPU``, ``usedGPU``, ``devs``, ``id``, ``pods``, ``namespace``, ``usedGPU``), so their
 tooling keeps working, with gpushare's additions (``unit``, ``source``, per GPU ``model``,
 ``uuid``, ``healthy``; per pod ``containers`` and ``assumed``). Amounts are in the node's unit.
+Compute (docs/compute.md) adds keys only where there is some: per GPU ``compute`` (thousandths
+held by pods that ask compute) and ``whole`` on a node where a GPU holds either, per pod
+``compute`` and ``whole`` when it holds them there.
 ``violations`` lists broken ledger invariants (empty when all is well) and what the *skipped*
 pods break (``ExtenderState``, "Skipped pods": bound pods the ledger could not record: over
 capacity counting them, a GPU index the node lacks, an allocation that cannot be read);
@@ -62,27 +65,34 @@ def node_report(state: ExtenderState, info: NodeInfo, *, shared: bool = True) ->
     for allocation in allocations:  # each read once, not once per GPU
         namespace, _, name = allocation.pod.partition("/")
         assumed = state.is_assumed(allocation.pod)
+        compute, whole = allocation.per_gpu_compute(), allocation.whole_gpus()
         for index, amount in allocation.per_gpu().items():
             if amount and index in holders:
-                holders[index].append(
-                    {"name": name, "namespace": namespace, "usedGPU": amount, "assumed": assumed,
-                     "containers": [c.container for c in allocation.containers
-                                    if index in c.gpu_indices]}
-                )  # fmt: skip
+                entry = {"name": name, "namespace": namespace, "usedGPU": amount,
+                         "assumed": assumed, "containers": [
+                             c.container for c in allocation.containers
+                             if index in c.gpu_indices]}  # fmt: skip
+                if compute.get(index):
+                    entry["compute"] = compute[index]
+                if index in whole:
+                    entry["whole"] = True
+                holders[index].append(entry)
     devs: list[dict[str, Any]] = []
+    recorded = state.recorded_state(node.name)
+    two_dimensional = any(recorded.gpu_compute_used) or any(recorded.gpu_whole)
     for position, gpu in enumerate(node.gpus):
-        pods = holders[gpu.index]
-        devs.append(
-            {
-                "id": gpu.index,
-                "model": gpu.model,
-                "uuid": info.uuids[position] if position < len(info.uuids) else "",
-                "healthy": gpu.healthy,
-                "totalGPU": gpu.capacity,
-                "usedGPU": used[position],
-                "pods": pods,
-            }
-        )
+        dev: dict[str, Any] = {
+            "id": gpu.index,
+            "model": gpu.model,
+            "uuid": info.uuids[position] if position < len(info.uuids) else "",
+            "healthy": gpu.healthy,
+            "totalGPU": gpu.capacity,
+            "usedGPU": used[position],
+        }
+        if two_dimensional:
+            dev["compute"] = recorded.gpu_compute_used[position]
+            dev["whole"] = recorded.gpu_whole[position]
+        devs.append(dev | {"pods": holders[gpu.index]})
     result: dict[str, Any] = {"name": node.name}
     if shared:
         result["gpushare"] = report_json(shared_report(state, node.name))

@@ -32,6 +32,11 @@
   releases the assumption. Binds of one pod are serialised, and the decide-and-assume step of
   all binds runs under one ``asyncio.Lock``, so concurrent binds never overcommit a GPU.
 
+A pod whose memory is written in MiB or percent (gpu-manager's and HAMi's dialects) is resolved
+into each node's unit before its fit there (``gpushare.kube.codec.resolve``): filter, prioritize
+and bind place it as the equal pod in that unit; a node it cannot be resolved on (MiB on a node
+of unknown unit) can never take it, with the reason.
+
 A pod's own allocation never counts against itself (a retry after an unknown binder outcome
 must still fit where it was placed). Fit results are cached per (node, pod shape) until the
 node's ``version`` changes, and so are the values of deterministic policies. For a GPU pod that
@@ -74,6 +79,7 @@ from gpushare.extender.wire import (
     RequestError,
 )
 from gpushare.kube.codec import CodecError, node_info, object_name, pod_request
+from gpushare.kube.codec.resolve import resolve
 
 __all__ = [
     "NOT_GPUSHARE",
@@ -256,6 +262,11 @@ class Scheduler:
         reason (``held`` when the handshake rule refused it) or ``CAN_NEVER_FIT`` with the
         reason (also for an unknown or non-GPU-share node)."""
         info = self.state.node(name)
+        if info is not None and info.gpushare and not pod.in_node_units:
+            resolved = resolve(pod, info.unit, info.node)
+            if isinstance(resolved, str):
+                return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {resolved}")
+            pod = resolved
         result = self._fit(name, pod, own) if info is not None and info.gpushare else None
         if info is None or result is None:
             why = UNKNOWN_NODE if info is None else not_gpushare(info)
@@ -267,6 +278,12 @@ class Scheduler:
 
     def _node_value(self, name: str, pod: PodRequest, own: Allocation | None) -> float | None:
         """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit."""
+        if not pod.in_node_units:
+            info = self.state.node(name)
+            resolved = None if info is None else resolve(pod, info.unit, info.node)
+            if not isinstance(resolved, PodRequest):
+                return None
+            pod = resolved
         result = self._fit(name, pod, own)
         state = self.state.node_state(name)
         if result is not None and result.fits and state is not None:

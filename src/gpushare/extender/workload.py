@@ -94,6 +94,9 @@ class WorkloadTracker:
         except (CodecError, ValueError) as error:
             log.debug("pod %s left out of the target workload: %s", change.key, error)
             return
+        if not request.in_node_units:  # MiB or percent: its shape depends on the node
+            log.debug("pod %s left out of the target workload: memory in MiB or %%", change.key)
+            return
         self.observe(request)
 
     def due(self) -> bool:

@@ -31,6 +31,11 @@ Where gpushare differs, on purpose:
   and for a pod with several GPU containers one ``  - <container>`` row per container below it;
   a ``STATE`` column (``assigned``, ``assumed``: bound, not yet started by the device plugin,
   ``unplaced``: bound without a GPU) appears when a pod on the node is not assigned;
+* compute (docs/compute.md): only when some pod holds compute or whole GPUs, GPU columns read
+  ``GPU0(Allocated/Total,Compute)`` with cells ``8/16,50%`` (the compute held by pods that ask
+  it, in % of the GPU) or ``16/16,whole``, and pod cells ``8,50%`` or ``16,whole``; pending
+  pods' asks show ``7680MiB``, ``100%mem``, ``compute 50%``, ``2x whole``. A cluster where no
+  pod asks compute reads exactly as before;
 * sections Alibaba has not: pending GPU pods with the reason they do not fit (one line per pod
   in the summary, one per node checked with ``-d``), notes (nodes that are not GPU-share nodes
   but hold pods, unknown units) and problems (objects that could not be read).
@@ -44,6 +49,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpushare.inspect.report import (
+    ContainerAsk,
+    ContainerReport,
+    GpuReport,
     NodeFit,
     NodeReport,
     PendingReport,
@@ -52,6 +60,7 @@ from gpushare.inspect.report import (
     UnitTotal,
     unit_label,
 )
+from gpushare.kube.codec.resolve import MIB_BASIS
 
 __all__ = ["render_detail", "render_summary", "report_json"]
 
@@ -105,11 +114,23 @@ def _cluster_values(totals: Sequence[UnitTotal], *, unhealthy: bool = False) -> 
     return values
 
 
+def _compute(milli: int, whole: bool) -> str:
+    """``whole``, or the compute in % of the GPU (``50%``, ``2.5%``)."""
+    return "whole" if whole else f"{milli / 10:g}%"
+
+
 def _asks(pod: PendingReport) -> str:
-    """``8``, ``2x4`` (4 on each of 2 GPUs), ``c0 2x4 + c1 2``; allowed models in brackets."""
+    """``8``, ``2x4`` (4 on each of 2 GPUs), ``c0 2x4 + c1 2``; allowed models in brackets;
+    dialects: ``7680MiB compute 50%``, ``100%mem``, ``2x whole``."""
     parts = []
     for ask in pod.asks:
-        amount = f"{ask.count}x{ask.share}" if ask.count > 1 else str(ask.share)
+        share = {"": str(ask.share), MIB_BASIS: f"{ask.share}MiB"}.get(
+            ask.basis, f"{ask.share}%mem"
+        )
+        if ask.whole:
+            share = " whole"
+        amount = f"{ask.count}x{share}" if ask.count > 1 or ask.whole else share
+        amount += f" compute {_compute(ask.compute_milli, False)}" if ask.compute_milli else ""
         models = f" [{','.join(ask.models)}]" if ask.models else ""
         name = f"{ask.name} " if len(pod.asks) > 1 else ""
         parts.append(f"{name}{amount}{models}")
@@ -149,7 +170,9 @@ def render_summary(report: Report) -> str:
     indices = _indices(report)
     unit = _common_unit(report)
     unplaced = any(node.unplaced for node in report.nodes)
-    header = ["NAME", "IPADDRESS", *(f"GPU{i}(Allocated/Total)" for i in indices)]
+    compute = any(node.two_dimensional for node in report.nodes)
+    column = "Allocated/Total,Compute" if compute else "Allocated/Total"
+    header = ["NAME", "IPADDRESS", *(f"GPU{i}({column})" for i in indices)]
     header += ["PENDING(Allocated)"] if unplaced else []
     header.append(f"GPU Memory({unit})" if unit is not None else "GPU Memory")
     rows = [header]
@@ -159,6 +182,8 @@ def render_summary(report: Report) -> str:
         for index in indices:
             gpu = gpus.get(index)
             cell = "-" if gpu is None else f"{gpu.allocated}/{gpu.capacity}"
+            if gpu is not None and compute:
+                cell += f",{_compute(gpu.compute_milli, gpu.whole)}"
             row.append(cell if gpu is None or gpu.healthy else f"{cell} (unhealthy)")
         row += [str(node.unplaced) if node.unplaced else ""] if unplaced else []
         memory = f"{node.allocated}/{node.total}"
@@ -178,7 +203,7 @@ def render_summary(report: Report) -> str:
 
 def _pod_rows(node: NodeReport, pod: PodReport, state: bool) -> list[list[str]]:
     indices = [gpu.index for gpu in node.gpus]
-    row = [pod.name, pod.namespace, *(str(pod.amount(i)) for i in indices)]
+    row = [pod.name, pod.namespace, *(_pod_cell(pod, i, node.two_dimensional) for i in indices)]
     row += [str(pod.total) if not pod.placed else "0"] if node.unplaced else []
     if state:
         row.append("assigned" if pod.assigned else "assumed" if pod.placed else "unplaced")
@@ -190,6 +215,17 @@ def _pod_rows(node: NodeReport, pod: PodReport, state: bool) -> list[list[str]]:
     return rows
 
 
+def _pod_cell(pod: PodReport, index: int, compute: bool) -> str:
+    """The pod's amount on GPU ``index``; with ``compute``, ``8,50%`` or ``16,whole`` where it
+    holds compute there."""
+    amount = str(pod.amount(index))
+    if compute and pod.two_dimensional:
+        milli, whole = pod.compute_on(index)
+        if milli or whole:
+            amount += f",{_compute(milli, whole)}"
+    return amount
+
+
 def _node_block(node: NodeReport) -> list[str]:
     head = [["NAME:", node.name], ["IPADDRESS:", node.address or "unknown"]]
     head.append(["UNIT:", unit_label(node.unit)])
@@ -199,7 +235,8 @@ def _node_block(node: NodeReport) -> list[str]:
     if not node.gpushare:
         head.append(["NOTE:", f"not a GPU-share node ({node.refusal})"])
     state = any(not pod.assigned for pod in node.pods)
-    header = ["NAME", "NAMESPACE", *(f"GPU{gpu.index}(Allocated)" for gpu in node.gpus)]
+    column = "Allocated,Compute" if node.two_dimensional else "Allocated"
+    header = ["NAME", "NAMESPACE", *(f"GPU{gpu.index}({column})" for gpu in node.gpus)]
     header += ["PENDING(Allocated)"] if node.unplaced else []
     header += ["STATE"] if state else []
     rows = [header]
@@ -251,19 +288,7 @@ def _node_json(node: NodeReport) -> dict[str, Any]:
         "unplaced": node.unplaced,
         "unhealthy": node.unhealthy,
         "total": node.total,
-        "gpus": [
-            {
-                "index": gpu.index,
-                "model": gpu.model,
-                "uuid": gpu.uuid,
-                "healthy": gpu.healthy,
-                "capacity": gpu.capacity,
-                "allocated": gpu.allocated,
-                "assumed": gpu.assumed,
-                "free": gpu.free,
-            }
-            for gpu in node.gpus
-        ],
+        "gpus": [_gpu_json(gpu, compute=node.two_dimensional) for gpu in node.gpus],
         "pods": [
             {
                 "namespace": pod.namespace,
@@ -272,13 +297,45 @@ def _node_json(node: NodeReport) -> dict[str, Any]:
                 "placed": pod.placed,
                 "total": pod.total,
                 "gpus": [{"index": index, "amount": amount} for index, amount in pod.gpus],
-                "containers": [
-                    {"name": c.name, "gpus": list(c.gpus), "share": c.share} for c in pod.containers
-                ],
+                "containers": [_container_json(c) for c in pod.containers],
             }
             for pod in node.pods
         ],
     }
+
+
+def _gpu_json(gpu: GpuReport, *, compute: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "index": gpu.index,
+        "model": gpu.model,
+        "uuid": gpu.uuid,
+        "healthy": gpu.healthy,
+        "capacity": gpu.capacity,
+        "allocated": gpu.allocated,
+        "assumed": gpu.assumed,
+        "free": gpu.free,
+    }
+    if compute:
+        data["compute_milli"], data["whole"] = gpu.compute_milli, gpu.whole
+    return data
+
+
+def _with(data: dict[str, Any], **optional: object) -> dict[str, Any]:
+    """``data`` with each of ``optional`` that is set (not 0, empty or false) added."""
+    data.update((key, value) for key, value in optional.items() if value)
+    return data
+
+
+def _container_json(c: ContainerReport) -> dict[str, Any]:
+    data: dict[str, Any] = {"name": c.name, "gpus": list(c.gpus), "share": c.share}
+    return _with(data, compute_milli=c.compute_milli, whole=c.whole)
+
+
+def _ask_json(a: ContainerAsk) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "container": a.name, "share": a.share, "count": a.count, "models": list(a.models),
+    }  # fmt: skip
+    return _with(data, basis=a.basis, compute_milli=a.compute_milli, whole=a.whole)
 
 
 def _fit_json(fit: NodeFit) -> dict[str, Any]:
@@ -294,7 +351,11 @@ def _fit_json(fit: NodeFit) -> dict[str, Any]:
         "free_per_gpu": [] if result is None else list(result.free_per_gpu),
         "capacity_per_gpu": [] if result is None else list(result.capacity_per_gpu),
         "text": fit.text,
-    }
+    } | (
+        {"compute_free_per_gpu": list(result.compute_free_per_gpu)}
+        if result is not None and result.compute_free_per_gpu
+        else {}
+    )
 
 
 def report_json(report: Report) -> dict[str, Any]:
@@ -318,7 +379,12 @@ def report_json(report: Report) -> dict[str, Any]:
          "problems": [str]}
 
     ``status`` is ``fits``/``does-not-fit-now``/``can-never-fit``; ``reason`` a fixed text
-    (``gpushare.core.fit.Reason``); ``percent`` whole and truncated.
+    (``gpushare.core.fit.Reason``); ``percent`` whole and truncated. Compute (docs/compute.md)
+    adds keys only where there is some, so a cluster where no pod asks compute reads as
+    before: each GPU's ``compute_milli`` and ``whole`` on a node where a GPU holds either; a
+    container's ``compute_milli``/``whole`` when set; an ask's ``basis`` (``"MiB"``,
+    ``"% of the GPU"``), ``compute_milli``, ``whole`` when set; a fit's
+    ``compute_free_per_gpu`` when the pod asks compute or whole GPUs.
     """
     return {
         "node": report.node,
@@ -329,15 +395,7 @@ def report_json(report: Report) -> dict[str, Any]:
                 "name": pod.name,
                 "total": pod.total,
                 "reason": pod.reason,
-                "asks": [
-                    {
-                        "container": a.name,
-                        "share": a.share,
-                        "count": a.count,
-                        "models": list(a.models),
-                    }
-                    for a in pod.asks
-                ],
+                "asks": [_ask_json(a) for a in pod.asks],
                 "nodes": [_fit_json(fit) for fit in pod.nodes],
             }
             for pod in report.pending

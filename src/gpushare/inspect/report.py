@@ -61,6 +61,7 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.codec.handshake import pending_pod
 from gpushare.kube.codec.record import fast_pod_record
+from gpushare.kube.codec.resolve import resolve
 
 UNKNOWN_UNIT = "unit unknown"
 
@@ -94,16 +95,23 @@ class GpuReport:
     assumed: int
     free: int
     healthy: bool
+    compute_milli: int = 0
+    """Compute held on it by pods that ask compute (thousandths of the GPU; docs/compute.md)."""
+    whole: bool = False
+    """Whether a pod holds it whole."""
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerReport:
     """What one container got: ``share`` units on each GPU index in ``gpus`` (empty for a pod
-    bound without an allocation record)."""
+    bound without an allocation record), ``compute_milli`` of each (0: compute not asked),
+    ``whole``: the GPUs held whole."""
 
     name: str
     gpus: tuple[int, ...]
     share: int
+    compute_milli: int = 0
+    whole: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +136,19 @@ class PodReport:
     def amount(self, index: int) -> int:
         """Units the pod holds on GPU ``index`` (0 when none)."""
         return dict(self.gpus).get(index, 0)
+
+    def compute_on(self, index: int) -> tuple[int, bool]:
+        """(compute_milli, held whole) the pod holds on GPU ``index``."""
+        milli, whole = 0, False
+        for c in self.containers:
+            if index in c.gpus:
+                milli, whole = milli + c.compute_milli, whole or c.whole
+        return milli, whole
+
+    @property
+    def two_dimensional(self) -> bool:
+        """Whether a container holds compute or whole GPUs."""
+        return any(c.compute_milli or c.whole for c in self.containers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +183,11 @@ class NodeReport:
         return all(gpu.healthy for gpu in self.gpus)
 
     @property
+    def two_dimensional(self) -> bool:
+        """Whether a GPU holds compute or is held whole (compute is then shown)."""
+        return any(gpu.compute_milli or gpu.whole for gpu in self.gpus)
+
+    @property
     def unhealthy(self) -> int:
         """The capacity of the node's unhealthy GPUs, in ``unit``."""
         return sum(gpu.capacity for gpu in self.gpus if not gpu.healthy)
@@ -170,12 +196,16 @@ class NodeReport:
 @dataclass(frozen=True, slots=True)
 class ContainerAsk:
     """What one container of a pending pod asks: ``share`` units on each of ``count`` GPUs,
-    of the ``models`` given (empty: any)."""
+    of the ``models`` given (empty: any); ``basis``: what ``share`` counts when not the node's
+    unit (``"MiB"``, ``"% of the GPU"``); ``compute_milli`` per GPU; ``whole``: whole GPUs."""
 
     name: str
     share: int
     count: int
     models: tuple[str, ...]
+    basis: str = ""
+    compute_milli: int = 0
+    whole: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +218,8 @@ class NodeFit:
     fit: FitResult | None
     refusal: str
     text: str
+    unresolved: bool = False
+    """The node is a GPU-share node but the pod's memory (MiB) cannot be put in its unit."""
 
     @property
     def status(self) -> str:
@@ -197,6 +229,8 @@ class NodeFit:
     @property
     def reason(self) -> str:
         """The fixed reason text (``gpushare.core.fit.Reason``, or not a GPU-share node)."""
+        if self.unresolved:
+            return "memory in MiB on a node of unknown unit"
         return "not a GPU-share node" if self.fit is None else str(self.fit.reason)
 
 
@@ -456,6 +490,8 @@ def _node_report(
     gpus = info.node.gpus
     position = {gpu.index: i for i, gpu in enumerate(gpus)}
     used = [0] * len(gpus)
+    compute = [0] * len(gpus)
+    whole = [False] * len(gpus)
     assumed = [0] * len(gpus)
     holders: list[list[str]] = [[] for _ in gpus]
     pods: list[PodReport] = []
@@ -475,25 +511,40 @@ def _node_report(
             holders[position[index]].append(allocation.pod)
             if not assigned:
                 assumed[position[index]] += amount
+        for index, milli in allocation.per_gpu_compute().items():
+            compute[position[index]] += milli
+        for index in allocation.whole_gpus():
+            whole[position[index]] = True
         if not pod_rows:
             continue
         namespace, _, pod_name = allocation.pod.partition("/")
         pods.append(
             PodReport(
                 namespace, pod_name, info.node.name, tuple(sorted(per_gpu.items())),
-                tuple([ContainerReport(c.container, c.gpu_indices, c.gpu_share)
+                tuple([ContainerReport(c.container, c.gpu_indices, c.gpu_share,
+                                       c.compute_milli, c.exclusive)
                        for c in allocation.containers]),
                 assigned, sum(per_gpu.values()),
             )
         )  # fmt: skip
-    unplaced = sum(request.gpu_total for request in book.unplaced)
-    for request in sorted(book.unplaced, key=lambda r: r.key) if pod_rows else ():
+    unplaced = 0
+    for asked in sorted(book.unplaced, key=lambda r: r.key) if pod_rows else book.unplaced:
+        resolved = resolve(asked, info.unit, info.node)
+        request = resolved if isinstance(resolved, PodRequest) else asked
+        unplaced += request.gpu_total
+        if not pod_rows:
+            continue
         namespace, _, pod_name = request.key.partition("/")
         containers = tuple(ContainerReport(c.name, (), c.gpu_share) for c in request.gpu_containers)
         pods.append(
             PodReport(namespace, pod_name, info.node.name, (), containers, False, request.gpu_total)
         )
-    state = charged(NodeState(info.node, tuple(used)), skipped)  # the extender's rule
+    two_dimensional = any(compute) or any(whole)
+    state = charged(  # the extender's rule
+        NodeState(info.node, tuple(used), gpu_compute_used=tuple(compute) if two_dimensional
+                  else (), gpu_whole=tuple(whole) if two_dimensional else ()),
+        skipped,
+    )  # fmt: skip
     reports = []
     for i, gpu in enumerate(gpus):
         if used[i] > gpu.capacity:
@@ -504,7 +555,7 @@ def _node_report(
         uuid = info.uuids[i] if i < len(info.uuids) else ""
         reports.append(
             GpuReport(gpu.index, gpu.model, uuid, gpu.capacity, used[i], assumed[i],
-                      max(state.gpu_free[i], 0), gpu.healthy)
+                      max(state.gpu_free[i], 0), gpu.healthy, compute[i], whole[i])
         )  # fmt: skip
     pods.sort(key=lambda p: (p.namespace, p.name))
     report = NodeReport(
@@ -529,16 +580,24 @@ def _pending_report(
             text = f"node {report.name}: not a GPU-share node ({report.refusal})"
             fits.append(NodeFit(report.name, report.unit, None, report.refusal, text))
             continue
-        result = handshake_fit(states[report.name], request, pending.get(report.name, ()))
+        state = states[report.name]
+        on_node = resolve(request, None if report.unit is None else MemoryUnit(report.unit),
+                          state.node)  # fmt: skip
+        if isinstance(on_node, str):
+            text = f"node {report.name}: {on_node}"
+            fits.append(NodeFit(report.name, report.unit, None, on_node, text, unresolved=True))
+            continue
+        result = handshake_fit(state, on_node, pending.get(report.name, ()))
         text = f"node {report.name}: " + (
             "fits" if result.fits else f"{result.describe()} ({label})"
         )
         fits.append(NodeFit(report.name, report.unit, result, "", text))
     namespace, _, name = key.partition("/")
     asks = tuple(
-        ContainerAsk(c.name, c.gpu_share, c.gpu_count, tuple(sorted(c.allowed_models)))
+        ContainerAsk(c.name, c.gpu_share, c.gpu_count, tuple(sorted(c.allowed_models)),
+                     c.memory_basis, c.compute_milli, c.exclusive)
         for c in request.gpu_containers
-    )
+    )  # fmt: skip
     return PendingReport(namespace, name, asks, request.gpu_total, tuple(fits), _summary(fits))
 
 

@@ -6,9 +6,11 @@ lightkube ``AsyncClient``:
 * **Nodes**: all of them (``key`` = name). :func:`is_gpushare_node` tells the memory-shared ones
   (label ``gpushare=true``); :meth:`ClusterCache.gpushare_nodes` lists only those.
 * **Pods** in every namespace (``key`` = ``namespace/name``) that pass ``pod_filter``; by
-  default :func:`requests_gpu_mem`: some container or init container names
-  ``aliyun.com/gpu-mem`` in its limits or requests. The filter runs on the lightkube object,
-  so other pods are never converted or stored.
+  default :func:`requests_gpu`: some container or init container names
+  ``aliyun.com/gpu-mem`` or a resource of another dialect gpushare reads
+  (``GPU_RESOURCES``: gpu-manager's, HAMi's, ``aliyun.com/gpu-core.percentage``) in its limits
+  or requests. The filter runs on the lightkube object, so other pods are never converted or
+  stored.
 
 The objects are the API server's JSON as plain dicts (``lightkube`` ``obj.to_dict()``), which is
 what ``gpushare.kube.codec`` reads. They are shared, not copied: treat them as read-only.
@@ -39,17 +41,24 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL, is_gpushare_node
+from gpushare.kube.codec.dialects import DIALECT_NAMES
 from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector, WatchStats
 
 __all__ = [
     "GPUSHARE_LABEL",
     "GPU_MEM",
+    "GPU_RESOURCES",
     "CacheStats",
     "ClusterCache",
     "Listener",
     "is_gpushare_node",
+    "requests_gpu",
     "requests_gpu_mem",
 ]
+
+GPU_RESOURCES = frozenset({GPU_MEM}) | DIALECT_NAMES
+"""Every extended resource of a pod gpushare places: Alibaba's ``aliyun.com/gpu-mem`` and the
+dialects' (``gpushare.kube.codec.dialects``)."""
 
 """The extended resource a GPU-memory pod asks for."""
 """Node label; value ``"true"`` marks a memory-shared node (Alibaba-compatible)."""
@@ -70,6 +79,21 @@ def requests_gpu_mem(pod: Pod) -> bool:
         resources = container.resources
         if resources is not None and (
             GPU_MEM in (resources.limits or {}) or GPU_MEM in (resources.requests or {})
+        ):
+            return True
+    return False
+
+
+def requests_gpu(pod: Pod) -> bool:
+    """Whether some container or init container of ``pod`` names one of ``GPU_RESOURCES`` in
+    its limits or requests (any quantity, as kube-scheduler's ``managedResources`` matching)."""
+    spec = pod.spec
+    if spec is None:
+        return False
+    for container in (*spec.containers, *(spec.initContainers or ())):
+        resources = container.resources
+        if resources is not None and not GPU_RESOURCES.isdisjoint(
+            (*(resources.limits or ()), *(resources.requests or ()))
         ):
             return True
     return False
@@ -107,7 +131,7 @@ class ClusterCache:
         self,
         client: AsyncClient,
         *,
-        pod_filter: Callable[[Pod], bool] = requests_gpu_mem,
+        pod_filter: Callable[[Pod], bool] = requests_gpu,
         backoff: Backoff | None = None,
         watch_timeout_s: int = 300,
         chunk_size: int = 500,

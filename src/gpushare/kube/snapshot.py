@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpushare.kube.cache import requests_gpu_mem
+from gpushare.kube.cache import requests_gpu
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
 from gpushare.kube.watch import JsonObject
 
@@ -43,7 +43,7 @@ LIST_PODS = "LIST pods"
 
 @dataclass(frozen=True)
 class ClusterObjects:
-    """Every Node, and the pods asking ``aliyun.com/gpu-mem``, as plain dicts (read-only)."""
+    """Every Node, and the pods asking a GPU (``requests_gpu``), as plain dicts (read-only)."""
 
     nodes: tuple[JsonObject, ...]
     pods: tuple[JsonObject, ...]
@@ -52,8 +52,9 @@ class ClusterObjects:
 async def read_cluster(
     client: AsyncClient, *, namespace: str | None = None, chunk_size: int = 500
 ) -> ClusterObjects:
-    """List all nodes, then the pods asking ``aliyun.com/gpu-mem`` (any container or init
-    container, limits or requests) in every namespace, or only in ``namespace``.
+    """List all nodes, then the pods asking a GPU (``requests_gpu``: ``aliyun.com/gpu-mem`` or
+    a dialect's resource, any container or init container, limits or requests) in every
+    namespace, or only in ``namespace``.
 
     Raises :class:`~gpushare.kube.errors.ApiCallError` (``what`` is :data:`LIST_NODES`, or
     :data:`LIST_PODS` with `` in NAMESPACE`` when one is given) when a list fails.
@@ -68,7 +69,7 @@ async def read_cluster(
             [
                 pod.to_dict()
                 async for pod in client.list(Pod, namespace=namespace or "*", chunk_size=chunk_size)
-                if requests_gpu_mem(pod)
+                if requests_gpu(pod)
             ]
         )
     except CLIENT_ERRORS as error:

@@ -143,6 +143,10 @@ It matches gpushare.testing.controlplane.gpushare_extender: tests/cluster/test_d
 {{- define "gpushare.scheduler.extenders" -}}
 {{- $ctx := index . 0 -}}
 {{- $tlsConfig := include "gpushare.scheduler.tlsConfig" (list $ctx (index . 2)) | fromJson -}}
+{{- $managed := list (dict "name" "aliyun.com/gpu-mem" "ignoredByScheduler" false) -}}
+{{- range $ctx.Values.scheduler.dialectResources -}}
+{{- $managed = append $managed (dict "name" . "ignoredByScheduler" true) -}}
+{{- end -}}
 {{- $entry := dict
   "urlPrefix" (index . 1)
   "filterVerb" "filter"
@@ -153,7 +157,7 @@ It matches gpushare.testing.controlplane.gpushare_extender: tests/cluster/test_d
   "nodeCacheCapable" true
   "httpTimeout" $ctx.Values.scheduler.httpTimeout
   "ignorable" false
-  "managedResources" (list (dict "name" "aliyun.com/gpu-mem" "ignoredByScheduler" false))
+  "managedResources" $managed
 -}}
 {{- if $tlsConfig -}}
 {{- $_ := set $entry "tlsConfig" $tlsConfig -}}

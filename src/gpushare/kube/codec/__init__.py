@@ -20,6 +20,14 @@ for it on a GPU nobody placed):
   has no such side effect and is the recommended form; when both are set they must agree.
 * Allowed GPU models: the pod annotation ``gpushare.io/gpu-models`` — ``"A100,V100"`` (every
   GPU container) or JSON ``{"main": ["A100"]}``. Absent: any model.
+* Whole GPUs: the pod annotation ``gpushare.io/exclusive`` — ``"true"`` (every ``gpu-mem``
+  container) or JSON ``{"main": true}``: the container takes its GPU count of GPUs nobody uses.
+* Other systems' dialects (``dialects``): gpu-manager's ``tencent.com/vcuda-core`` and
+  ``vcuda-memory``, its fork's ``nvidia.com/vcuda-*``, HAMi's ``nvidia.com/gpu``, ``gpumem``,
+  ``gpumem-percentage``, ``gpucores``, Alibaba cloud's ``aliyun.com/gpu-core.percentage``.
+  Memory they write in MiB or percent stays so (``ContainerRequest.memory_basis``) until
+  ``resolve`` puts it in one node's unit. A pod whose GPU containers use two dialects is
+  refused. docs/compute.md.
 
 **What a pod got** (written at bind, read back on every watch event and on restart):
 
@@ -32,8 +40,10 @@ for it on a GPU nobody placed):
   name one GPU, so they are written only when the whole pod sits on one GPU (their meaning is
   never changed); POD, ASSIGNED and ASSUME_TIME always.
 * ``gpushare.io/allocation``: JSON ``{"node": "n3", "unit": "MiB", "containers": [{"name":
-  "main", "gpus": [0, 1], "share": 8}]}`` (``share`` per GPU). Authoritative when present;
-  pods with only Alibaba's annotations (bound by Alibaba's extender) are read from those.
+  "main", "gpus": [0, 1], "share": 8}]}`` (``share`` per GPU; optional ``"compute"``,
+  compute_milli per GPU, and ``"whole": true``, GPUs held whole; absent: 0 and false).
+  Authoritative when present; pods with only Alibaba's annotations (bound by Alibaba's
+  extender) are read from those.
 
 **Nodes**: a GPU-share (memory-shared) node is one labelled ``gpushare=true`` (design.md,
 "Node modes"; Alibaba's device plugin runs only there) that publishes GPUs. Its GPUs come from

@@ -19,6 +19,7 @@ INVENTORY = "gpushare.io/gpu-inventory"
 ALLOCATION = "gpushare.io/allocation"
 GPU_COUNT_ANNOTATION = "gpushare.io/gpu-count"
 GPU_MODELS_ANNOTATION = "gpushare.io/gpu-models"
+EXCLUSIVE_ANNOTATION = "gpushare.io/exclusive"
 # Alibaba gpushare's annotation keys (``pkg/utils/const.go`` of gpushare-scheduler-extender).
 ALIYUN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 ALIYUN_POD = "ALIYUN_COM_GPU_MEM_POD"

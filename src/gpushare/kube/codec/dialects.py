@@ -1,5 +1,6 @@
 """The request dialects of the systems gpushare replaces, read into one shape (``GpuAsk``).
-Pure; no I/O. Not yet wired into ``pod_request`` (docs/compute.md, "Not built yet").
+Pure; no I/O. ``pod_request`` reads every container through ``container_ask`` when it names one
+of ``DIALECT_NAMES``.
 
 A container asks for GPU in one dialect; each dialect's own rules apply, and a request its own
 system refuses is refused here with that system's rule in the message. Sources:
@@ -74,6 +75,9 @@ DIALECT_RESOURCES: Mapping[Dialect, frozenset[str]] = {
 }
 """The resource names of each dialect (Alibaba's ``aliyun.com/gpu-count`` is read with
 ``gpu-mem`` by ``pod_request``)."""
+DIALECT_NAMES: frozenset[str] = frozenset().union(*DIALECT_RESOURCES.values()) - {GPU_MEM}
+"""Every resource name this module reads that is not Alibaba's plain ``aliyun.com/gpu-mem``:
+a container naming one of them is read here."""
 
 
 @dataclass(frozen=True, slots=True)

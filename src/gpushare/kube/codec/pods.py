@@ -9,7 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare.core.model import Allocation, ContainerAllocation, ContainerRequest, Node, PodRequest
+from gpushare.core.model import (
+    GPU_COMPUTE_MILLI,
+    Allocation,
+    ContainerAllocation,
+    ContainerRequest,
+    Node,
+    PodRequest,
+)
 from gpushare.kube.codec.common import (
     ALIYUN_ASSIGNED,
     ALIYUN_ASSUME_TIME,
@@ -17,6 +24,7 @@ from gpushare.kube.codec.common import (
     ALIYUN_IDX,
     ALIYUN_POD,
     ALLOCATION,
+    EXCLUSIVE_ANNOTATION,
     GPU_COUNT,
     GPU_COUNT_ANNOTATION,
     GPU_MEM,
@@ -32,6 +40,14 @@ from gpushare.kube.codec.common import (
     pod_key,
     whole_quantity,
 )
+from gpushare.kube.codec.dialects import (
+    DIALECT_NAMES,
+    Dialect,
+    GpuAsk,
+    MemoryBasis,
+    container_ask,
+)
+from gpushare.kube.codec.resolve import MIB_BASIS, PERCENT_BASIS
 
 # -- pod requests ----------------------------------------------------------------------------
 
@@ -72,6 +88,41 @@ def _count(raw: object) -> int | None:
     if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw <= 1024:
         return raw
     return None
+
+
+def _flag(raw: object) -> bool | None:
+    if isinstance(raw, bool):
+        return raw
+    return {"true": True, "false": False}.get(raw) if isinstance(raw, str) else None
+
+
+def _dialect_ask(container: Json, where: str, total: int | None) -> GpuAsk | None:
+    """The container's ask in a dialect other than plain ``aliyun.com/gpu-mem``
+    (``gpushare.kube.codec.dialects``), or ``None`` when it names none of their resources."""
+    resources = container.get("resources")
+    if type(resources) is dict:  # the common case, checked without copies
+        limits, requests = resources.get("limits"), resources.get("requests")
+        if (not limits or DIALECT_NAMES.isdisjoint(limits)) and (
+            not requests or DIALECT_NAMES.isdisjoint(requests)
+        ):
+            return None
+    resources = mapping(resources, where, "resources")
+    names: set[str] = set()
+    for part in ("limits", "requests"):
+        given = resources.get(part)
+        if given:
+            names.update(name for name in given if name in DIALECT_NAMES)
+    if not names:
+        return None
+    ordered = tuple(sorted(names))
+    asked = {
+        name: value
+        for name, value in zip(ordered, _gpu_resources(container, where, ordered), strict=True)
+        if value is not None
+    }
+    if total is not None:
+        asked[GPU_MEM] = total
+    return container_ask(asked, where)
 
 
 def _models(raw: object) -> frozenset[str] | None:
@@ -129,7 +180,7 @@ def _refuse_init_containers(spec: Json, subject: str) -> None:
     for i, item in enumerate(raw):
         container = mapping(item, subject, f"spec.initContainers[{i}]")
         where = f"{subject} init container {container.get('name')}"
-        for name in (GPU_MEM, GPU_COUNT):
+        for name in (GPU_MEM, GPU_COUNT, *sorted(DIALECT_NAMES)):
             asked = _resource(container, where, name)
             if asked:
                 raise CodecError(
@@ -156,7 +207,8 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
     raw_containers = spec.get("containers")
     if not isinstance(raw_containers, list) or not raw_containers:
         raise CodecError(subject, "spec.containers", raw_containers, "missing", "a list")
-    asked: list[tuple[str, int, int | None]] = []
+    asked: list[tuple[str, int, int | None, GpuAsk | None]] = []
+    dialects: list[str] = []
     for i, raw in enumerate(raw_containers):
         container = raw if type(raw) is dict else mapping(raw, subject, f"spec.containers[{i}]")
         name = container.get("name")
@@ -166,23 +218,40 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         total, count = _gpu_resources(container, where)
         if count is not None and not total:
             raise CodecError(where, GPU_COUNT, count, f"without {GPU_MEM}", f"with {GPU_MEM}")
-        asked.append((name, total or 0, count))
+        ask = _dialect_ask(container, where, total)
+        if ask is not None:
+            dialects.append(name)
+        asked.append((name, total or 0, count, ask))
     if spec.get("initContainers"):  # absent or empty: nothing to refuse
         _refuse_init_containers(spec, subject)
+    if dialects:
+        _refuse_mixed(subject, asked)
     counts: dict[str, int] = {}
     models: dict[str, frozenset[str]] = {}
-    if GPU_COUNT_ANNOTATION in annotations or GPU_MODELS_ANNOTATION in annotations:
-        gpu_names = [name for name, total, _ in asked if total]
+    exclusive: dict[str, bool] = {}
+    if (
+        GPU_COUNT_ANNOTATION in annotations
+        or GPU_MODELS_ANNOTATION in annotations
+        or EXCLUSIVE_ANNOTATION in annotations
+    ):
+        gpu_names = [name for name, total, _, _ in asked if total]
         counts = _per_container(
             annotations, GPU_COUNT_ANNOTATION, subject, gpu_names,
             parse=_count, accepted='"2" or {"<container>": 2}, 1..1024',
         )  # fmt: skip
+        exclusive = _per_container(
+            annotations, EXCLUSIVE_ANNOTATION, subject, gpu_names,
+            parse=_flag, accepted='"true" or {"<container>": true}',
+        )  # fmt: skip
         models = _per_container(
-            annotations, GPU_MODELS_ANNOTATION, subject, gpu_names,
+            annotations, GPU_MODELS_ANNOTATION, subject, gpu_names + dialects,
             parse=_models, accepted='"A100,V100" or {"<container>": ["A100"]}',
         )  # fmt: skip
     containers = []
-    for name, total, limit_count in asked:
+    for name, total, limit_count, ask in asked:
+        if ask is not None and ask.dialect is not Dialect.ALIBABA:
+            containers.append(_dialect_container(name, ask, models.get(name, _ANY)))
+            continue
         count = counts.get(name, limit_count or 1)
         if limit_count and limit_count != count:
             raise CodecError(
@@ -194,10 +263,46 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
                 f"{subject} container {name}", GPU_MEM, total,
                 f"not divisible by the GPU count {count}", "the total over all its GPUs",
             )  # fmt: skip
-        containers.append(
-            ContainerRequest(name, total // count, count if total else 0, models.get(name, _ANY))
-        )
+        allowed = models.get(name, _ANY)
+        if exclusive.get(name):
+            containers.append(ContainerRequest(name, 0, count, allowed, exclusive=True))
+        elif ask is not None:  # Alibaba's cloud: aliyun.com/gpu-core.percentage
+            containers.append(
+                ContainerRequest(name, total // count, count, allowed, ask.compute_milli)
+            )
+        else:
+            containers.append(
+                ContainerRequest(name, total // count, count if total else 0, allowed)
+            )
     return PodRequest(key, tuple(containers))
+
+
+def _dialect_container(name: str, ask: GpuAsk, allowed: frozenset[str]) -> ContainerRequest:
+    """The ``ContainerRequest`` of a gpu-manager or HAMi ask: whole GPUs, or memory in MiB or
+    percent (``memory_basis``, resolved per node by ``gpushare.kube.codec.resolve``)."""
+    if ask.exclusive:
+        return ContainerRequest(name, 0, ask.gpu_count, allowed, exclusive=True)
+    basis = MIB_BASIS if ask.memory_basis is MemoryBasis.MIB else PERCENT_BASIS
+    return ContainerRequest(
+        name, ask.memory, ask.gpu_count, allowed, ask.compute_milli, memory_basis=basis
+    )
+
+
+def _refuse_mixed(subject: str, asked: list[tuple[str, int, int | None, GpuAsk | None]]) -> None:
+    """``CodecError`` for a pod whose GPU containers write two dialects: each system's device
+    plugin tells the containers of a pod apart in its own way, and none of them knows the
+    other's (docs/compute.md, "Mixed pods")."""
+    used = {
+        name: (ask.dialect if ask is not None else Dialect.ALIBABA)
+        for name, total, _, ask in asked
+        if total or ask is not None
+    }
+    if len(set(used.values())) > 1:
+        raise CodecError(
+            subject, "spec.containers", {n: str(d) for n, d in used.items()},
+            "GPU containers in two dialects", "one dialect per pod (all containers in one "
+            "system's resources)",
+        )  # fmt: skip
 
 
 _ANY: frozenset[str] = frozenset()
@@ -208,14 +313,21 @@ _ANY: frozenset[str] = frozenset()
 
 _ALLOCATION_ACCEPTED = (
     '{"node": "<name>", "containers": [{"name": "<container>", "gpus": [0], "share": 8}]}'
+    ', each container optionally with "compute": 1..1000 and "whole": true'
 )
+
+_Got = tuple[int | None, int, int, bool]
+"""What a container got or asks, as compared: (share per GPU, ``None`` where the request
+cannot say it without the node; GPU count; compute_milli per GPU; whole GPUs)."""
 
 
 def _our_allocation(
     raw: str, subject: str
-) -> tuple[str, tuple[ContainerAllocation, ...], dict[str, tuple[int, int]], set[int], int]:
+) -> tuple[str, tuple[ContainerAllocation, ...], dict[str, _Got], set[int], int]:
     """``gpushare.io/allocation`` read: the node, the containers, and for the checks against
-    the request: (share, GPU count) by container name, the GPU indices used, the total."""
+    the request: what each container got (``_Got``) by name, the GPU indices used, the total.
+    ``compute`` (absent: 0) and ``whole`` (absent: false) are read when present: records
+    written before them read as before."""
     document = parse_json(raw, subject, ALLOCATION, _ALLOCATION_ACCEPTED)
     if not isinstance(document, dict) or not isinstance(document.get("node"), str):
         raise _bad_allocation(raw, subject, "no node")
@@ -223,7 +335,7 @@ def _our_allocation(
     if not isinstance(items, list):
         raise _bad_allocation(raw, subject, "no containers list")
     containers = []
-    got: dict[str, tuple[int, int]] = {}
+    got: dict[str, _Got] = {}
     indices: set[int] = set()
     total = 0
     for item in items:
@@ -237,8 +349,12 @@ def _our_allocation(
             problem = f"container {item['name']}: repeated GPU or share not an integer > 0"
             raise _bad_allocation(raw, subject, problem)
         name = item["name"]
-        containers.append(ContainerAllocation(name, tuple(gpus), share))
-        got[name] = (share, len(gpus))
+        compute, whole = item.get("compute", 0), item.get("whole", False)
+        if not is_int(compute) or not 0 <= compute <= GPU_COMPUTE_MILLI or type(whole) is not bool:
+            problem = f"container {name}: compute must be 0..{GPU_COMPUTE_MILLI}, whole a boolean"
+            raise _bad_allocation(raw, subject, problem)
+        containers.append(ContainerAllocation(name, tuple(gpus), share, compute, whole))
+        got[name] = (share, len(gpus), compute, whole)
         indices.update(gpus)
         total += share * len(gpus)
     return document["node"], tuple(containers), got, indices, total
@@ -287,9 +403,9 @@ def allocation_of(
         return None
     subject = f"pod {key}"
     asked: dict[str, ContainerRequest] = {}
-    wanted: dict[str, tuple[int, int]] = {}
+    wanted: dict[str, _Got] = {}
     for c in request.gpu_containers:
-        asked[c.name], wanted[c.name] = c, (c.gpu_share, c.gpu_count)
+        asked[c.name], wanted[c.name] = c, _wanted(c)
     if not asked:
         raise CodecError(subject, GPU_MEM, None, "records a GPU but asks none", "a GPU pod")
     index, pod_total = alibaba.index, alibaba.pod_total
@@ -299,10 +415,22 @@ def allocation_of(
             raise CodecError(
                 subject, f"annotation {ALLOCATION}", node, f"pod is bound to {bound}", bound
             )
+        for name, (_, count, compute, whole) in got.items():
+            if name in wanted and wanted[name][0] is None:
+                got[name] = (None, count, compute, whole)  # the share is the node's to say
         if got != wanted:
+            plain = request.in_node_units and not request.two_dimensional
+            shown: dict[str, tuple[object, ...]] = (
+                {n: g[:2] for n, g in got.items()} if plain else dict(got)
+            )
+            accepted = (
+                f"(share, count) per GPU container: { {n: w[:2] for n, w in wanted.items()} }"
+                if plain
+                else f"(share, count, compute, whole) per GPU container: {wanted}"
+            )
             raise CodecError(
-                subject, f"annotation {ALLOCATION}", got, "does not match the pod's request",
-                f"(share, count) per GPU container: {wanted}",
+                subject, f"annotation {ALLOCATION}", shown, "does not match the pod's request",
+                accepted,
             )  # fmt: skip
         if index is not None and indices != {index}:
             raise CodecError(subject, ALIYUN_IDX, index, f"{ALLOCATION} uses GPUs {indices}", "")
@@ -314,13 +442,27 @@ def allocation_of(
             raise CodecError(
                 subject, ALIYUN_IDX, index, "pod asks several GPUs", f"annotation {ALLOCATION}"
             )
+        if not request.in_node_units or any(c.exclusive for c in asked.values()):
+            raise CodecError(
+                subject, ALIYUN_IDX, index, "pod asks whole GPUs or memory in MiB or percent",
+                f"annotation {ALLOCATION}",
+            )  # fmt: skip
         containers = tuple(
-            ContainerAllocation(c.name, (index,), c.gpu_share) for c in asked.values()
+            ContainerAllocation(c.name, (index,), c.gpu_share, c.compute_milli)
+            for c in asked.values()
         )
         total = sum(c.gpu_share for c in containers)
     if pod_total is not None and pod_total != total:
         raise CodecError(subject, ALIYUN_POD, pod_total, f"the pod asks {total}", str(total))
     return Allocation(key, node, containers)
+
+
+def _wanted(c: ContainerRequest) -> _Got:
+    """What container ``c`` must have got (``_Got``): a whole GPU is recorded at its capacity
+    and all its compute; memory in MiB or percent at what it resolved to on the node."""
+    if c.exclusive:
+        return (None, c.gpu_count, GPU_COMPUTE_MILLI, True)
+    return (None if c.memory_basis else c.gpu_share, c.gpu_count, c.compute_milli, False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,10 +518,16 @@ def allocation_annotations(
     document: dict[str, object] = {"node": allocation.node}
     if unit is not None:
         document["unit"] = unit
-    document["containers"] = [
-        {"name": c.container, "gpus": list(c.gpu_indices), "share": c.gpu_share}
-        for c in allocation.containers
-    ]
+    containers: list[dict[str, object]] = []
+    for c in allocation.containers:
+        item: dict[str, object] = {"name": c.container, "gpus": list(c.gpu_indices)}
+        item["share"] = c.gpu_share
+        if c.compute_milli:
+            item["compute"] = c.compute_milli
+        if c.exclusive:
+            item["whole"] = True
+        containers.append(item)
+    document["containers"] = containers
     per_gpu = allocation.per_gpu()
     result = {
         ALLOCATION: json.dumps(document, separators=(",", ":")),

@@ -7,14 +7,23 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.kube.codec import GPU_MEM
+from gpushare.kube.codec.dialects import DIALECT_NAMES
 
 SCHEDULER_CONFIG_API_VERSION = "kubescheduler.config.k8s.io/v1"
 
 
-def gpushare_extender(url_prefix: str, *, http_timeout: str = "30s") -> dict[str, Any]:
+def gpushare_extender(
+    url_prefix: str, *, http_timeout: str = "30s", dialects: bool = False
+) -> dict[str, Any]:
     """The ``extenders`` entry that sends ``aliyun.com/gpu-mem`` pods to gpushare's extender at
     ``url_prefix``: filter, prioritize and bind verbs, ``nodeCacheCapable``, not ignorable, and
-    kube-scheduler still checking the node total (``ignoredByScheduler: false``; spec 1.9)."""
+    kube-scheduler still checking the node total (``ignoredByScheduler: false``; spec 1.9).
+    ``dialects``: the dialects' resources too (``DIALECT_NAMES``), each
+    ``ignoredByScheduler: true`` (the extender alone checks them: docs/compute.md, "What an
+    operator configures")."""
+    managed = [{"name": GPU_MEM, "ignoredByScheduler": False}]
+    if dialects:
+        managed += [{"name": n, "ignoredByScheduler": True} for n in sorted(DIALECT_NAMES)]
     return {
         "urlPrefix": url_prefix,
         "filterVerb": "filter",
@@ -25,7 +34,7 @@ def gpushare_extender(url_prefix: str, *, http_timeout: str = "30s") -> dict[str
         "nodeCacheCapable": True,
         "httpTimeout": http_timeout,
         "ignorable": False,
-        "managedResources": [{"name": GPU_MEM, "ignoredByScheduler": False}],
+        "managedResources": managed,
     }
 
 

@@ -1,0 +1,61 @@
+"""A dialect's GPU memory in the node's unit, for one node (``resolve``). Pure; no I/O.
+
+``pod_request`` reads memory written in another system's dialect as it is written: MiB
+(gpu-manager's ``vcuda-memory``, HAMi's ``gpumem``) or a percentage of each GPU (HAMi's
+``gpumem-percentage``, and HAMi's default of the whole memory), recorded in
+``ContainerRequest.memory_basis``. The core places only requests in the node's unit, so the
+extender resolves such a request against each candidate node before the fit (filter,
+prioritize) and against the chosen node at bind:
+
+* **MiB** on a MiB node: as written; on a GiB node: **rounded up** to whole GiB (4,097 MiB is
+  5 GiB), so a container never gets less than it asked. A node whose unit is unknown (no
+  ``gpushare.io/gpu-inventory`` annotation: Alibaba's capacity fallback) cannot take it.
+* **Percent** of each GPU: of the largest GPU capacity the container may use on that node (its
+  allowed models; all GPUs when none is allowed, for the fit to say so), **rounded up**. On a
+  node whose GPUs differ in size a container may then fit only the larger ones: it never gets
+  less than its share of the GPU it lands on.
+
+A request already in the node's unit (every ``aliyun.com/gpu-mem`` pod) is returned as it is,
+the same object.
+"""
+
+from __future__ import annotations
+
+from gpushare.core.model import ContainerRequest, Node, PodRequest
+from gpushare.kube.codec.common import INVENTORY, MemoryUnit
+
+__all__ = ["MIB_BASIS", "PERCENT_BASIS", "resolve"]
+
+MIB_BASIS = "MiB"
+"""``ContainerRequest.memory_basis`` of memory asked in MiB."""
+PERCENT_BASIS = "% of the GPU"
+"""``ContainerRequest.memory_basis`` of memory asked in percent of each GPU's memory."""
+
+
+def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequest | str:
+    """``request`` with every container's memory in ``node``'s unit (module doc), or why it
+    cannot be on this node (a sentence). ``unit``: the node's ``MemoryUnit`` (``None``:
+    unknown)."""
+    if request.in_node_units:
+        return request
+    containers: list[ContainerRequest] = []
+    for c in request.containers:
+        if not c.memory_basis:
+            containers.append(c)
+            continue
+        if c.memory_basis == MIB_BASIS:
+            if unit is None:
+                return (
+                    f"container {c.name} asks GPU memory in MiB and the node's memory unit is "
+                    f"unknown (no {INVENTORY} annotation)"
+                )
+            share = -(-c.gpu_share // unit.mib)
+        else:
+            sizes = [g.capacity for g in node.gpus if c.allows(g.model)] or node.capacities
+            if not sizes:
+                return "node has no GPUs"
+            share = -(-max(sizes) * c.gpu_share // 100)
+        containers.append(
+            ContainerRequest(c.name, share, c.gpu_count, c.allowed_models, c.compute_milli)
+        )
+    return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)

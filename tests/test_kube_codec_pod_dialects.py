@@ -1,0 +1,300 @@
+"""Pods in the dialects of gpu-manager, its fork, HAMi and Alibaba's cloud read by
+``pod_request`` into a ``PodRequest`` (memory in MiB or percent kept as written, in
+``memory_basis``), resolved into a node's unit by ``resolve``, and their allocations recorded
+with compute and whole GPUs in ``gpushare.io/allocation`` (docs/compute.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpushare.core.fit import FitStatus, Reason, check_fit
+from gpushare.core.model import (
+    Allocation,
+    ContainerAllocation,
+    ContainerRequest,
+    NodeState,
+    PodRequest,
+)
+from gpushare.kube.codec import (
+    ALLOCATION,
+    CodecError,
+    MemoryUnit,
+    allocation_annotations,
+    pod_allocation,
+    pod_request,
+)
+from gpushare.kube.codec.pods import INIT_CONTAINER_REFUSAL
+from gpushare.kube.codec.record import pod_record
+from gpushare.kube.codec.resolve import MIB_BASIS, PERCENT_BASIS, resolve
+from gpushare.testing.core import gpu_node
+from gpushare.testing.dialects import (
+    dialect_pod_json,
+    gpu_manager_readme_pod_1,
+    gpu_manager_readme_pod_2,
+)
+from gpushare.testing.extender import pod_json
+
+ANY: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Read:
+    id: str
+    pod: dict[str, Any]
+    containers: tuple[ContainerRequest, ...]
+
+
+def _pod(containers: dict[str, dict[str, str | int]], **annotations: str) -> dict[str, Any]:
+    keyed = {"gpushare.io/" + k.removeprefix("gpushare_io__").replace("_", "-"): v
+             for k, v in annotations.items()}  # fmt: skip
+    return dialect_pod_json("p", containers, namespace="ns", annotations=keyed)
+
+
+READS = [
+    Read("gpu-manager README pod 1: a share, 7,680 MiB and 500 compute_milli",
+         gpu_manager_readme_pod_1("p", "ns"),
+         (ContainerRequest("nvidia", 7680, 1, ANY, 500, memory_basis=MIB_BASIS),)),
+    Read("gpu-manager README pod 2: two whole GPUs",
+         gpu_manager_readme_pod_2("p", "ns"),
+         (ContainerRequest("nvidia", 0, 2, ANY, exclusive=True),)),
+    Read("the fork: nvidia.com/vcuda-memory in MiB",
+         _pod({"main": {"nvidia.com/vcuda-core": 25, "nvidia.com/vcuda-memory": 4096}}),
+         (ContainerRequest("main", 4096, 1, ANY, 250, memory_basis=MIB_BASIS),)),
+    Read("HAMi: two GPUs of 3,000 MiB and 30 % each",
+         _pod({"main": {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000,
+                        "nvidia.com/gpucores": 30}}),
+         (ContainerRequest("main", 3000, 2, ANY, 300, memory_basis=MIB_BASIS),)),
+    Read("HAMi: nvidia.com/gpu alone is all the memory of one GPU",
+         _pod({"main": {"nvidia.com/gpu": 1}}),
+         (ContainerRequest("main", 100, 1, ANY, memory_basis=PERCENT_BASIS),)),
+    Read("HAMi: gpucores 100 is a whole GPU",
+         _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}}),
+         (ContainerRequest("main", 0, 1, ANY, exclusive=True),)),
+    Read("Alibaba's cloud: gpu-core.percentage next to gpu-mem, memory in node units",
+         _pod({"main": {"aliyun.com/gpu-mem": 8, "aliyun.com/gpu-core.percentage": 40}}),
+         (ContainerRequest("main", 8, 1, ANY, 400),)),
+    Read("gpushare.io/exclusive: gpu-mem's container takes a whole GPU",
+         _pod({"main": {"aliyun.com/gpu-mem": 16}}, gpushare_io__exclusive="true"),
+         (ContainerRequest("main", 0, 1, ANY, exclusive=True),)),
+    Read("gpushare.io/exclusive with gpushare.io/gpu-count: two whole GPUs",
+         _pod({"main": {"aliyun.com/gpu-mem": 16}}, gpushare_io__exclusive="true",
+              gpushare_io__gpu_count="2"),
+         (ContainerRequest("main", 0, 2, ANY, exclusive=True),)),
+    Read("gpushare.io/exclusive by container: only the one named",
+         _pod({"a": {"aliyun.com/gpu-mem": 4}, "b": {"aliyun.com/gpu-mem": 4}},
+              gpushare_io__exclusive='{"b": true}'),
+         (ContainerRequest("a", 4, 1), ContainerRequest("b", 0, 1, ANY, exclusive=True))),
+    Read("gpushare.io/gpu-models applies to a dialect container too",
+         _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
+              gpushare_io__gpu_models="A100"),
+         (ContainerRequest("main", 1000, 1, frozenset({"A100"}), memory_basis=MIB_BASIS),)),
+    Read("a CPU-only sidecar next to a Tencent container is not a second dialect",
+         _pod({"main": {"tencent.com/vcuda-core": 10, "tencent.com/vcuda-memory": 4},
+               "side": {"cpu": "100m"}}),
+         (ContainerRequest("main", 1024, 1, ANY, 100, memory_basis=MIB_BASIS),
+          ContainerRequest("side", 0, 0))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", READS, ids=[c.id for c in READS])
+def test_a_dialect_pod_is_read_into_a_request(case: Read) -> None:
+    request = pod_request(case.pod)
+    assert request.containers == case.containers
+    assert pod_record(case.pod).request == request  # the fast path reads it alike
+
+
+def test_an_alibaba_pod_reads_exactly_as_before() -> None:
+    request = pod_request(pod_json("p", 8, namespace="ns"))
+    assert request == PodRequest("ns/p", (ContainerRequest("main", 8, 1),))
+    assert request.in_node_units
+    assert not request.two_dimensional
+
+
+@dataclass(frozen=True)
+class Refused:
+    id: str
+    pod: dict[str, Any]
+    message: str
+
+
+REFUSALS = [
+    Refused("vcuda-core 150: above 100 only multiples of 100",
+            _pod({"main": {"tencent.com/vcuda-core": 150, "tencent.com/vcuda-memory": 4}}),
+            "pod ns/p container main: tencent.com/vcuda-core=150: above 100 only multiples "
+            "of 100 (whole GPUs)"),
+    Refused("a share without vcuda-memory",
+            _pod({"main": {"tencent.com/vcuda-core": 50}}),
+            "cores or memory zero is not permitted in share mode"),
+    Refused("HAMi gpucores above 100",
+            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 101}}),
+            "nvidia.com/gpucores=101: above 100 %"),
+    Refused("a mixed pod: one container Alibaba, another Tencent",
+            _pod({"a": {"aliyun.com/gpu-mem": 4},
+                  "b": {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 4}}),
+            "GPU containers in two dialects; accepted: one dialect per pod"),
+    Refused("a mixed pod: HAMi and the fork",
+            _pod({"a": {"nvidia.com/gpu": 1},
+                  "b": {"nvidia.com/vcuda-core": 50, "nvidia.com/vcuda-memory": 4}}),
+            "GPU containers in two dialects"),
+    Refused("an init container asking vcuda-core",
+            {**_pod({"main": {"aliyun.com/gpu-mem": 4}}),
+             "spec": {"containers": _pod({"main": {"aliyun.com/gpu-mem": 4}})["spec"]
+                      ["containers"],
+                      "initContainers": [{"name": "init", "resources": {"limits": {
+                          "tencent.com/vcuda-core": "100"}}}]}},
+            INIT_CONTAINER_REFUSAL),
+    Refused("gpushare.io/exclusive not a flag",
+            _pod({"main": {"aliyun.com/gpu-mem": 4}}, gpushare_io__exclusive="yes"),
+            "annotation gpushare.io/exclusive='yes': invalid value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=[c.id for c in REFUSALS])
+def test_a_pod_its_system_refuses_is_refused_with_the_rule(case: Refused) -> None:
+    with pytest.raises(CodecError) as error:
+        pod_request(case.pod)
+    assert case.message in str(error.value)
+
+
+# -- resolving memory into a node's unit ------------------------------------------------------
+
+GIB, MIB = MemoryUnit.GIB, MemoryUnit.MIB
+
+
+@dataclass(frozen=True)
+class Resolve:
+    id: str
+    container: ContainerRequest
+    unit: MemoryUnit | None
+    capacities: tuple[int, ...]
+    expected: ContainerRequest | str
+    models: tuple[str, ...] = ()
+
+
+RESOLVES = [
+    Resolve("MiB on a MiB node: as written",
+            ContainerRequest("m", 7680, 1, ANY, 500, memory_basis=MIB_BASIS), MIB, (16384,),
+            ContainerRequest("m", 7680, 1, ANY, 500)),
+    Resolve("MiB on a GiB node: whole GiB",
+            ContainerRequest("m", 4096, 2, memory_basis=MIB_BASIS), GIB, (16, 16),
+            ContainerRequest("m", 4, 2)),
+    Resolve("MiB on a GiB node: rounded up, never less than asked",
+            ContainerRequest("m", 4097, memory_basis=MIB_BASIS), GIB, (16,),
+            ContainerRequest("m", 5)),
+    Resolve("percent of the GPU, rounded up",
+            ContainerRequest("m", 30, memory_basis=PERCENT_BASIS), GIB, (15, 15),
+            ContainerRequest("m", 5)),
+    Resolve("percent needs no unit: Alibaba's capacity fallback",
+            ContainerRequest("m", 100, memory_basis=PERCENT_BASIS), None, (16,),
+            ContainerRequest("m", 16)),
+    Resolve("percent on GPUs of two sizes: of the largest",
+            ContainerRequest("m", 50, memory_basis=PERCENT_BASIS), GIB, (16, 32),
+            ContainerRequest("m", 16)),
+    Resolve("percent of the largest GPU of an allowed model",
+            ContainerRequest("m", 50, 1, frozenset({"small"}), memory_basis=PERCENT_BASIS),
+            GIB, (16, 32), ContainerRequest("m", 8, 1, frozenset({"small"})),
+            models=("small", "large")),
+    Resolve("MiB on a node of unknown unit: cannot be placed there",
+            ContainerRequest("m", 1024, memory_basis=MIB_BASIS), None, (16,),
+            "container m asks GPU memory in MiB and the node's memory unit is unknown "
+            "(no gpushare.io/gpu-inventory annotation)"),
+    Resolve("whole GPUs need nothing resolved",
+            ContainerRequest("m", 0, 2, exclusive=True), None, (16, 16),
+            ContainerRequest("m", 0, 2, exclusive=True)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", RESOLVES, ids=[c.id for c in RESOLVES])
+def test_memory_is_resolved_into_the_node_unit(case: Resolve) -> None:
+    node = gpu_node(list(case.capacities), models=list(case.models) or None)
+    result = resolve(PodRequest("ns/p", (case.container,)), case.unit, node)
+    if isinstance(case.expected, str):
+        assert result == case.expected
+    else:
+        assert isinstance(result, PodRequest)
+        assert result.containers == (case.expected,)
+        assert result.in_node_units
+
+
+def test_a_request_in_node_units_is_returned_as_it_is() -> None:
+    request = PodRequest("ns/p", (ContainerRequest("m", 4),))
+    assert resolve(request, None, gpu_node([16])) is request
+
+
+# -- allocations with compute and whole GPUs --------------------------------------------------
+
+
+def _bound(pod: dict[str, Any], allocation: Allocation, unit: MemoryUnit) -> dict[str, Any]:
+    node = gpu_node([16, 16, 16], name="n1")
+    annotations = allocation_annotations(allocation, node, now_ns=1, unit=unit)
+    pod["metadata"].setdefault("annotations", {}).update(annotations)
+    pod["spec"]["nodeName"] = "n1"
+    return pod
+
+
+@dataclass(frozen=True)
+class Record:
+    id: str
+    pod: dict[str, Any]
+    containers: tuple[ContainerAllocation, ...]
+    document: list[dict[str, Any]]
+
+
+RECORDS = [
+    Record("a Tencent share records its compute",
+           gpu_manager_readme_pod_1("p", "ns"),
+           (ContainerAllocation("nvidia", (1,), 8, 500),),
+           [{"name": "nvidia", "gpus": [1], "share": 8, "compute": 500}]),
+    Record("whole GPUs are recorded whole, at their capacity",
+           gpu_manager_readme_pod_2("p", "ns"),
+           (ContainerAllocation("nvidia", (0, 2), 16, 1000, exclusive=True),),
+           [{"name": "nvidia", "gpus": [0, 2], "share": 16, "compute": 1000, "whole": True}]),
+    Record("an Alibaba pod's record is as before",
+           pod_json("p", 8, namespace="ns"),
+           (ContainerAllocation("main", (1,), 8),),
+           [{"name": "main", "gpus": [1], "share": 8}]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", RECORDS, ids=[c.id for c in RECORDS])
+def test_an_allocation_is_recorded_and_read_back(case: Record) -> None:
+    pod = _bound(case.pod, Allocation("ns/p", "n1", case.containers), GIB)
+    document = json.loads(pod["metadata"]["annotations"][ALLOCATION])
+    assert document["containers"] == case.document
+    assert pod_allocation(pod) == Allocation("ns/p", "n1", case.containers)
+    assert pod_record(pod).allocation == pod_allocation(pod)
+
+
+def test_a_record_without_compute_or_whole_reads_as_none_asked() -> None:
+    old = '{"node":"n1","unit":"GiB","containers":[{"name":"main","gpus":[0],"share":8}]}'
+    pod = pod_json("p", 8, namespace="ns", node="n1", annotations={ALLOCATION: old})
+    assert pod_allocation(pod) == Allocation("ns/p", "n1", (ContainerAllocation("main", (0,), 8),))
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [({"compute": 1001}, "compute must be 0..1000"),
+     ({"whole": 1}, "whole a boolean"),
+     ({"compute": 300}, "does not match the pod's request"),
+     ({"whole": True, "compute": 1000}, "does not match the pod's request")],
+    ids=["compute above one GPU", "whole not a boolean", "compute the pod did not ask",
+         "whole GPUs the pod did not ask"],
+)  # fmt: skip
+def test_a_record_that_disagrees_with_the_pod_is_refused(
+    item: dict[str, Any], message: str
+) -> None:
+    document = {"node": "n1", "containers": [{"name": "main", "gpus": [0], "share": 8, **item}]}
+    pod = pod_json("p", 8, namespace="ns", node="n1",
+                   annotations={ALLOCATION: json.dumps(document)})  # fmt: skip
+    with pytest.raises(CodecError, match=message):
+        pod_allocation(pod)
+
+
+def test_the_core_refuses_a_request_not_resolved_into_the_node_unit() -> None:
+    request = pod_request(gpu_manager_readme_pod_1("p", "ns"))
+    result = check_fit(NodeState.empty(gpu_node([16])), request)
+    assert (result.status, result.reason) == (FitStatus.CAN_NEVER_FIT, Reason.NOT_IN_NODE_UNITS)
