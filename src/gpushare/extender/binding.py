@@ -17,6 +17,7 @@ from gpushare.extender.outcomes import (
     UNKNOWN_NODE,
     describe_fit,
     not_gpushare,
+    not_served,
 )
 from gpushare.extender.state import (
     Binder,
@@ -119,6 +120,9 @@ class BindVerb:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
+        refused = not_served(info, pod)
+        if refused:
+            return f"{refused}: {node}"
         own = self._state.allocation(key)
         if own is not None and own.node == node and _matches(own, pod):
             return own, info  # a retry: the GPUs chosen before

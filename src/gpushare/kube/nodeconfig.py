@@ -4,11 +4,12 @@
 :class:`NodeConfigWatch` lists and watches that one ConfigMap and the plugin's own Node (its
 labels choose the selector entries; ``metadata.name`` field selectors,
 ``gpushare.kube.watch.Reflector``), and calls ``on_change`` with the node's configuration
-whenever it changes, from either side. A configuration that cannot be read goes to
-``on_invalid`` with the error (once per distinct error) and changes nothing: the last good
-configuration stays in force until the ConfigMap is fixed. A deleted ConfigMap is an empty
-configuration (the flags' values). :meth:`NodeConfigWatch.wait_synced` returns once both
-first lists are in, so that the plugin starts with the configuration rather than moving to it.
+whenever it changes, from either side, or is good again after an error. A configuration that
+cannot be read goes to ``on_invalid`` with the error (once per distinct error) and changes
+nothing: the last good configuration stays in force until the ConfigMap is fixed. A deleted
+ConfigMap is an empty configuration (the flags' values). :meth:`NodeConfigWatch.wait_synced`
+returns once both first lists are in and read, so that the plugin starts with the
+configuration rather than moving to it.
 
 RBAC: ``configmaps`` ``get``, ``list``, ``watch`` in the ConfigMap's namespace
 (:data:`RBAC_RULES`, a Role there), ``nodes`` ``list``, ``watch`` (:data:`NODE_RBAC_RULES`,
@@ -171,7 +172,7 @@ class NodeConfigWatch:
                 self._error = str(error)
                 await self._on_invalid(error)
             return
-        self._error = ""
-        if config != self.config or config.sources != self.config.sources:
+        recovered, self._error = bool(self._error), ""
+        if recovered or config != self.config or config.sources != self.config.sources:
             self.config = config
             await self._on_change(config)
