@@ -251,9 +251,7 @@ def test_the_schema_knows_every_policy_and_every_default() -> None:
 
 def test_device_plugin_role_is_exactly_what_the_code_needs(default_objects: list[Obj]) -> None:
     role = find(default_objects, "ClusterRole", "gpushare-device-plugin")
-    assert normalized(role["rules"]) == normalized(
-        [*nodes.RBAC_RULES, *nodepods.RBAC_RULES, *nodeconfig.NODE_RBAC_RULES]
-    )
+    assert normalized(role["rules"]) == normalized([*nodes.RBAC_RULES, *nodepods.RBAC_RULES])
     # Alibaba's unhealthy-gpu-<node> ConfigMaps: read in kube-system only.
     configmaps = find(default_objects, "Role", "gpushare-device-plugin")
     assert configmaps["metadata"]["namespace"] == "kube-system"

@@ -83,7 +83,6 @@ PLUGIN_RULES = [
         *nodepods.RBAC_RULES,
         *unhealthy.RBAC_RULES,
         *nodeconfig.RBAC_RULES,
-        *nodeconfig.NODE_RBAC_RULES,
     )
 ]
 

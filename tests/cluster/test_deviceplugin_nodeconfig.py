@@ -4,7 +4,8 @@ on label changes, on the real API server with the kubelet stand-in (docs/node-co
 * A ConfigMap present before the plugin starts is read before the first publish: the node's
   first inventory, and kubelet's first device list, are the configured ones (no flap through the
   flags' values).
-* A selector entry follows the node's labels: removing the label brings the flags back.
+* A selector entry follows the node's labels (read with ``get``, every ``node_config_poll_s``):
+  removing the label brings the flags back.
 * A restart that finds pods holding GPU memory keeps the unit the node publishes, whatever
   ``--memory-unit`` says: the change of unit waits (Warning Event) until those pods are gone.
 
@@ -83,6 +84,7 @@ def world(kube: Client, labels: dict[str, str]) -> tuple[str, str, DaemonOptions
         metrics_port=None,
         node_config_name=f"config-{name}",
         node_config_retry_s=0.5,
+        node_config_poll_s=0.5,
     )
     return name, f"config-{name}", options
 

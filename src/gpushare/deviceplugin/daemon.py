@@ -112,7 +112,8 @@ class DaemonOptions:
     ``mps_check_interval_s``; ``unhealthy_configmap``: honour
     ``kube-system/unhealthy-gpu-<node>`` (module doc, 7); ``node_config``: read the node's
     entry in ConfigMap ``node_config_namespace``/``node_config_name``, retrying a deferred one
-    every ``node_config_retry_s`` (module doc, 8).
+    every ``node_config_retry_s`` and reading the node's labels every ``node_config_poll_s``
+    (module doc, 8).
     """
 
     node_name: str
@@ -136,6 +137,7 @@ class DaemonOptions:
     node_config_namespace: str = "kube-system"
     node_config_name: str = NODE_CONFIG_NAME
     node_config_retry_s: float = 10.0
+    node_config_poll_s: float = 30.0
 
 
 def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryGpu]:
@@ -201,6 +203,7 @@ class DevicePluginDaemon:
                 self._config_invalid,
                 namespace=options.node_config_namespace,
                 name=options.node_config_name,
+                node_poll_s=options.node_config_poll_s,
             )
         self._xid_healthy = {gpu.index: gpu.healthy for gpu in self.service.gpus}
         self._mps_healthy = True
@@ -365,7 +368,7 @@ class DevicePluginDaemon:
         except TimeoutError:
             log.warning(
                 "node config %s/%s not read within %g s (RBAC: configmaps get/list/watch in "
-                "%s, nodes list/watch); starting with the flags, it applies once read",
+                "%s, nodes get); starting with the flags, it applies once read",
                 watch.namespace, watch.name, bound_s, watch.namespace,
             )  # fmt: skip
             self._config_ready = True

@@ -1,47 +1,54 @@
 """The device plugin's view of the per-node configuration: ConfigMap ``gpushare-node-config``
 (format, precedence and errors: ``gpushare.kube.codec.nodeconfig``; docs/node-config.md).
 
-:class:`NodeConfigWatch` lists and watches that one ConfigMap and the plugin's own Node (its
-labels choose the selector entries; ``metadata.name`` field selectors,
-``gpushare.kube.watch.Reflector``), and calls ``on_change`` with the node's configuration
-whenever it changes, from either side, or is good again after an error. A configuration that
-cannot be read goes to ``on_invalid`` with the error (once per distinct error) and changes
-nothing: the last good configuration stays in force until the ConfigMap is fixed. A deleted
-ConfigMap is an empty configuration (the flags' values). :meth:`NodeConfigWatch.wait_synced`
-returns once both first lists are in and read, so that the plugin starts with the
-configuration rather than moving to it.
+:class:`NodeConfigWatch` lists and watches that one ConfigMap (a ``metadata.name`` field
+selector, ``gpushare.kube.watch.Reflector``) and reads the plugin's own Node (``GET``: its
+labels choose the selector entries) at start, on every ConfigMap change and every
+``node_poll_s``; it calls ``on_change`` with the node's configuration whenever it changes, from
+either side, or is good again after an error. A configuration that cannot be read goes to
+``on_invalid`` with the error (once per distinct error) and changes nothing: the last good
+configuration stays in force until the ConfigMap is fixed. A deleted ConfigMap is an empty
+configuration (the flags' values). :meth:`NodeConfigWatch.wait_synced` returns once the
+ConfigMap is listed, the Node read and the configuration read, so that the plugin starts with
+the configuration rather than moving to it.
+
+The Node is polled with ``get``, not watched, so that the plugin needs no ``list``/``watch``
+of every node (the chart's ClusterRole gives it ``get`` and ``patch`` of nodes): a label change
+reaches it within ``node_poll_s`` (30 s by default).
 
 RBAC: ``configmaps`` ``get``, ``list``, ``watch`` in the ConfigMap's namespace
-(:data:`RBAC_RULES`, a Role there), ``nodes`` ``list``, ``watch`` (:data:`NODE_RBAC_RULES`,
-the ClusterRole); docs/deviceplugin.md, "RBAC".
+(:data:`RBAC_RULES`, a Role there); ``nodes`` ``get`` (``gpushare.kube.nodes.RBAC_RULES``);
+docs/deviceplugin.md, "RBAC".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import yaml
 from lightkube import AsyncClient
 from lightkube.core.client import FieldValue
+from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import ConfigMap, Node
 
 from gpushare.kube.codec import CodecError, Json
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig, node_config
+from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
 from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector
 
-__all__ = ["NODE_RBAC_RULES", "RBAC_RULES", "NodeConfigWatch", "yaml_document"]
+__all__ = ["RBAC_RULES", "NodeConfigWatch", "yaml_document"]
+
+log = logging.getLogger(__name__)
+_READ_ERRORS: tuple[type[Exception], ...] = (ApiError, *CLIENT_ERRORS)
 
 RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
 )
 """The rules of the device plugin's Role in the ConfigMap's namespace (PolicyRule JSON)."""
-NODE_RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
-)
-"""The ClusterRole rules for watching the plugin's own Node (its labels)."""
 
 
 def yaml_document(text: str) -> object:
@@ -82,8 +89,14 @@ class NodeConfigWatch:
         name: str = NODE_CONFIG_NAME,
         backoff: Backoff | None = None,
         watch_timeout_s: int = 300,
+        node_poll_s: float = 30.0,
     ) -> None:
         self.node_name = node_name
+        self.node: JsonObject | None = None
+        """The plugin's Node as last read (``None`` before, or when it could not be read)."""
+        self._client = client
+        self._node_poll_s = node_poll_s
+        self._node_error = ""
         self.namespace = namespace
         self.name = name
         self.config = NodeConfig()
@@ -93,7 +106,6 @@ class NodeConfigWatch:
         self._changed = asyncio.Event()
         self._read_once = asyncio.Event()
         by_name: dict[str, FieldValue] = {"metadata.name": name}
-        by_node: dict[str, FieldValue] = {"metadata.name": node_name}
         self._configmaps = Reflector(
             kind="ConfigMap",
             list_fn=lambda: client.list(ConfigMap, namespace=namespace, fields=by_name),
@@ -110,29 +122,34 @@ class NodeConfigWatch:
             watch_timeout_s=watch_timeout_s,
             rng=random.Random(),
         )
-        self._nodes = Reflector(
-            kind="Node",
-            list_fn=lambda: client.list(Node, fields=by_node),
-            watch_fn=lambda rv, timeout_s: client.watch(
-                Node, fields=by_node, resource_version=rv, server_timeout=timeout_s
-            ),
-            key=_name,
-            sink=self._sink,
-            backoff=backoff or Backoff(),
-            watch_timeout_s=watch_timeout_s,
-            rng=random.Random(),
-        )
 
-    @property
-    def node(self) -> JsonObject | None:
-        """The plugin's Node as last seen."""
-        return self._nodes.get(self.node_name)
+    async def _read_node(self) -> None:
+        """GET the plugin's Node; a failure is logged once per distinct error and keeps the
+        last one read."""
+        try:
+            node = await self._client.get(Node, self.node_name)
+        except _READ_ERRORS as error:
+            text = str(api_call_error(f"get nodes {self.node_name}", error))
+            if text != self._node_error:
+                self._node_error = text
+                log.warning("node config: reading the node's labels: %s", text)
+            return
+        self._node_error = ""
+        self.node = node.to_dict()
+
+    async def _poll_node(self) -> None:
+        while True:
+            await asyncio.sleep(self._node_poll_s)
+            before = _labels(self.node)
+            await self._read_node()
+            if _labels(self.node) != before:
+                self._changed.set()
 
     def _sink(self, _change: Change) -> None:
         self._changed.set()
 
     async def wait_synced(self, timeout_s: float) -> None:
-        """Return once the ConfigMap and the Node have been listed and the configuration
+        """Return once the ConfigMap has been listed, the Node read and the configuration
         read; ``TimeoutError`` after ``timeout_s`` seconds."""
         async with asyncio.timeout(timeout_s):
             await self._read_once.wait()
@@ -148,13 +165,15 @@ class NodeConfigWatch:
         loop = asyncio.get_running_loop()
         tasks = [
             loop.create_task(self._configmaps.run(), name="gpushare-node-config"),
-            loop.create_task(self._nodes.run(), name="gpushare-node-config-node"),
+            loop.create_task(self._poll_node(), name="gpushare-node-config-node"),
         ]
         try:
             await self._configmaps.synced.wait()
-            await self._nodes.synced.wait()
             while True:
+                ours = self._changed.is_set() or not self._read_once.is_set()
                 self._changed.clear()
+                if ours:  # a ConfigMap change (or the start): read the labels again too
+                    await self._read_node()
                 await self._apply()
                 self._read_once.set()
                 await self._changed.wait()
