@@ -32,9 +32,9 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
 from gpushare.deviceplugin.inventory import FakeInventory
-from gpushare.kube.client import connect
 from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL, MemoryUnit, NodeInfo, node_info
 from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.daemon import running_daemon
 from gpushare.testing.kubelet import FakeKubelet
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 
@@ -49,19 +49,8 @@ async def running(
     plane: ControlPlane, options: DaemonOptions
 ) -> AsyncIterator[tuple[DevicePluginDaemon, FakeKubelet, AsyncClient]]:
     """The daemon over ``--fake-gpus 2x16GiB:T4`` with the kubelet stand-in; stopped on exit."""
-    client = connect(plane.kubeconfig, trust_env=False)
-    kubelet = FakeKubelet(options.socket_dir)
-    await kubelet.start()
-    daemon = DevicePluginDaemon(client, FakeInventory("2x16GiB:T4"), options)
-    stop = asyncio.Event()
-    task = asyncio.create_task(daemon.run(stop))
-    try:
-        yield daemon, kubelet, client
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
-        await kubelet.stop()
-        await client.close()
+    async with running_daemon(plane, FakeInventory("2x16GiB:T4"), options) as running:
+        yield running
 
 
 async def inventory_until(client: AsyncClient, name: str, wanted: object) -> NodeInfo:

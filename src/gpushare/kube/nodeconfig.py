@@ -26,19 +26,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import yaml
 from lightkube import AsyncClient
-from lightkube.core.client import FieldValue
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import ConfigMap, Node
+from lightkube.resources.core_v1 import Node
 
 from gpushare.kube.codec import CodecError, Json
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig, node_config
+from gpushare.kube.configmap import configmap_reflector
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
-from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector
+from gpushare.kube.watch import Backoff, Change, JsonObject
 
 __all__ = ["RBAC_RULES", "NodeConfigWatch", "yaml_document"]
 
@@ -60,11 +59,6 @@ def yaml_document(text: str) -> object:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or "cannot be parsed"
         raise ValueError(f"not YAML{where}: {problem}") from None
-
-
-def _name(obj: object) -> str:
-    meta = getattr(obj, "metadata", None)
-    return str(getattr(meta, "name", "") or "")
 
 
 def _labels(node: Json | None) -> Mapping[str, str]:
@@ -105,22 +99,8 @@ class NodeConfigWatch:
         self._on_invalid = on_invalid
         self._changed = asyncio.Event()
         self._read_once = asyncio.Event()
-        by_name: dict[str, FieldValue] = {"metadata.name": name}
-        self._configmaps = Reflector(
-            kind="ConfigMap",
-            list_fn=lambda: client.list(ConfigMap, namespace=namespace, fields=by_name),
-            watch_fn=lambda rv, timeout_s: client.watch(
-                ConfigMap,
-                namespace=namespace,
-                fields=by_name,
-                resource_version=rv,
-                server_timeout=timeout_s,
-            ),
-            key=_name,
-            sink=self._sink,
-            backoff=backoff or Backoff(),
-            watch_timeout_s=watch_timeout_s,
-            rng=random.Random(),
+        self._configmaps = configmap_reflector(
+            client, namespace, name, self._sink, backoff=backoff, watch_timeout_s=watch_timeout_s
         )
 
     async def _read_node(self) -> None:
