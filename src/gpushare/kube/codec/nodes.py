@@ -28,8 +28,7 @@ _UNIT_NAMES = frozenset(unit.value for unit in MemoryUnit)
 
 _INVENTORY_ACCEPTED = (
     '{"unit": "GiB"|"MiB", "gpus": [{"index": 0, "memory": 16, "model": "...", "uuid": "...", '
-    '"healthy": true}, ...], "serves": "shared"|"whole"|"both" (optional)} with distinct '
-    "indices >= 0 and memory > 0"
+    '"healthy": true}, ...]} with distinct indices >= 0 and memory > 0'
 )
 
 
@@ -78,7 +77,7 @@ def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]
     unit = MemoryUnit(named)
     serves = document.get("serves", Serves.BOTH.value)
     if not isinstance(serves, str) or serves not in tuple(Serves):
-        raise bad("serves unknown")
+        raise bad('serves unknown (its values: "shared", "whole", "both"; absent: both)')
     items = document.get("gpus")
     if not isinstance(items, list) or len(items) > 1024:
         raise bad("no gpus list of at most 1024 GPUs")
