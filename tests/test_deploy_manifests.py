@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,11 @@ import pytest
 from gpushare.cli.deviceplugin import device_plugin
 from gpushare.cli.extender import extender
 from gpushare.core.policies import policy_names
-from gpushare.kube import nodepods, nodes, unhealthy
+from gpushare.core.serves import Serves
+from gpushare.kube import nodeconfig, nodepods, nodes, unhealthy
+from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.dialects import DIALECT_NAMES
+from gpushare.kube.codec.nodeconfig import MemoryReserve, NodeConfig, node_config
 from gpushare.testing.controlplane import REPO_ROOT, gpushare_extender
 from gpushare.testing.helm import (
     CHART_DIR,
@@ -152,13 +156,16 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("ClusterRoleBinding", "gpushare-device-plugin"),
         ("ClusterRoleBinding", "gpushare-extender"),
         ("ConfigMap", "gpushare-default-scheduler-config"),
+        ("ConfigMap", "gpushare-node-config"),
         ("DaemonSet", "gpushare-device-plugin"),
         ("Deployment", "gpushare-extender"),
         ("NetworkPolicy", "gpushare-extender"),
         ("PodDisruptionBudget", "gpushare-extender"),
         ("Role", "gpushare-device-plugin"),
+        ("Role", "gpushare-device-plugin-node-config"),
         ("Role", "gpushare-extender-leader-election"),
         ("RoleBinding", "gpushare-device-plugin"),
+        ("RoleBinding", "gpushare-device-plugin-node-config"),
         ("RoleBinding", "gpushare-extender-leader-election"),
         ("Secret", "gpushare-extender-tls"),
         ("Service", "gpushare-extender"),
@@ -254,6 +261,12 @@ def test_device_plugin_role_is_exactly_what_the_code_needs(default_objects: list
     binding = find(default_objects, "RoleBinding", "gpushare-device-plugin")
     assert binding["metadata"]["namespace"] == "kube-system"
     assert binding["roleRef"]["name"] == "gpushare-device-plugin"
+    # The node-config ConfigMap: read in the release namespace only.
+    role = find(default_objects, "Role", "gpushare-device-plugin-node-config")
+    assert role["metadata"]["namespace"] == "kube-system"  # the release namespace
+    assert normalized(role["rules"]) == normalized(nodeconfig.RBAC_RULES)
+    binding = find(default_objects, "RoleBinding", "gpushare-device-plugin-node-config")
+    assert binding["roleRef"]["name"] == "gpushare-device-plugin-node-config"
 
 
 def test_extender_role_is_exactly_the_documented_rules(default_objects: list[Obj]) -> None:
@@ -618,6 +631,40 @@ def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None
         "device-plugins",
         "tmp",
     ]
+
+
+def test_the_node_config_configmap_carries_the_values_the_plugin_reads(helm: Path) -> None:
+    """devicePlugin.nodeConfig becomes ConfigMap gpushare-node-config, read by the plugin's
+    own reader into the configuration the values say; the plugin finds it through
+    POD_NAMESPACE; ``enabled: false`` drops it, its Role, and passes ``--no-node-config``."""
+    values = {
+        "devicePlugin": {
+            "nodeConfig": {
+                "defaults": {"reservedMemory": "5%"},
+                "nodes": [
+                    {"name": "gpu-1", "memoryUnit": "MiB", "excludeGpus": [1]},
+                    {"selector": {"pool": "training"}, "serves": "whole"},
+                ],
+            }
+        }
+    }
+    objects = render_objects(values, helm=helm)
+    configmap = find(objects, "ConfigMap", "gpushare-node-config")
+    config = node_config(configmap, "gpu-1", {"pool": "training"}, load=nodeconfig.yaml_document)
+    assert config == NodeConfig(
+        memory_unit=MemoryUnit.MIB,
+        reserved=MemoryReserve(fraction=Fraction(1, 20)),
+        excluded_indices=frozenset({1}),
+        serves=Serves.WHOLE,
+    )
+    main = container(find(objects, "DaemonSet", "gpushare-device-plugin"))
+    env = {e["name"]: e for e in main["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert "--no-node-config" not in _args(main)
+
+    off = render_objects({"devicePlugin": {"nodeConfig": {"enabled": False}}}, helm=helm)
+    assert not [o for o in off if "node-config" in o["metadata"]["name"]]
+    assert "--no-node-config" in _args(container(find(off, "DaemonSet", "gpushare-device-plugin")))
 
 
 def test_device_plugin_with_managed_mps(helm: Path, default_objects: list[Obj]) -> None:

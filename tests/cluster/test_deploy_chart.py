@@ -8,8 +8,10 @@
   issued for its ServiceAccounts. ``SelfSubjectAccessReview`` shows that each identity may do its
   work and is forbidden what it does not need, and raw calls with the tokens agree.
 * The components then run with those identities: ``gpushare device-plugin`` (flags from the
-  chart's DaemonSet, fake GPUs, a kubelet stand-in) publishes its node's inventory and answers
-  Allocate; the live extender (options from the chart's Deployment) syncs, filters and binds.
+  chart's DaemonSet, fake GPUs, a kubelet stand-in) reads the chart's node-config ConfigMap in
+  the release namespace (where the DaemonSet's ``POD_NAMESPACE`` points), publishes its node's
+  inventory with it and answers Allocate; the live extender (options from the chart's
+  Deployment) syncs, filters and binds.
   kube-scheduler runs with (a) the extender entry of the chart's default-scheduler ConfigMap and
   (b) the second scheduler's whole configuration from its ConfigMap and its own identity;
   each schedules a GPU pod through the extender, and the pod gets its GPU from Allocate.
@@ -44,7 +46,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.cli.deviceplugin import device_plugin
@@ -347,10 +349,10 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
             assert body["metadata"]["name"] == obj["metadata"]["name"], what
             checked[label] += 1
     assert checked == {
-        "gpushare.yaml": 18,
-        "gpushare-with-scheduler.yaml": 26,  # + the second scheduler's 8
-        "every option": 27,  # + the dashboard
-        "generated certificate": 27,  # + the extender's Secret
+        "gpushare.yaml": 21,  # 18 + the node-config ConfigMap, its Role and RoleBinding
+        "gpushare-with-scheduler.yaml": 29,  # + the second scheduler's 8
+        "every option": 30,  # + the dashboard
+        "generated certificate": 30,  # + the extender's Secret
     }
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
@@ -690,6 +692,21 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         ]
         argv = gpushare_argv(*args)
         argv += ["--node-name", NODE, "--fake-gpus", "2x16GiB:T4", "--no-health"]
+        # The node config: the chart's ConfigMap in the release namespace, found through
+        # POD_NAMESPACE (the downward API's metadata.namespace; given here as its flag), read
+        # with the chart's Role there. Its content says serves=shared, seen in the inventory.
+        env = {e["name"]: e for e in daemon["env"]}
+        assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        argv += ["--node-config-namespace", NAMESPACE]
+        node_config = find(chart, "ConfigMap", "gpushare-node-config")
+        assert node_config["metadata"]["namespace"] == NAMESPACE
+        kube.create(
+            ConfigMap(
+                metadata=ObjectMeta(name="gpushare-node-config", namespace=NAMESPACE),
+                data={"config.yaml": "defaults: {serves: shared}\n"},
+            )
+        )
+        stack.callback(kube.delete, ConfigMap, "gpushare-node-config", namespace=NAMESPACE)
         # Its token is bound to its pod on NODE, as kubelet issues it: the chart's own-node
         # admission policy (installed) lets it change NODE and NODE's pods only.
         stack.callback(
@@ -704,10 +721,11 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             node = kube.get(Node, NODE)
             annotations = (node.metadata.annotations if node.metadata else None) or {}
             capacity = (node.status.capacity if node.status else None) or {}
-            return node if INVENTORY in annotations and capacity.get(GPU_COUNT) == "2" else None
+            configured = '"serves":"shared"' in annotations.get(INVENTORY, "")
+            return node if configured and capacity.get(GPU_COUNT) == "2" else None
 
         wait_for(
-            "the plugin's inventory and aliyun.com/gpu-count on the node",
+            "the plugin's configured inventory and aliyun.com/gpu-count on the node",
             inventory_published,
             WAIT_S,
             processes=[plugin],

@@ -11,6 +11,12 @@ the real kube-scheduler and ``gpushare extender`` on the real control plane.
   container gets exactly the GPU(s) its pod's annotations name, with the UUIDs the node's
   inventory publishes, and each pod ends marked assigned. Two equal pods bound together, a pod
   placed once they have started, and a two-container pod.
+* The node's configuration (ConfigMap ``gpushare-node-config``, docs/node-config.md), changed
+  while everything runs: memory held back and a GPU excluded reach kubelet's device list and the
+  inventory; a bad entry is a Warning Event naming the node and the key and changes nothing; a
+  ``whole``-only node makes kube-scheduler refuse a shared pod with the extender's reason until
+  the node serves ``both`` again; a change that would take memory from a running pod waits for
+  it (Warning Event) and applies once the pod is gone.
 * A kubelet restart: the plugin registers again on a new socket with the same devices.
 * SIGTERM: the plugin stops and removes its socket.
 """
@@ -35,8 +41,9 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare.core.serves import Serves
 from gpushare.extender.live import LiveOptions
-from gpushare.kube import nodepods, nodes, unhealthy
+from gpushare.kube import nodeconfig, nodepods, nodes, unhealthy
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -71,7 +78,12 @@ PLUGIN_RULES = [
     PolicyRule(
         apiGroups=list(r["apiGroups"]), resources=list(r["resources"]), verbs=list(r["verbs"])
     )
-    for r in (*nodes.RBAC_RULES, *nodepods.RBAC_RULES, *unhealthy.RBAC_RULES)
+    for r in (
+        *nodes.RBAC_RULES,
+        *nodepods.RBAC_RULES,
+        *unhealthy.RBAC_RULES,
+        *nodeconfig.RBAC_RULES,
+    )
 ]
 
 
@@ -83,6 +95,7 @@ class Cluster:
     namespace: str
     kubelet: KubeletThread
     metrics_url: str
+    node_config: str  # the name of this test's node-config ConfigMap (in kube-system)
 
 
 def gpu_pod(
@@ -144,6 +157,8 @@ def cluster(
         argv += ["--device-plugin-dir", str(socket_dir), "--kubeconfig", str(kubeconfig)]
         (metrics_port,) = free_ports(1)
         argv += ["--metrics-port", str(metrics_port)]
+        node_config = f"node-config-{suffix}"
+        argv += ["--node-config-namespace", "kube-system", "--node-config-name", node_config]
         plugin = ManagedProcess("gpushare-device-plugin", argv, tmp_path).start()
         stack.callback(plugin.stop)
         kubelet.call(kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S))
@@ -162,7 +177,8 @@ def cluster(
                 extenders=[gpushare_extender(extender.url_prefix)],
             )
         )
-        yield Cluster(node, namespace, kubelet, f"http://127.0.0.1:{metrics_port}/metrics")
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        yield Cluster(node, namespace, kubelet, metrics_url, node_config)
         plugin.stop()
         log = plugin.log_path.read_text()
         assert not (socket_dir / SOCKET).exists(), log
@@ -343,6 +359,145 @@ def test_gpus_marked_in_alibabas_unhealthy_configmap_take_no_pods_until_unmarked
         kube.delete(ConfigMap, name, namespace="kube-system")
     wait_for("GPU 0 healthy again", lambda: gpu_health() == (True, True) or None)
     wait_for("kubelet sees 32 healthy units", lambda: healthy_units() == 32 or None)
+
+
+def node_events(kube: Client, node: str, reason: str) -> list[str]:
+    """The messages of the Events on node ``node`` with ``reason``."""
+    events = kube.list(Event, namespace="default", fields={"involvedObject.name": node})
+    return [e.message or "" for e in events if e.reason == reason]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``/metrics``: sample name → value (the node label is the plugin's own)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        families = text_string_to_metric_families(response.read().decode())
+        return {s.name: s.value for f in families for s in f.samples}
+
+
+def set_node_config(kube: Client, cluster: Cluster, text: str) -> None:
+    """Create or replace this test's node-config ConfigMap with ``config.yaml`` = ``text``."""
+    body = ConfigMap(
+        metadata=ObjectMeta(name=cluster.node_config, namespace="kube-system"),
+        data={"config.yaml": text},
+    )
+    if any(
+        (c.metadata.name if c.metadata else None) == cluster.node_config
+        for c in kube.list(ConfigMap, namespace="kube-system")
+    ):
+        kube.replace(body)
+    else:
+        kube.create(body)
+
+
+def test_node_config_changes_reach_kubelet_the_inventory_and_the_scheduler_without_a_restart(
+    cluster: Cluster, kube: Client
+) -> None:
+    """2 x 16 GiB. 4 GiB held back and GPU 1 excluded: kubelet sees 12 devices, the inventory
+    one GPU of 12 GiB. A bad entry: a Warning Event naming the node and the key, the gauge at 1,
+    nothing changes. ``serves: whole``: a shared pod is refused by kube-scheduler with the
+    extender's reason; ``both`` again: it is placed. Source of the rules: docs/node-config.md."""
+    kubelet = cluster.kubelet.kubelet
+
+    def inventory() -> tuple[tuple[tuple[int, int], ...], Serves]:
+        info = node_info(kube.get(Node, cluster.node).to_dict())
+        return tuple((g.index, g.capacity) for g in info.node.gpus), info.serves
+
+    def capacity() -> int:
+        view = kubelet.resource(GPU_MEM)
+        return -1 if view is None else view.capacity
+
+    try:
+        set_node_config(
+            kube, cluster, f"nodes:\n- name: {cluster.node}\n  reservedMemory: 4GiB\n"
+            "  excludeGpus: [1]\n",
+        )  # fmt: skip
+        wait_for("12 GiB of GPU 0 only", lambda: inventory() == (((0, 12),), Serves.BOTH) or None)
+        wait_for("kubelet sees 12 devices", lambda: capacity() == 12 or None)
+        wait_for(
+            "a Normal Event saying what applies",
+            lambda: node_events(kube, cluster.node, "NodeConfigApplied") or None,
+        )
+
+        set_node_config(kube, cluster, f"nodes:\n- name: {cluster.node}\n  reservedMemory: 120%\n")
+
+        def warned() -> list[str] | None:
+            return node_events(kube, cluster.node, "NodeConfigInvalid") or None
+
+        (message, *_) = wait_for("a Warning Event naming node and key", warned)
+        assert f"node {cluster.node}: configmap kube-system/{cluster.node_config}: " in message
+        assert "nodes[0].reservedMemory='120%'" in message
+        assert "the configuration in force stays" in message
+        metrics = scrape(cluster.metrics_url)
+        assert metrics["gpushare_device_plugin_node_config_invalid"] == 1.0
+        assert inventory() == (((0, 12),), Serves.BOTH)  # the last good one stays
+        assert capacity() == 12
+
+        set_node_config(kube, cluster, f"nodes:\n- name: {cluster.node}\n  serves: whole\n")
+        whole_only = (((0, 16), (1, 16)), Serves.WHOLE)
+        wait_for("both GPUs back, whole only", lambda: inventory() == whole_only or None)
+        wait_for("kubelet sees 32 devices", lambda: capacity() == 32 or None)
+        assert scrape(cluster.metrics_url)["gpushare_device_plugin_node_config_invalid"] == 0.0
+        kubelet_sync = cluster.kubelet
+        kubelet_sync.sync_node_status(kube, cluster.node)
+        kube.create(gpu_pod(cluster.namespace, "shared", {"main": 4}))
+
+        def refused() -> bool | None:
+            events = kube.list(
+                Event, namespace=cluster.namespace, fields={"involvedObject.name": "shared"}
+            )
+            # The filter's refusal (bind would refuse too, but as a bind error).
+            reason = (
+                "nodes are available: 1 gpushare: the node serves whole GPUs only (node config "
+                "serves=whole); container(s) main ask a share of a GPU"
+            )
+            found = [
+                e for e in events if e.reason == "FailedScheduling" and reason in (e.message or "")
+            ]
+            return bool(found) or None
+
+        wait_for(
+            "kube-scheduler refuses the shared pod with the extender's reason", refused, WAIT_S
+        )
+        assert not kube.get(Pod, "shared", namespace=cluster.namespace).spec.nodeName  # type: ignore[union-attr]
+    finally:
+        kube.delete(ConfigMap, cluster.node_config, namespace="kube-system")
+    # No ConfigMap: the flags (both kinds, every GPU whole): the pod is placed.
+    wait_for("serves both again", lambda: inventory() == (((0, 16), (1, 16)), Serves.BOTH) or None)
+    bound(kube, cluster.namespace, "shared")
+
+
+def test_a_node_config_change_that_would_take_memory_from_a_pod_waits_for_it(
+    cluster: Cluster, kube: Client
+) -> None:
+    """A pod holds 12 GiB of one GPU; holding back 8 GiB per GPU would leave 8: the change
+    waits (Warning Event naming the GPU and the pod, gauge at 1, inventory unchanged) and
+    applies once the pod is gone (the plugin retries every 10 s)."""
+    ns = cluster.namespace
+    kube.create(gpu_pod(ns, "big", {"main": 12}))
+    gpu = int(annotations_of(bound(kube, ns, "big"))[ALIYUN_IDX])
+    admit(cluster, kube, "big")
+
+    def capacities() -> tuple[int, ...]:
+        return tuple(
+            g.capacity for g in node_info(kube.get(Node, cluster.node).to_dict()).node.gpus
+        )
+
+    try:
+        set_node_config(kube, cluster, "defaults: {reservedMemory: 8GiB}\n")
+
+        def deferred() -> list[str] | None:
+            return node_events(kube, cluster.node, "NodeConfigDeferred") or None
+
+        (message, *_) = wait_for("a Warning Event saying why the change waits", deferred)
+        assert f"GPU {gpu} would advertise 8 GiB but pods hold 12 ({ns}/big)" in message, message
+        assert scrape(cluster.metrics_url)["gpushare_device_plugin_node_config_deferred"] == 1.0
+        assert capacities() == (16, 16)
+        kube.delete(Pod, "big", namespace=ns, grace_period=0)
+        wait_for("8 GiB per GPU once the pod is gone", lambda: capacities() == (8, 8) or None)
+        assert scrape(cluster.metrics_url)["gpushare_device_plugin_node_config_deferred"] == 0.0
+    finally:
+        kube.delete(ConfigMap, cluster.node_config, namespace="kube-system")
+    wait_for("16 GiB per GPU again", lambda: capacities() == (16, 16) or None)
 
 
 def test_kubelet_restart_makes_the_plugin_register_again(cluster: Cluster, kube: Client) -> None:

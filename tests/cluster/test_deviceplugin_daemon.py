@@ -30,10 +30,10 @@ from gpushare.deviceplugin.nvml import (
     COMPUTE_MODE_EXCLUSIVE_PROCESS,
     NvmlInventory,
 )
-from gpushare.kube.client import connect
 from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, NodeInfo, node_info
 from gpushare.testing import mps_control
 from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.daemon import running_daemon
 from gpushare.testing.kubelet import FakeKubelet
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 from gpushare.testing.nvml import FakeDevice, FakeNvml
@@ -82,20 +82,8 @@ async def running(
 ) -> AsyncIterator[tuple[DevicePluginDaemon, FakeKubelet, AsyncClient]]:
     """The daemon running over ``NvmlInventory(nvml)`` with the kubelet stand-in in
     ``options.socket_dir``; stopped (and its socket checked gone) on exit."""
-    client = connect(plane.kubeconfig, trust_env=False)
-    kubelet = FakeKubelet(options.socket_dir)
-    await kubelet.start()
-    daemon = DevicePluginDaemon(client, NvmlInventory(nvml), options, nvml=nvml)
-    stop = asyncio.Event()
-    task = asyncio.create_task(daemon.run(stop))
-    try:
-        yield daemon, kubelet, client
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
-        await kubelet.stop()
-        await client.close()
-    assert not daemon.runner.socket_path.exists()
+    async with running_daemon(plane, NvmlInventory(nvml), options, nvml=nvml) as running:
+        yield running
 
 
 def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(

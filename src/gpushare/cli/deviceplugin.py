@@ -29,6 +29,7 @@ from gpushare.deviceplugin.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_ROOT
 from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME
 from gpushare.kube.errors import KubeError
 
 
@@ -71,7 +72,8 @@ async def _serve(daemon: DevicePluginDaemon) -> None:
     type=click.Choice([u.value for u in MemoryUnit]),
     default=MemoryUnit.GIB.value,
     show_default=True,
-    help="Unit of aliyun.com/gpu-mem: one advertised device per unit per GPU.",
+    help="Unit of aliyun.com/gpu-mem: one advertised device per unit per GPU (the node "
+    "config's memoryUnit wins).",
 )
 @click.option(
     "--device-plugin-dir",
@@ -108,6 +110,27 @@ async def _serve(daemon: DevicePluginDaemon) -> None:
     show_default=True,
     help="Also treat as unhealthy the GPUs listed in Alibaba's ConfigMap "
     'kube-system/unhealthy-gpu-<node> (data.gpus, e.g. "0,2").',
+)
+@click.option(
+    "--node-config/--no-node-config",
+    default=True,
+    show_default=True,
+    help="Read this node's entry in the node-config ConfigMap (memoryUnit, reservedMemory, "
+    "excludeGpus, serves; docs/node-config.md) and follow its changes; its keys win over "
+    "--memory-unit.",
+)
+@click.option(
+    "--node-config-namespace",
+    envvar="POD_NAMESPACE",
+    default="kube-system",
+    show_default=True,
+    help="Namespace of the node-config ConfigMap (env POD_NAMESPACE: the release namespace).",
+)
+@click.option(
+    "--node-config-name",
+    default=NODE_CONFIG_NAME,
+    show_default=True,
+    help="Name of the node-config ConfigMap.",
 )
 @click.option(
     "--mps",
@@ -164,6 +187,9 @@ def device_plugin(
     recovery_s: float,
     ignored_xids: tuple[int, ...],
     unhealthy_configmap: bool,
+    node_config: bool,
+    node_config_namespace: str,
+    node_config_name: str,
     mps: bool,
     mps_managed: bool,
     mps_root: Path,
@@ -201,6 +227,9 @@ def device_plugin(
         recovery_s=recovery_s,
         ignored_xids=ignored_xids,
         unhealthy_configmap=unhealthy_configmap,
+        node_config=node_config,
+        node_config_namespace=node_config_namespace,
+        node_config_name=node_config_name,
         mps=mps,
         mps_managed=mps_managed,
         mps_root=mps_root,

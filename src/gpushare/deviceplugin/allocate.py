@@ -178,6 +178,10 @@ class HandshakeAllocator:
         self._observe = observe
         self._emitting: set[asyncio.Task[None]] = set()
 
+    def set_unit(self, unit: MemoryUnit) -> None:
+        """The node's memory unit from now on (its configuration changed)."""
+        self._unit = unit
+
     async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Answer every container request in order (module doc); ``AllocateError`` if one
         cannot be answered (nothing is recorded for it)."""

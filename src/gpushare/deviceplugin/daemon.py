@@ -23,7 +23,18 @@
    ``kube-system/unhealthy-gpu-<node>`` (``gpushare.kube.unhealthy``) are unhealthy too, in
    ListAndWatch and in the inventory, until the ConfigMap lets them go; a value that cannot be
    read is a Warning Event on the node and changes nothing.
-8. ``/metrics`` on its own port (``gpushare.deviceplugin.metrics``): inventory, Allocate
+8. With ``node_config`` (on by default), the node's entry in the ConfigMap
+   ``<namespace>/gpushare-node-config`` (``gpushare.kube.nodeconfig``, docs/node-config.md) sets
+   the unit, the memory held back per GPU, the GPUs left out of sharing and what the node
+   serves; the ConfigMap's keys win over ``--memory-unit``. It is read before the first
+   publish and watched: a change re-advertises the devices to kubelet (ListAndWatch) and
+   rewrites the inventory, unless it would take memory from pods holding it
+   (``gpushare.deviceplugin.nodeconfig.deferral``): then the configuration in force stays, a
+   Warning Event ``NodeConfigDeferred`` says why, and the change is tried again every
+   ``node_config_retry_s`` and on every change. An entry that cannot be read is a Warning
+   Event ``NodeConfigInvalid`` and changes nothing. A change applied is a Normal Event
+   ``NodeConfigApplied``.
+9. ``/metrics`` on its own port (``gpushare.deviceplugin.metrics``): inventory, Allocate
    outcomes and latency, registrations, and with NVML used memory and utilisation per GPU and
    per process (mapped to its pod).
 
@@ -37,9 +48,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpushare.core.serves import Serves
 from gpushare.deviceplugin.allocate import HandshakeAllocator
 from gpushare.deviceplugin.health import HealthWatcher
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
@@ -59,14 +71,17 @@ from gpushare.deviceplugin.mps import (
     MpsPaths,
     MpsSupervisor,
 )
+from gpushare.deviceplugin.nodeconfig import Configured, NodeConfigMetrics, configure, deferral
 from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.client import AsyncClient
-from gpushare.kube.codec import CodecError, InventoryGpu, MemoryUnit
+from gpushare.kube.codec import CodecError, InventoryGpu, MemoryUnit, node_info
 from gpushare.kube.codec.configmaps import unhealthy_configmap_name
+from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventRecorder, EventType
+from gpushare.kube.nodeconfig import NodeConfigWatch
 from gpushare.kube.nodepods import NodePods
 from gpushare.kube.nodes import NodePublisher
 from gpushare.kube.unhealthy import UnhealthyMarks
@@ -77,6 +92,9 @@ EVENT_COMPONENT = "gpushare-device-plugin"
 """``source.component`` of the device plugin's Events."""
 
 log = logging.getLogger(__name__)
+
+NODE_CONFIG_SYNC_S = 10.0
+"""The longest the plugin waits at start for the node config before serving with the flags."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +110,10 @@ class DaemonOptions:
     ``mps_managed``: run and supervise the MPS control daemon (needs NVML), with its
     directories under ``mps_root``, the binary ``mps_control`` and a liveness check every
     ``mps_check_interval_s``; ``unhealthy_configmap``: honour
-    ``kube-system/unhealthy-gpu-<node>`` (module doc, 7).
+    ``kube-system/unhealthy-gpu-<node>`` (module doc, 7); ``node_config``: read the node's
+    entry in ConfigMap ``node_config_namespace``/``node_config_name``, retrying a deferred one
+    every ``node_config_retry_s`` and reading the node's labels every ``node_config_poll_s``
+    (module doc, 8).
     """
 
     node_name: str
@@ -112,6 +133,11 @@ class DaemonOptions:
     mps_control: str = DEFAULT_MPS_CONTROL
     mps_check_interval_s: float = 5.0
     unhealthy_configmap: bool = True
+    node_config: bool = True
+    node_config_namespace: str = "kube-system"
+    node_config_name: str = NODE_CONFIG_NAME
+    node_config_retry_s: float = 10.0
+    node_config_poll_s: float = 30.0
 
 
 def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryGpu]:
@@ -160,7 +186,25 @@ class DevicePluginDaemon:
             events=events,
             observe=self.metrics.observe_allocate,
         )
-        self.service = DevicePluginService(inventory.gpus(), options.unit, self.allocator)
+        self._physical = inventory.gpus()
+        self.service = DevicePluginService(self._physical, options.unit, self.allocator)
+        self.configured = Configured(tuple(self._physical), options.unit, Serves.BOTH, NodeConfig())
+        self._wanted: Configured | None = None  # a configuration waiting (deferred)
+        self._deferred = ""
+        self._config_lock = asyncio.Lock()
+        self._config_ready = False  # changes wait for _start_configured
+        self.node_config: NodeConfigWatch | None = None
+        self.node_config_metrics = NodeConfigMetrics(self.metrics.registry, options.node_name)
+        if options.node_config:
+            self.node_config = NodeConfigWatch(
+                client,
+                options.node_name,
+                self._config_changed,
+                self._config_invalid,
+                namespace=options.node_config_namespace,
+                name=options.node_config_name,
+                node_poll_s=options.node_config_poll_s,
+            )
         self._xid_healthy = {gpu.index: gpu.healthy for gpu in self.service.gpus}
         self._mps_healthy = True
         self.marks: UnhealthyMarks | None = None
@@ -174,7 +218,7 @@ class DevicePluginDaemon:
             )
         self.mps: MpsSupervisor | None = None
         if mps_paths is not None and nvml is not None:
-            gpus = self.service.gpus
+            gpus = self._physical
             self.mps = MpsSupervisor(
                 MpsControl(mps_paths, [g.uuid for g in gpus], binary=options.mps_control),
                 nvml,
@@ -192,9 +236,10 @@ class DevicePluginDaemon:
 
     async def publish(self, *, force: bool = False) -> None:
         """Publish the current inventory; ``KubeError`` when the API server refuses."""
-        gpus = inventory_gpus(self.service.gpus, self.options.unit)
+        unit = self.service.unit
+        gpus = inventory_gpus(self.service.gpus, unit)
         await self.publisher.publish(
-            self.options.node_name, self.options.unit.value, gpus, force=force
+            self.options.node_name, unit.value, gpus, force=force, serves=self.configured.serves
         )
 
     async def _republish(self, *, force: bool = False) -> None:
@@ -250,6 +295,99 @@ class DevicePluginDaemon:
             "UnhealthyGpuConfigInvalid", f"{error}; the GPUs marked before stay marked", True
         )
 
+    async def _config_changed(self, config: NodeConfig) -> None:
+        """The node's entry in the node-config ConfigMap changed (module doc, 8)."""
+        if self._config_ready:
+            await self._reconfigure(config)
+
+    async def _config_invalid(self, error: CodecError) -> None:
+        """The node's entry cannot be read: the configuration in force stays."""
+        self.node_config_metrics.set(invalid=True)
+        text = f"{error}; the configuration in force stays"
+        log.error("%s", text)
+        await self._node_event("NodeConfigInvalid", text, True)
+
+    async def _reconfigure(self, config: NodeConfig, *, publish: bool = True) -> None:
+        """Apply ``config`` now, or keep it waiting while it would take memory from pods."""
+        node = self.options.node_name
+        async with self._config_lock:
+            try:
+                new = configure(self._physical, config, self.options.unit, node)
+            except CodecError as error:
+                await self._config_invalid(error)
+                return
+            self.node_config_metrics.set(invalid=False)
+            if new == self.configured:
+                self._wanted, self._deferred = None, ""
+                self.node_config_metrics.set(deferred=False)
+                return
+            why = deferral(self.configured, new, self.pods.pods(), node)
+            if why:
+                self._wanted = new
+                self.node_config_metrics.set(deferred=True)
+                if why != self._deferred:
+                    self._deferred = why
+                    text = (
+                        f"node config for node {node} waits: {why}; in force: "
+                        f"{self.configured.describe()}"
+                    )
+                    log.warning("%s", text)
+                    await self._node_event("NodeConfigDeferred", text, True)
+                return
+            self._wanted, self._deferred = None, ""
+            self.node_config_metrics.set(deferred=False)
+            gpus = [replace(g, healthy=self._healthy(g.index)) for g in new.gpus]
+            await self.service.set_inventory(gpus, new.unit)
+            self.allocator.set_unit(new.unit)
+            self.configured = new
+        text = f"node config for node {node} applied: {new.describe()}"
+        log.info("%s", text)
+        if publish:
+            await self._republish()
+        await self._node_event("NodeConfigApplied", text, False)
+
+    async def _retry_deferred(self) -> None:
+        """Try a waiting configuration again every ``node_config_retry_s``."""
+        while True:
+            await asyncio.sleep(self.options.node_config_retry_s)
+            wanted = self._wanted
+            if wanted is not None:
+                await self._reconfigure(wanted.config)
+
+    async def _start_configured(self) -> None:
+        """Before the first publish: read the node's configuration (bounded by
+        ``sync_timeout_s`` and ``NODE_CONFIG_SYNC_S``) and apply it. The unit in force is the
+        one the node publishes already when a restart finds one (pods placed before hold memory
+        in it), else ``--memory-unit``."""
+        watch = self.node_config
+        if watch is None:
+            return
+        bound_s = min(self.options.sync_timeout_s, NODE_CONFIG_SYNC_S)
+        try:
+            await watch.wait_synced(bound_s)
+        except TimeoutError:
+            log.warning(
+                "node config %s/%s not read within %g s (RBAC: configmaps get/list/watch in "
+                "%s, nodes get); starting with the flags, it applies once read",
+                watch.namespace, watch.name, bound_s, watch.namespace,
+            )  # fmt: skip
+            self._config_ready = True
+            return
+        published = self._published_unit(watch)
+        if published is not None and published is not self.options.unit:
+            baseline = Configured(tuple(self._physical), published, Serves.BOTH, NodeConfig())
+            await self.service.set_inventory(list(self._physical), published)
+            self.allocator.set_unit(published)
+            self.configured = baseline
+        self._config_ready = True
+        await self._reconfigure(watch.config, publish=False)
+
+    def _published_unit(self, watch: NodeConfigWatch) -> MemoryUnit | None:
+        try:
+            return None if watch.node is None else node_info(watch.node).unit
+        except CodecError:
+            return None
+
     async def _node_event(self, reason: str, message: str, warning: bool) -> None:
         kind = EventType.WARNING if warning else EventType.NORMAL
         try:
@@ -267,6 +405,8 @@ class DevicePluginDaemon:
         health: asyncio.Task[None] | None = None
         mps: asyncio.Task[None] | None = None
         marks: asyncio.Task[None] | None = None
+        config: asyncio.Task[None] | None = None
+        retry: asyncio.Task[None] | None = None
         try:
             if options.metrics_port is not None:  # 0: any free port (tests)
                 self.metrics_server = metrics = await serve_metrics(
@@ -276,6 +416,10 @@ class DevicePluginDaemon:
             await self.pods.wait_synced(options.sync_timeout_s)
             if self.marks is not None:
                 marks = asyncio.create_task(self.marks.run(), name="gpushare-unhealthy-marks")
+            if self.node_config is not None:
+                config = asyncio.create_task(self.node_config.run(), name="gpushare-node-config")
+                retry = asyncio.create_task(self._retry_deferred(), name="gpushare-config-retry")
+                await self._start_configured()
             try:
                 await self.publish(force=True)
             except KubeError as error:
@@ -289,7 +433,7 @@ class DevicePluginDaemon:
             if self._nvml is not None and options.health:
                 watcher = HealthWatcher(
                     self._nvml,
-                    self.service.gpus,
+                    self._physical,
                     self._health_changed,
                     recovery_s=options.recovery_s,
                     ignored_xids=options.ignored_xids,
@@ -299,12 +443,12 @@ class DevicePluginDaemon:
                 log.info("GPU health checking is off")
             log.info(
                 "device plugin for node %s: %d GPU(s), unit %s, socket %s",
-                options.node_name, len(self.service.gpus), options.unit.value,
+                options.node_name, len(self.service.gpus), self.service.unit.value,
                 self.runner.socket_path,
             )  # fmt: skip
             await stop.wait()
         finally:
-            for task in (health, mps, marks):
+            for task in (health, mps, marks, config, retry):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

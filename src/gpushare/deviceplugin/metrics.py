@@ -27,6 +27,14 @@ gpushare_device_plugin_registrations_total        counter    node              r
                                                                                restarts)
 gpushare_device_plugin_nvml_errors_total          counter    node              NVML queries failed
                                                                                in scrapes (NVML)
+gpushare_device_plugin_node_config_invalid        gauge      node              1 while the node
+                                                                               config cannot be
+                                                                               read
+                                                                               (``deviceplugin.
+                                                                               nodeconfig``)
+gpushare_device_plugin_node_config_deferred       gauge      node              1 while a node
+                                                                               config waits for
+                                                                               pods
 gpushare_gpu_memory_used_bytes                    gauge      node, gpu, uuid   used memory (NVML)
 gpushare_gpu_utilization_ratio                    gauge      node, gpu, uuid   share of NVML's
                                                                                last sample period

@@ -188,6 +188,20 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     )
                     self._changed.notify_all()
 
+    async def set_inventory(self, gpus: Sequence[PhysicalGpu], unit: MemoryUnit) -> None:
+        """Advertise ``gpus`` in ``unit`` from now on (the node's configuration changed,
+        ``gpushare.deviceplugin.nodeconfig``); every stream gets the new list.
+        ``DeviceListTooLargeError`` (nothing changed) when it would not fit one message."""
+        check_message_size(gpus, unit)
+        async with self._changed:
+            self._gpus = list(gpus)
+            self._unit = unit
+            self._device_ids = frozenset(
+                device_id(gpu, n) for gpu in self._gpus for n in range(gpu.units(unit))
+            )
+            self._version += 1
+            self._changed.notify_all()
+
     def _moved_since(self, version: int, epoch: int) -> bool:
         return self._epoch != epoch or self._version != version
 

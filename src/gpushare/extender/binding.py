@@ -17,6 +17,7 @@ from gpushare.extender.outcomes import (
     UNKNOWN_NODE,
     describe_fit,
     not_gpushare,
+    not_served,
 )
 from gpushare.extender.state import (
     Binder,
@@ -120,6 +121,9 @@ class BindVerb:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
+        refused = not_served(info, pod)
+        if refused:
+            return f"{refused}: {node}"
         resolved = resolve(pod, info.unit, info.node)
         if isinstance(resolved, str):
             return f"gpushare: pod {key} cannot be on node {node}: {resolved}"

@@ -9,8 +9,10 @@
 * **filter** — per candidate node, ``gpushare.core.fit.check_fit`` of the pod on the node with
   everything allocated there, assumed allocations included: passes (``NodeNames`` or ``Nodes``,
   matching the request), ``FailedNodes`` (does not fit now) or ``FailedAndUnresolvableNodes``
-  (can never fit: not a GPU-share node, unknown to the extender, request larger than any GPU,
-  model excluded). Reasons carry the numbers. Bound pods the ledger skipped count too
+  (can never fit: not a GPU-share node, unknown to the extender, a node that does not serve
+  the pod's kind of request (``gpushare.core.serves``: whole GPUs, shares, or both, from the
+  node's configuration), request larger than any GPU, model excluded). Reasons carry the
+  numbers. Bound pods the ledger skipped count too
   (``ExtenderState``, "Skipped pods"): a GPU over capacity shows a negative free and takes
   nothing, and the reason names the skipped pods and what they are counted as. Reserves
   nothing. A pod asking no GPU passes everywhere.
@@ -65,6 +67,7 @@ from gpushare.extender.outcomes import (
     describe_fit,
     held_error,
     not_gpushare,
+    not_served,
     skipped_note,
 )
 from gpushare.extender.scoring import policy_value, to_priorities
@@ -262,6 +265,9 @@ class Scheduler:
         reason (``held`` when the handshake rule refused it) or ``CAN_NEVER_FIT`` with the
         reason (also for an unknown or non-GPU-share node)."""
         info = self.state.node(name)
+        refused = not_served(info, pod) if info is not None and info.gpushare else ""
+        if refused:
+            return Verdict(FitStatus.CAN_NEVER_FIT, refused)
         if info is not None and info.gpushare and not pod.in_node_units:
             resolved = resolve(pod, info.unit, info.node)
             if isinstance(resolved, str):
@@ -277,9 +283,12 @@ class Scheduler:
         return Verdict(result.status, why, held=result.reason is Reason.HANDSHAKE)
 
     def _node_value(self, name: str, pod: PodRequest, own: Allocation | None) -> float | None:
-        """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit."""
+        """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit
+        (or does not serve the pod's kind of request)."""
+        info = self.state.node(name)
+        if info is not None and not_served(info, pod):
+            return None
         if not pod.in_node_units:
-            info = self.state.node(name)
             resolved = None if info is None else resolve(pod, info.unit, info.node)
             if not isinstance(resolved, PodRequest):
                 return None

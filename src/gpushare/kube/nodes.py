@@ -42,6 +42,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
+from gpushare.core.serves import Serves
 from gpushare.kube.codec import GPU_COUNT, INVENTORY, InventoryGpu, inventory_annotation
 from gpushare.kube.errors import CLIENT_ERRORS, ApiCallError, Failure, api_call_error
 
@@ -110,11 +111,18 @@ class NodePublisher:
         self.skipped = 0
 
     async def publish(
-        self, node_name: str, unit: str, gpus: Sequence[InventoryGpu], *, force: bool = False
+        self,
+        node_name: str,
+        unit: str,
+        gpus: Sequence[InventoryGpu],
+        *,
+        force: bool = False,
+        serves: Serves = Serves.BOTH,
     ) -> bool:
         """Write ``gpus`` (memory in ``unit``, ``"GiB"``/``"MiB"``) to node ``node_name``: the
         inventory annotation, then ``aliyun.com/gpu-count`` capacity (all GPUs) and allocatable
-        (healthy GPUs). True when it wrote, False when it skipped because the last successful
+        (healthy GPUs); ``serves``: what the node serves (the inventory's ``serves``, docs/
+        node-config.md). True when it wrote, False when it skipped because the last successful
         publish to this node wrote the same (never with ``force``).
 
         Raises ``ValueError`` (before any call) for a bad inventory (``inventory_annotation``),
@@ -124,7 +132,7 @@ class NodePublisher:
         """
         if not node_name:
             raise ValueError(f"empty node name ({NODE_NAME_HINT})")
-        annotation = inventory_annotation(unit, gpus)
+        annotation = inventory_annotation(unit, gpus, serves)
         state = (annotation, len(gpus), sum(1 for gpu in gpus if gpu.healthy))
         async with self._lock:  # one publish at a time: the last one called wins
             if not force and self._published.get(node_name) == state:

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from lightkube import AsyncClient
-from lightkube.core.client import FieldValue
-from lightkube.resources.core_v1 import ConfigMap
 
 from gpushare.kube.codec import CodecError
 from gpushare.kube.codec.configmaps import (
@@ -28,7 +25,8 @@ from gpushare.kube.codec.configmaps import (
     marked_unhealthy,
     unhealthy_configmap_name,
 )
-from gpushare.kube.watch import Backoff, Change, Reflector
+from gpushare.kube.configmap import configmap_reflector
+from gpushare.kube.watch import Backoff, Change
 
 __all__ = ["RBAC_RULES", "UnhealthyMarks"]
 
@@ -59,22 +57,13 @@ class UnhealthyMarks:
         self._on_change = on_change
         self._on_invalid = on_invalid
         self._changed = asyncio.Event()
-        fields: dict[str, FieldValue] = {"metadata.name": self.name}
-        self._reflector = Reflector(
-            kind="ConfigMap",
-            list_fn=lambda: client.list(ConfigMap, namespace=UNHEALTHY_NAMESPACE, fields=fields),
-            watch_fn=lambda rv, timeout_s: client.watch(
-                ConfigMap,
-                namespace=UNHEALTHY_NAMESPACE,
-                fields=fields,
-                resource_version=rv,
-                server_timeout=timeout_s,
-            ),
-            key=lambda obj: str(obj.metadata.name if obj.metadata else ""),
-            sink=self._sink,
-            backoff=backoff or Backoff(),
+        self._reflector = configmap_reflector(
+            client,
+            UNHEALTHY_NAMESPACE,
+            self.name,
+            self._sink,
+            backoff=backoff,
             watch_timeout_s=watch_timeout_s,
-            rng=random.Random(),
         )
 
     def _sink(self, _change: Change) -> None:

@@ -42,6 +42,7 @@ from lightkube.models.core_v1 import NodeStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
+from gpushare.core.serves import Serves
 from gpushare.kube.codec import (
     GPU_COUNT,
     GPU_MEM,
@@ -87,12 +88,16 @@ def fake_gpu_uuid(node_name: str, index: int) -> str:
 
 
 def inventory_annotation(
-    node_name: str, gpus: Sequence[FakeGpu], unit: MemoryUnit = MemoryUnit.GIB
+    node_name: str,
+    gpus: Sequence[FakeGpu],
+    unit: MemoryUnit = MemoryUnit.GIB,
+    serves: Serves = Serves.BOTH,
 ) -> str:
     """The ``gpushare.io/gpu-inventory`` value for ``gpus`` (see the module docstring); the
     codec's encoder (``gpushare.kube.codec.inventory_annotation``), so ``ValueError`` for a bad
-    unit, repeated indices or memory <= 0."""
-    return encode_inventory(unit, [g.inventory_gpu(node_name) for g in gpus])
+    unit, repeated indices or memory <= 0. ``serves``: what the node serves
+    (docs/node-config.md)."""
+    return encode_inventory(unit, [g.inventory_gpu(node_name) for g in gpus], serves)
 
 
 def _as_gpus(gpus: Sequence[int | FakeGpu], model: str) -> list[FakeGpu]:
@@ -135,8 +140,10 @@ def gpu_node(
     pods: int = 110,
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
+    serves: Serves = Serves.BOTH,
 ) -> Node:
-    """A kwok GPU-share node; ``gpus`` are per-GPU memories in ``unit`` (or :class:`FakeGpu`).
+    """A kwok GPU-share node; ``gpus`` are per-GPU memories in ``unit`` (or :class:`FakeGpu`);
+    ``serves`` the kinds of request its inventory says it serves.
 
     >>> gpu_node("n1", [16, 16]).status.capacity["aliyun.com/gpu-mem"]
     '32'
@@ -158,7 +165,7 @@ def gpu_node(
         },
         labels={GPUSHARE_LABEL: "true", **(labels or {})},
         annotations={
-            INVENTORY: inventory_annotation(name, devices, unit),
+            INVENTORY: inventory_annotation(name, devices, unit, serves),
             **(annotations or {}),
         },
     )

@@ -6,6 +6,10 @@ format (the package docstring, ``gpushare.testing.nodes``) is compact JSON::
 
     {"unit":"GiB","gpus":[{"index":0,"uuid":"GPU-...","model":"Tesla-V100-SXM2-16GB",
                            "memory":16,"healthy":true}]}
+
+and, when the node serves one kind of request only (``gpushare.core.serves``, the node's
+configuration), ``"serves":"shared"`` or ``"serves":"whole"`` after ``gpus``. Absent (every
+annotation written before it existed, and every node serving both): ``both``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpushare.core.serves import Serves
 from gpushare.kube.codec.common import MemoryUnit, is_int
 
 __all__ = ["MAX_INVENTORY_GPUS", "InventoryGpu", "inventory_annotation"]
@@ -65,9 +70,12 @@ def _check(gpu: InventoryGpu) -> None:
         raise ValueError(f"{where}: healthy must be a boolean, got {gpu.healthy!r}")
 
 
-def inventory_annotation(unit: MemoryUnit | str, gpus: Sequence[InventoryGpu]) -> str:
+def inventory_annotation(
+    unit: MemoryUnit | str, gpus: Sequence[InventoryGpu], serves: Serves = Serves.BOTH
+) -> str:
     """The ``gpushare.io/gpu-inventory`` value for ``gpus`` in ``unit``: compact JSON
-    ``{"unit": unit, "gpus": [...]}``, the GPUs sorted by index.
+    ``{"unit": unit, "gpus": [...]}``, the GPUs sorted by index, with ``"serves"`` unless
+    ``serves`` is ``both`` (module doc).
 
     ``unit`` must be a ``MemoryUnit`` (or its value, ``"GiB"``, ``"MiB"``); indices distinct
     integers >= 0; ``memory`` an integer > 0; at most ``MAX_INVENTORY_GPUS`` GPUs; no GPUs is
@@ -87,5 +95,7 @@ def inventory_annotation(unit: MemoryUnit | str, gpus: Sequence[InventoryGpu]) -
     if repeated:
         raise ValueError(f"GPU indices must be distinct, repeated: {repeated}")
     ordered = sorted(gpus, key=lambda gpu: gpu.index)
-    document = {"unit": unit, "gpus": [gpu.to_json() for gpu in ordered]}
+    document: dict[str, object] = {"unit": unit, "gpus": [gpu.to_json() for gpu in ordered]}
+    if serves is not Serves.BOTH:
+        document["serves"] = Serves(serves).value
     return json.dumps(document, separators=(",", ":"))

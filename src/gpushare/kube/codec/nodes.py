@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpushare.core.model import Gpu, Node
+from gpushare.core.serves import Serves
 from gpushare.kube.codec.common import (
     GPU_COUNT,
     GPU_MEM,
@@ -41,7 +42,8 @@ class NodeInfo:
     still counted, but takes no new GPU-memory pods. ``unit`` is the ``MemoryUnit`` from the
     inventory, ``None`` when unknown; ``source`` is ``"inventory"``, ``"capacity"`` (Alibaba's
     fallback) or ``"none"``; ``uuids`` per GPU position (``""`` when unknown); ``labelled``:
-    label ``gpushare=true``.
+    label ``gpushare=true``; ``serves``: the kinds of request the node serves (the inventory's
+    ``serves``, ``both`` when absent).
     """
 
     node: Node
@@ -50,6 +52,7 @@ class NodeInfo:
     source: str = "none"
     uuids: tuple[str, ...] = ()
     labelled: bool = False
+    serves: Serves = Serves.BOTH
 
     @property
     def refusal(self) -> str:
@@ -63,7 +66,7 @@ class NodeInfo:
         )
 
 
-def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]]:
+def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str], Serves]:
     def bad(problem: str) -> CodecError:
         return CodecError(subject, f"annotation {INVENTORY}", raw, problem, _INVENTORY_ACCEPTED)
 
@@ -72,6 +75,9 @@ def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]
     if not isinstance(named, str) or named not in _UNIT_NAMES:
         raise bad("unit missing or unknown")
     unit = MemoryUnit(named)
+    serves = document.get("serves", Serves.BOTH.value)
+    if not isinstance(serves, str) or serves not in tuple(Serves):
+        raise bad('serves unknown (its values: "shared", "whole", "both"; absent: both)')
     items = document.get("gpus")
     if not isinstance(items, list) or len(items) > 1024:
         raise bad("no gpus list of at most 1024 GPUs")
@@ -94,7 +100,7 @@ def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]
     if len(set(indices)) != len(indices):
         raise bad(f"GPU indices repeat: {indices}")
     gpus.sort(key=lambda pair: pair[0].index)
-    return unit, [gpu for gpu, _ in gpus], [uuid for _, uuid in gpus]
+    return unit, [gpu for gpu, _ in gpus], [uuid for _, uuid in gpus], Serves(serves)
 
 
 def node_info(obj: Json) -> NodeInfo:
@@ -108,9 +114,9 @@ def node_info(obj: Json) -> NodeInfo:
     labelled = labels.get(GPUSHARE_LABEL) == "true"
     annotations = annotations_of(obj, subject)
     if INVENTORY in annotations:
-        unit, gpus, uuids = _inventory(annotations[INVENTORY], subject)
+        unit, gpus, uuids, serves = _inventory(annotations[INVENTORY], subject)
         return NodeInfo(
-            Node(name, tuple(gpus)), labelled, unit, "inventory", tuple(uuids), labelled
+            Node(name, tuple(gpus)), labelled, unit, "inventory", tuple(uuids), labelled, serves
         )
     status = mapping(obj.get("status"), subject, "status")
     capacity = mapping(status.get("capacity"), subject, "status.capacity")

@@ -1,0 +1,177 @@
+"""The device plugin's view of the per-node configuration: ConfigMap ``gpushare-node-config``
+(format, precedence and errors: ``gpushare.kube.codec.nodeconfig``; docs/node-config.md).
+
+:class:`NodeConfigWatch` lists and watches that one ConfigMap (a ``metadata.name`` field
+selector, ``gpushare.kube.watch.Reflector``) and reads the plugin's own Node (``GET``: its
+labels choose the selector entries) at start, on every ConfigMap change and every
+``node_poll_s``; it calls ``on_change`` with the node's configuration whenever it changes, from
+either side, or is good again after an error. A configuration that cannot be read goes to
+``on_invalid`` with the error (once per distinct error) and changes nothing: the last good
+configuration stays in force until the ConfigMap is fixed. A deleted ConfigMap is an empty
+configuration (the flags' values). :meth:`NodeConfigWatch.wait_synced` returns once the
+ConfigMap is listed, the Node read and the configuration read, so that the plugin starts with
+the configuration rather than moving to it.
+
+The Node is polled with ``get``, not watched, so that the plugin needs no ``list``/``watch``
+of every node (the chart's ClusterRole gives it ``get`` and ``patch`` of nodes): a label change
+reaches it within ``node_poll_s`` (30 s by default).
+
+RBAC: ``configmaps`` ``get``, ``list``, ``watch`` in the ConfigMap's namespace
+(:data:`RBAC_RULES`, a Role there); ``nodes`` ``get`` (``gpushare.kube.nodes.RBAC_RULES``);
+docs/deviceplugin.md, "RBAC".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import yaml
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Node
+
+from gpushare.kube.codec import CodecError, Json
+from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig, node_config
+from gpushare.kube.configmap import configmap_reflector
+from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
+from gpushare.kube.watch import Backoff, Change, JsonObject
+
+__all__ = ["RBAC_RULES", "NodeConfigWatch", "yaml_document"]
+
+log = logging.getLogger(__name__)
+_READ_ERRORS: tuple[type[Exception], ...] = (ApiError, *CLIENT_ERRORS)
+
+RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+)
+"""The rules of the device plugin's Role in the ConfigMap's namespace (PolicyRule JSON)."""
+
+
+def yaml_document(text: str) -> object:
+    """``text`` read as YAML (safe); ``ValueError`` ``not YAML at line N: <problem>``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or "cannot be parsed"
+        raise ValueError(f"not YAML{where}: {problem}") from None
+
+
+def _labels(node: Json | None) -> Mapping[str, str]:
+    meta = (node or {}).get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return labels if isinstance(labels, dict) else {}
+
+
+class NodeConfigWatch:
+    """The configuration of node ``node_name`` from ConfigMap ``namespace``/``name`` (module
+    doc). ``client`` is the caller's. :attr:`config` is the last good one; :attr:`node` the
+    last Node object seen (``None`` before the first list, or when the node is gone)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        node_name: str,
+        on_change: Callable[[NodeConfig], Awaitable[None]],
+        on_invalid: Callable[[CodecError], Awaitable[None]],
+        *,
+        namespace: str,
+        name: str = NODE_CONFIG_NAME,
+        backoff: Backoff | None = None,
+        watch_timeout_s: int = 300,
+        node_poll_s: float = 30.0,
+    ) -> None:
+        self.node_name = node_name
+        self.node: JsonObject | None = None
+        """The plugin's Node as last read (``None`` before, or when it could not be read)."""
+        self._client = client
+        self._node_poll_s = node_poll_s
+        self._node_error = ""
+        self.namespace = namespace
+        self.name = name
+        self.config = NodeConfig()
+        self._error = ""
+        self._on_change = on_change
+        self._on_invalid = on_invalid
+        self._changed = asyncio.Event()
+        self._read_once = asyncio.Event()
+        self._configmaps = configmap_reflector(
+            client, namespace, name, self._sink, backoff=backoff, watch_timeout_s=watch_timeout_s
+        )
+
+    async def _read_node(self) -> None:
+        """GET the plugin's Node; a failure is logged once per distinct error and keeps the
+        last one read."""
+        try:
+            node = await self._client.get(Node, self.node_name)
+        except _READ_ERRORS as error:
+            text = str(api_call_error(f"get nodes {self.node_name}", error))
+            if text != self._node_error:
+                self._node_error = text
+                log.warning("node config: reading the node's labels: %s", text)
+            return
+        self._node_error = ""
+        self.node = node.to_dict()
+
+    async def _poll_node(self) -> None:
+        while True:
+            await asyncio.sleep(self._node_poll_s)
+            before = _labels(self.node)
+            await self._read_node()
+            if _labels(self.node) != before:
+                self._changed.set()
+
+    def _sink(self, _change: Change) -> None:
+        self._changed.set()
+
+    async def wait_synced(self, timeout_s: float) -> None:
+        """Return once the ConfigMap has been listed, the Node read and the configuration
+        read; ``TimeoutError`` after ``timeout_s`` seconds."""
+        async with asyncio.timeout(timeout_s):
+            await self._read_once.wait()
+
+    def read(self) -> NodeConfig:
+        """The configuration the ConfigMap gives the node now; ``CodecError`` when it cannot
+        be read (module doc)."""
+        configmap = self._configmaps.get(self.name)
+        return node_config(configmap, self.node_name, _labels(self.node), load=yaml_document)
+
+    async def run(self) -> None:
+        """Watch until cancelled, calling back on every change (module doc)."""
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(self._configmaps.run(), name="gpushare-node-config"),
+            loop.create_task(self._poll_node(), name="gpushare-node-config-node"),
+        ]
+        try:
+            await self._configmaps.synced.wait()
+            while True:
+                ours = self._changed.is_set() or not self._read_once.is_set()
+                self._changed.clear()
+                if ours:  # a ConfigMap change (or the start): read the labels again too
+                    await self._read_node()
+                await self._apply()
+                self._read_once.set()
+                await self._changed.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _apply(self) -> None:
+        try:
+            config = self.read()
+        except CodecError as error:
+            if str(error) != self._error:
+                self._error = str(error)
+                await self._on_invalid(error)
+            return
+        recovered, self._error = bool(self._error), ""
+        if recovered or config != self.config or config.sources != self.config.sources:
+            self.config = config
+            await self._on_change(config)
