@@ -18,10 +18,11 @@ from starlette.testclient import TestClient
 
 from gpushare.core.fit import Reason
 from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.serves import Serves
 from gpushare.core.skipped import SkipKind
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.outcomes import skipped_note
-from gpushare.inspect.report import Snapshot, build_report
+from gpushare.inspect.report import NOT_SERVED, Snapshot, build_report
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -30,7 +31,9 @@ from gpushare.kube.codec import (
     MemoryUnit,
     allocation_annotations,
 )
+from gpushare.kube.codec.common import EXCLUSIVE_ANNOTATION
 from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
+from gpushare.testing.nodes import gpu_node
 
 NODE = "n1"
 NOW_NS = 1_800_000_000 * 10**9
@@ -211,3 +214,36 @@ def test_inspect_and_the_extender_agree(case: Case) -> None:
         assert fit.fit is not None
         # The extender adds what it counts beyond its ledger (skipped pods), when any.
         assert text == f"gpushare: {fit.fit.describe()}; unit GiB{skipped_note(state, NODE)}"
+
+
+SERVES_CASES = [
+    ("a whole-GPU node refuses a shared pod", Serves.WHOLE, {}),
+    ("a shared node refuses a whole-GPU pod", Serves.SHARED, {EXCLUSIVE_ANNOTATION: "true"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("serves", "annotations"), [c[1:] for c in SERVES_CASES], ids=[c[0] for c in SERVES_CASES]
+)
+def test_inspect_and_the_extender_refuse_a_kind_the_node_does_not_serve(
+    serves: Serves, annotations: dict[str, str]
+) -> None:
+    """Per-node ``serves`` (docs/node-config.md): the filter refuses the pod for good, and the
+    inspect report gives the same sentence (``gpushare.core.serves.serves_refusal``)."""
+    state = ExtenderState(wall_clock_ns=lambda: NOW_NS)
+    node = gpu_node(NODE, [16, 16], serves=serves).to_dict()
+    state.upsert_node(node)
+    state.mark_synced()
+    pod = pod_json("new", 16, annotations=annotations)
+    app = create_app(state, expire_interval_s=None, clock_ns=lambda: NOW_NS)
+    body: dict[str, Any] = {"Pod": pod, "NodeNames": [NODE], "Nodes": None}
+    with TestClient(app) as client:
+        result = client.post("/gpushare-scheduler/filter", json=body).json()
+    text = result["FailedAndUnresolvableNodes"][NODE]
+
+    (pending,) = build_report(Snapshot((node,), (pod,))).pending
+    (fit,) = pending.nodes
+    assert fit.status == "can-never-fit"
+    assert fit.reason == NOT_SERVED
+    assert text == f"gpushare: {fit.refusal}"
+    assert f"serves={serves}" in fit.text

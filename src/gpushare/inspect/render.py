@@ -282,6 +282,7 @@ def _node_json(node: NodeReport) -> dict[str, Any]:
         "source": node.source,
         "gpushare": node.gpushare,
         "refusal": node.refusal,
+        "serves": str(node.serves),
         "healthy": node.healthy,
         "allocated": node.allocated,
         "assumed": node.assumed,

@@ -43,6 +43,7 @@ from typing import Any
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
+from gpushare.core.serves import Serves, serves_refusal
 from gpushare.core.skipped import SkippedPod, charged, refused, unreadable
 from gpushare.kube.codec import (
     TERMINAL_PHASES,
@@ -64,6 +65,11 @@ from gpushare.kube.codec.record import fast_pod_record
 from gpushare.kube.codec.resolve import resolve
 
 UNKNOWN_UNIT = "unit unknown"
+UNRESOLVED = "memory in MiB on a node of unknown unit"
+"""``NodeFit.why`` of a pod whose memory in MiB cannot be put in the node's unit."""
+NOT_SERVED = "the node does not serve this kind of request"
+"""``NodeFit.why`` of a pod asking whole GPUs of a ``shared`` node, or a share of a ``whole``
+node (``gpushare.core.serves``)."""
 
 
 def unit_label(unit: str | None) -> str:
@@ -176,6 +182,8 @@ class NodeReport:
     key, with what they are charged with (``gpushare.core.skipped``: the extender's rule).
     Their charges are not in the GPUs' ``allocated`` (no pod names those GPUs) but are in
     their ``free``, as the extender counts them."""
+    serves: Serves = Serves.BOTH
+    """The kinds of request the node serves (its inventory's ``serves``: docs/node-config.md)."""
 
     @property
     def healthy(self) -> bool:
@@ -218,8 +226,10 @@ class NodeFit:
     fit: FitResult | None
     refusal: str
     text: str
-    unresolved: bool = False
-    """The node is a GPU-share node but the pod's memory (MiB) cannot be put in its unit."""
+    why: str = ""
+    """The fixed reason when a GPU-share node refuses the pod before the fit (``fit`` is then
+    ``None``): ``UNRESOLVED`` (its memory in MiB cannot be put in the node's unit) or
+    ``NOT_SERVED`` (a kind of request the node does not serve: ``gpushare.core.serves``)."""
 
     @property
     def status(self) -> str:
@@ -229,8 +239,8 @@ class NodeFit:
     @property
     def reason(self) -> str:
         """The fixed reason text (``gpushare.core.fit.Reason``, or not a GPU-share node)."""
-        if self.unresolved:
-            return "memory in MiB on a node of unknown unit"
+        if self.why:
+            return self.why
         return "not a GPU-share node" if self.fit is None else str(self.fit.reason)
 
 
@@ -562,6 +572,7 @@ def _node_report(
         info.node.name, address, info.unit, info.source, info.gpushare, info.refusal,
         tuple(reports), tuple(pods), sum(used) + unplaced, sum(assumed), unplaced,
         sum(gpu.capacity for gpu in gpus), tuple(sorted(skipped, key=lambda p: p.pod)),
+        info.serves,
     )  # fmt: skip
     return report, state
 
@@ -585,7 +596,12 @@ def _pending_report(
                           state.node)  # fmt: skip
         if isinstance(on_node, str):
             text = f"node {report.name}: {on_node}"
-            fits.append(NodeFit(report.name, report.unit, None, on_node, text, unresolved=True))
+            fits.append(NodeFit(report.name, report.unit, None, on_node, text, UNRESOLVED))
+            continue
+        served = serves_refusal(report.serves, request)  # the extender's rule (not_served)
+        if served:
+            text = f"node {report.name}: {served}"
+            fits.append(NodeFit(report.name, report.unit, None, served, text, NOT_SERVED))
             continue
         result = handshake_fit(state, on_node, pending.get(report.name, ()))
         text = f"node {report.name}: " + (
