@@ -2,10 +2,11 @@
 
 Run: ``.venv/bin/python bench/openb_digests.py [--trace DIR] [--check]``. For each (workload,
 policy) below, seed 42, one run through ``gpushare.sim.experiment.run_one`` (one process), and
-the sha256 of ``repr((curves, placed, failed_by_kind, empty_frag_amount_pct))`` followed by
-the bytes of the three curve arrays (numpy's repr rounds to 8 digits; the bytes do not):
-every binned curve value bit for bit, how many pods were placed, the failures by kind and the
-empty cluster's fragmentation. ``--check`` compares against ``RECORDED`` (taken before issue
+``result_digest`` (``gpushare.sim.experiment``): the sha256 of ``repr((curves, placed,
+failed_by_kind, empty_frag_amount_pct))`` followed by the bytes of the three curve arrays
+(numpy's repr rounds to 8 digits; the bytes do not): every binned curve value bit for bit,
+how many pods were placed, the failures by kind and the empty cluster's fragmentation.
+``--check`` compares against ``RECORDED`` (taken before issue
 14's simulator work, at a00401e) and exits 1 on any difference. About 1 min of one core per
 workload on an idle machine. The fast version of this check is
 ``tests/test_sim_two_dimensional.py`` (the embedded trace and a slice of openb default).
@@ -14,12 +15,11 @@ workload on an idle machine. The fast version of this check is
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from pathlib import Path
 
-from gpushare.sim.experiment import RunResult, run_one
+from gpushare.sim.experiment import result_digest, run_one
 from gpushare.sim.trace import load_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
@@ -39,16 +39,6 @@ RECORDED: dict[tuple[str, str], str] = {
 }
 
 
-def digest(result: RunResult) -> str:
-    """sha256 of everything a run reports but its wall time."""
-    value = (result.curves, result.placed, result.failed_by_kind, result.empty_frag_amount_pct)
-    hashed = hashlib.sha256(repr(value).encode())
-    curves = result.curves
-    for array in (curves.unallocated_pct, curves.frag_amount_pct, curves.frag_rate_pct):
-        hashed.update(array.tobytes())
-    return hashed.hexdigest()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
@@ -60,7 +50,7 @@ def main() -> None:
         trace = load_trace(args.trace, workload)
         for policy in POLICIES:
             started = time.perf_counter()
-            value = digest(run_one(trace.nodes, trace.pods, policy, SEED))
+            value = result_digest(run_one(trace.nodes, trace.pods, policy, SEED))
             seconds = time.perf_counter() - started
             verdict = ""
             if args.check:

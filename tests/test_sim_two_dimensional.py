@@ -7,7 +7,6 @@ The full check on three openb workloads is ``bench/openb_digests.py --check``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -18,7 +17,8 @@ from click.testing import CliRunner
 
 from gpushare.cli.main import main
 from gpushare.core.model import ContainerRequest, Node, PodRequest
-from gpushare.sim.experiment import RunResult, run_one
+from gpushare.sim.experiment import result_digest as digest
+from gpushare.sim.experiment import run_one
 from gpushare.sim.synthetic import SYNTHETIC_2D, synthetic_trace, two_dimensional_pods
 from gpushare.sim.trace import (
     NODE_FILE,
@@ -37,17 +37,6 @@ TRACE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "
 needs_trace = pytest.mark.skipif(
     not TRACE_DIR.is_dir(), reason=f"the openb trace is not at {TRACE_DIR}"
 )
-
-
-def digest(result: RunResult) -> str:
-    """``bench/openb_digests.py``'s digest: the repr of what a run reports, then the curves'
-    bytes."""
-    value = (result.curves, result.placed, result.failed_by_kind, result.empty_frag_amount_pct)
-    hashed = hashlib.sha256(repr(value).encode())
-    curves = result.curves
-    for array in (curves.unallocated_pct, curves.frag_amount_pct, curves.frag_rate_pct):
-        hashed.update(array.tobytes())
-    return hashed.hexdigest()
 
 
 # Recorded at a00401e, before compute entered the simulator (seed 42).
