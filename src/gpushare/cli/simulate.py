@@ -24,6 +24,7 @@ from gpushare.sim.report import (
     summary_table,
     write_json,
 )
+from gpushare.sim.synthetic import SYNTHETIC_2D, synthetic_trace
 from gpushare.sim.trace import EMBEDDED_WORKLOAD, TraceError, embedded_trace_dir, load_trace
 
 # matplotlib is imported only when plotting (it is slow to import), but it is part of the
@@ -123,7 +124,12 @@ class SeedsType(click.ParamType[tuple[int, ...]]):
     default=None,
     help="openb trace directory (node list + pod lists). Default: the embedded synthetic cluster.",
 )
-@click.option("--workload", default=None, help="pod list name, e.g. default, gpushare40.")
+@click.option(
+    "--workload",
+    default=None,
+    help=f"pod list name, e.g. default, gpushare40; or {SYNTHETIC_2D}: generated pods that ask "
+    "GPU memory and compute, on the trace's nodes (docs/simulator.md).",
+)
 @click.option(
     "--policy",
     "policies",
@@ -184,9 +190,16 @@ def simulate(
     source = trace_dir or embedded_trace_dir()
     workload = workload or ("default" if trace_dir else EMBEDDED_WORKLOAD)
     try:
-        trace = load_trace(source, workload)
+        trace = (
+            synthetic_trace(source) if workload == SYNTHETIC_2D else load_trace(source, workload)
+        )
     except TraceError as error:
         raise click.ClickException(str(error)) from None
+    if workload == SYNTHETIC_2D and reference:
+        # The offline references are one-dimensional (their bound splits pods into memory
+        # pieces): for pods that ask compute too they would bound nothing.
+        console.print(f"{SYNTHETIC_2D}: no offline reference (it bounds one dimension only)")
+        reference = False
     chosen = list(policies or policy_names())
     seeds = seeds or (PAPER_SEEDS if trace_dir else EMBEDDED_SEEDS)
     gpus = trace.gpu_capacity_milli / 1000

@@ -85,9 +85,17 @@ class Placer:
 
     def _state_key(self, i: int) -> tuple[object, ...]:
         """Everything a fit check or score may read of node i: its type (GPUs, CPU and memory
-        capacity, interned) and what is in use."""
+        capacity, interned) and what is in use, compute and GPUs held whole included."""
         s = self._states[i]
-        return (self._types[i], s.gpu_used, s.cpu_used_milli, s.memory_used_mib, s.tags_key)
+        return (
+            self._types[i],
+            s.gpu_used,
+            s.cpu_used_milli,
+            s.memory_used_mib,
+            s.tags_key,
+            s.gpu_compute_used,
+            s.gpu_whole,
+        )
 
     def _refresh(self, pod: PodRequest) -> _ShapeCache:
         shape = pod.shape

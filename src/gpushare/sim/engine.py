@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gpushare.core.fragmentation import TargetWorkload
+from gpushare.core.fragmentation import TargetWorkload, compute_of, gpu_idle
 from gpushare.core.model import Node, NodeState, PodRequest
 from gpushare.core.placement import Placer
 from gpushare.core.policies.base import Policy, workload_tag
 from gpushare.core.policies.fgd import FragmentationMemo
+from gpushare.sim.workload import gpu_demand
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -39,8 +40,13 @@ def pod_kind(pod: PodRequest, gpu_unit: int) -> str:
 class RunRecord:
     """Per-event series of one run (index 0 is the empty cluster, then one entry per pod).
 
-    All amounts are in GPU units (milli-GPU for openb): cumulative arrived request, allocated,
-    fragmentation F(M) and idle GPU. ``final_states`` is the cluster after the last pod.
+    All amounts are in GPU units (milli-GPU for openb): cumulative arrived and allocated
+    request (``gpu_demand`` of the pods arrived and placed, as the paper counts requests),
+    fragmentation F(M) and idle GPU (``gpu_idle`` per GPU: with two dimensions, what is free in
+    both memory and compute). With two dimensions pods that ask opposite amounts can share a GPU,
+    so allocated request can exceed capacity minus idle; at 100% arrived, unallocated
+    (capacity − allocated) is the request that arrived but was not placed.
+    ``final_states`` is the cluster after the last pod.
     """
 
     arrived: FloatArray
@@ -69,8 +75,15 @@ def simulate(
     """
     placer = Placer([NodeState.empty(node) for node in nodes], policy, tie_rank)
     frag = FragmentationMemo(workload)
-    node_frag = [frag(s.node.models, s.cpu_free_milli, s.gpu_free) for s in placer.states]
-    node_idle = [sum(s.gpu_free) for s in placer.states]
+
+    def measure(state: NodeState) -> tuple[float, int]:
+        compute = compute_of(state, workload)
+        f = frag(state.node.models, state.cpu_free_milli, state.gpu_free, compute)
+        return f, sum(gpu_idle(state.gpu_free, compute))
+
+    measured = [measure(s) for s in placer.states]
+    node_frag = [f for f, _ in measured]
+    node_idle = [idle for _, idle in measured]
     frag_total = math.fsum(node_frag)
     idle_total = float(sum(node_idle))
 
@@ -86,7 +99,7 @@ def simulate(
     allocated_total = 0.0
     placed = 0
     for event, pod in enumerate(stream, start=1):
-        arrived_total += pod.gpu_total
+        arrived_total += gpu_demand(pod)
         decision = placer.decide(pod)
         if decision is None:
             failed[pod_kind(pod, gpu_unit)] += 1
@@ -96,13 +109,12 @@ def simulate(
                 decision.allocation, workload_tag(pod, gpu_unit)
             )
             placer.replace(chosen, state)
-            new_frag = frag(state.node.models, state.cpu_free_milli, state.gpu_free)
+            new_frag, new_idle = measure(state)
             frag_total += new_frag - node_frag[chosen]
             node_frag[chosen] = new_frag
-            new_idle = sum(state.gpu_free)
             idle_total += new_idle - node_idle[chosen]
             node_idle[chosen] = new_idle
-            allocated_total += pod.gpu_total
+            allocated_total += gpu_demand(pod)
             placed += 1
         arrived[event] = arrived_total
         allocated[event] = allocated_total

@@ -6,6 +6,7 @@ tuned pod stream (``gpushare.sim.workload``) through ``gpushare.sim.engine.simul
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -40,6 +41,19 @@ class RunResult:
     failed_by_kind: dict[str, int]
     seconds: float
     empty_frag_amount_pct: float
+
+
+def result_digest(result: RunResult) -> str:
+    """sha256 of everything a run reports but its wall time: the repr of ``(curves, placed,
+    failed_by_kind, empty_frag_amount_pct)`` followed by the bytes of the three curve arrays
+    (numpy's repr rounds to 8 digits; the bytes do not). Equal digests: the same curves, bit
+    for bit, and the same placements counts (``bench/openb_digests.py``)."""
+    value = (result.curves, result.placed, result.failed_by_kind, result.empty_frag_amount_pct)
+    hashed = hashlib.sha256(repr(value).encode())
+    curves = result.curves
+    for array in (curves.unallocated_pct, curves.frag_amount_pct, curves.frag_rate_pct):
+        hashed.update(array.tobytes())
+    return hashed.hexdigest()
 
 
 def policy_context(

@@ -12,7 +12,26 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpushare.core.model import Node, PodRequest
+from gpushare.core.model import GPU_COMPUTE_MILLI, Node, PodRequest
+
+GPU_CAPACITY = 1000
+"""One GPU's memory in the simulator's clusters (openb and the embedded one: milli-GPU)."""
+
+
+def gpu_demand(pod: PodRequest, capacity: int = GPU_CAPACITY) -> int:
+    """The GPU a pod takes, in units of a GPU of ``capacity``: on each GPU of each GPU
+    container, its memory share or its compute in the same unit (rounded up), whichever is
+    larger; a whole GPU is ``capacity``. For a pod that asks memory only (every openb pod as
+    loaded) this is ``pod.gpu_total``. Arrived workload and the stream's tuning count this."""
+    demand = 0
+    for container in pod.gpu_containers:
+        if container.exclusive:
+            per_gpu = capacity
+        else:
+            compute = -(-container.compute_milli * capacity // GPU_COMPUTE_MILLI)
+            per_gpu = max(container.gpu_share, compute)
+        demand += per_gpu * container.gpu_count
+    return demand
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,31 +46,33 @@ class RunSetup:
 
 
 def tune_stream(pods: Sequence[PodRequest], target: int, rng: random.Random) -> list[PodRequest]:
-    """Pods (already shuffled) tuned to a total GPU request of at most ``target`` units.
+    """Pods (already shuffled) tuned to a total GPU request (``gpu_demand``) of at most
+    ``target`` units.
 
     Below the target, clones drawn uniformly with replacement from ``pods`` are appended until
     the next would exceed it; above it, random pods are removed until the total is at or under.
     Clones get the key ``<key>-clone-<n>``.
     """
     stream = list(pods)
-    total = sum(pod.gpu_total for pod in stream)
+    total = sum(gpu_demand(pod) for pod in stream)
     if not stream:
         return stream
     if total < target:
-        gpu_pods = [pod for pod in pods if pod.gpu_total > 0]
+        gpu_pods = [pod for pod in pods if gpu_demand(pod) > 0]
         if not gpu_pods:
             return stream
         clone = 0
         while True:
             pick = pods[rng.randrange(len(pods))]
-            if total + pick.gpu_total > target:
+            demand = gpu_demand(pick)
+            if total + demand > target:
                 break
             stream.append(dataclasses.replace(pick, key=f"{pick.key}-clone-{clone}"))
             clone += 1
-            total += pick.gpu_total
+            total += demand
     while total > target and stream:
         removed = stream.pop(rng.randrange(len(stream)))
-        total -= removed.gpu_total
+        total -= gpu_demand(removed)
     return stream
 
 

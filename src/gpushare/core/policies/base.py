@@ -29,6 +29,7 @@ from gpushare.core.fit import (
 )
 from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import (
+    GPU_COMPUTE_MILLI,
     ContainerAllocation,
     ContainerRequest,
     Node,
@@ -194,10 +195,17 @@ def best_fit_gpus(state: NodeState, pod: PodRequest) -> tuple[ContainerAllocatio
 
 
 def is_sharing(pod: PodRequest, gpu_unit: int) -> bool:
-    """A GPU-sharing pod: one container on one GPU, asking less than a whole GPU."""
+    """A GPU-sharing pod: one container on one GPU, asking less than a whole GPU in memory and
+    in compute (not whole GPUs: ``exclusive``)."""
     containers = pod.gpu_containers
+    if len(containers) != 1:
+        return False
+    container = containers[0]
     return (
-        len(containers) == 1 and containers[0].gpu_count == 1 and containers[0].gpu_share < gpu_unit
+        container.gpu_count == 1
+        and container.gpu_share < gpu_unit
+        and container.compute_milli < GPU_COMPUTE_MILLI
+        and not container.exclusive
     )
 
 

@@ -9,6 +9,13 @@ integer scores); multi-GPU containers take the lowest-index GPUs that fit.
 
 ``fgd`` keeps the artifact's integer truncation (for fidelity). Memoisation of F on
 (models, free CPU, sorted free GPUs) follows the artifact's ``Flatten`` cache.
+
+Two dimensions (docs/compute.md): F is the two-dimensional measure of
+``gpushare.core.fragmentation`` whenever the node has compute in use, M asks compute or the pod
+does; a GPU is a candidate for a container when it holds the container's memory and compute;
+a pod asking whole GPUs takes the fit check's assignment (``fallback_assignment``) and is
+scored on it. With one dimension (every openb pod, every Alibaba pod) the scores and choices are
+computed exactly as before.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ import math
 from collections.abc import Sequence
 
 from gpushare.core.fragmentation import (
+    ComputeFree,
     FragmentationMeasure,
     TargetWorkload,
+    compute_of,
     node_fragmentation,
 )
-from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
+from gpushare.core.model import ContainerAllocation, ContainerRequest, NodeState, PodRequest
 from gpushare.core.policies.base import (
     PolicyContext,
     fallback_assignment,
@@ -40,7 +49,8 @@ def sigmoid(x: float) -> float:
 
 
 class FragmentationMemo:
-    """F_n(M) memoised on what it depends on: GPU models, free CPU and the free GPU multiset.
+    """F_n(M) memoised on what it depends on: GPU models, free CPU and the free GPU multiset
+    (with a second dimension: the multiset of (free memory, free compute, capacity) per GPU).
 
     ``measure`` is the fragmentation function (default: the paper's ``node_fragmentation``).
     """
@@ -57,18 +67,32 @@ class FragmentationMemo:
         return len(self._cache)
 
     def __call__(
-        self, models: tuple[str, ...], cpu_free_milli: int | None, free: Sequence[int]
+        self,
+        models: tuple[str, ...],
+        cpu_free_milli: int | None,
+        free: Sequence[int],
+        compute: ComputeFree | None = None,
     ) -> float:
-        """F_n(M) in GPU units for the given free GPUs (per position) and free CPU."""
+        """F_n(M) in GPU units for the given free GPUs (per position), free CPU and, when
+        given, free compute (``None``: the one-dimensional F)."""
         homogeneous = len(set(models)) <= 1
-        key: tuple[object, ...] = (
-            (models[0] if models else "", cpu_free_milli, tuple(sorted(free)))
-            if homogeneous
-            else (models, cpu_free_milli, tuple(free))
-        )
+        key: tuple[object, ...]
+        if compute is None:
+            key = (
+                (models[0] if models else "", cpu_free_milli, tuple(sorted(free)))
+                if homogeneous
+                else (models, cpu_free_milli, tuple(free))
+            )
+        else:
+            gpus = zip(free, compute.free_milli, compute.capacities, strict=True)
+            key = (
+                (models[0] if models else "", cpu_free_milli, tuple(sorted(gpus)), "2d")
+                if homogeneous
+                else (models, cpu_free_milli, tuple(gpus), "2d")
+            )
         value = self._cache.get(key)
         if value is None:
-            value = self.measure(free, models, cpu_free_milli, self.workload)
+            value = self.measure(free, models, cpu_free_milli, self.workload, compute=compute)
             if len(self._cache) >= MEMO_LIMIT:  # a long-lived extender must not grow forever
                 self._cache.clear()
             self._cache[key] = value
@@ -113,14 +137,57 @@ class FgdPolicy:
         models = state.node.models
         cpu = state.cpu_free_milli
         free = state.gpu_free
-        key = (models, cpu, free, pod.shape)
+        assert self.context.workload is not None  # the constructor checked
+        compute = compute_of(state, self.context.workload)
+        if compute is None and pod.two_dimensional:
+            compute = ComputeFree.of(state)
+        key = (models, cpu, free, compute, pod.shape)
         cached = self._placements.get(key)
         if cached is not None:
             return cached
-        before = self.frag(models, cpu, free)
+        before = self.frag(models, cpu, free, compute)
         cpu_after = None if cpu is None else cpu - pod.cpu_milli
-        running = list(free)
         containers = pod.gpu_containers
+        running_compute: list[int] = []
+        if compute is None:
+            running, positions = self._place_one_dimension(
+                models, cpu_after, free, containers, before
+            )
+        else:
+            running, running_compute, positions = self._place_two_dimensions(
+                state, pod, compute, cpu_after, before
+            )
+        if positions is None:
+            # Greedy per-container choices can paint a multi-container pod into a corner
+            # (mixed models); fall back to the fit check's assignment, which fits.
+            running, running_compute, positions = self._fallback(state, pod)
+        after = (
+            self.frag(models, cpu_after, running)
+            if compute is None
+            else self.frag(
+                models, cpu_after, running, ComputeFree(tuple(running_compute), compute.capacities)
+            )
+        )
+        result: Placement = (
+            self._gpu_score(after - before),
+            tuple(positions[i] for i in range(len(containers))),
+        )
+        if len(self._placements) >= MEMO_LIMIT:
+            self._placements.clear()
+        self._placements[key] = result
+        return result
+
+    def _place_one_dimension(
+        self,
+        models: tuple[str, ...],
+        cpu_after: int | None,
+        free: tuple[int, ...],
+        containers: tuple[ContainerRequest, ...],
+        before: float,
+    ) -> tuple[list[int], dict[int, tuple[int, ...]] | None]:
+        """The paper's GPU choice on the memory free list: (free after, positions per
+        container, or ``None`` when the greedy choice paints itself into a corner)."""
+        running = list(free)
         positions: dict[int, tuple[int, ...]] = {}
         order = sorted(range(len(containers)), key=lambda i: -containers[i].gpu_share)
         for i in order:
@@ -144,47 +211,101 @@ class FgdPolicy:
             else:
                 chosen = lowest_free_positions(running, models, container)
             if chosen is None:
-                # Greedy per-container choices can paint a multi-container pod into a corner
-                # (mixed models); fall back to the fit check's assignment, which fits.
-                running, positions = self._fallback(state, pod)
-                break
+                return running, None
             for p in chosen:
                 running[p] -= container.gpu_share
             positions[i] = tuple(chosen)
-        after = self.frag(models, cpu_after, running)
-        result: Placement = (
-            self._gpu_score(after - before),
-            tuple(positions[i] for i in range(len(containers))),
+        return running, positions
+
+    def _place_two_dimensions(
+        self,
+        state: NodeState,
+        pod: PodRequest,
+        compute: ComputeFree,
+        cpu_after: int | None,
+        before: float,
+    ) -> tuple[list[int], list[int], dict[int, tuple[int, ...]] | None]:
+        """``_place_one_dimension`` in memory and compute: a GPU is a candidate when it holds
+        both; a pod asking whole GPUs takes the fit check's assignment (positions ``None``)."""
+        models = state.node.models
+        capacities = compute.capacities
+        running = list(state.gpu_free)
+        running_compute = list(compute.free_milli)
+        containers = pod.gpu_containers
+        if any(c.exclusive for c in containers):
+            return running, running_compute, None
+        positions: dict[int, tuple[int, ...]] = {}
+        order = sorted(
+            range(len(containers)),
+            key=lambda i: (-containers[i].gpu_share, -containers[i].compute_milli),
         )
-        if len(self._placements) >= MEMO_LIMIT:
-            self._placements.clear()
-        self._placements[key] = result
-        return result
+        for i in order:
+            container = containers[i]
+            share, need = container.gpu_share, container.compute_milli
+            view = [
+                amount if running_compute[p] >= need else -1 for p, amount in enumerate(running)
+            ]
+            if container.gpu_count == 1:
+                best_score = -math.inf
+                best_position = -1
+                seen: set[tuple[int, int, str]] = set()
+                for p, amount in enumerate(view):
+                    if amount < share or not container.allows(models[p]):
+                        continue
+                    if (amount, running_compute[p], models[p]) in seen:
+                        continue
+                    seen.add((amount, running_compute[p], models[p]))
+                    running[p] -= share
+                    running_compute[p] -= need
+                    after = ComputeFree(tuple(running_compute), capacities)
+                    score = self._gpu_score(self.frag(models, cpu_after, running, after) - before)
+                    running[p] += share
+                    running_compute[p] += need
+                    if score > best_score:
+                        best_score, best_position = score, p
+                chosen: list[int] | None = [best_position] if best_position >= 0 else None
+            else:
+                chosen = lowest_free_positions(view, models, container)
+            if chosen is None:
+                return running, running_compute, None
+            for p in chosen:
+                running[p] -= share
+                running_compute[p] -= need
+            positions[i] = tuple(chosen)
+        return running, running_compute, positions
 
     @staticmethod
     def _fallback(
         state: NodeState, pod: PodRequest
-    ) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    ) -> tuple[list[int], list[int], dict[int, tuple[int, ...]]]:
+        """The fit check's assignment: (free memory after, free compute after, positions)."""
         position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
         running = list(state.gpu_free)
+        running_compute = list(state.gpu_compute_free)
         positions: dict[int, tuple[int, ...]] = {}
         for i, allocation in enumerate(fallback_assignment(state, pod)):
             chosen = tuple(position_of[index] for index in allocation.gpu_indices)
             for p in chosen:
-                running[p] -= allocation.gpu_share
+                running[p] = max(0, running[p] - allocation.gpu_share)
+                running_compute[p] -= allocation.compute_milli
             positions[i] = chosen
-        return running, positions
+        return running, running_compute, positions
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
         """⌊100·σ(−Δ/unit)⌋ (or −Δ untruncated): higher means less new fragmentation."""
         return self.placement(state, pod)[0]
 
     def choose_gpus(self, state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
-        """The GPUs that minimise Δ (module doc)."""
+        """The GPUs that minimise Δ (module doc); a pod asking whole GPUs gets the fit check's
+        assignment (each GPU recorded whole)."""
+        if any(c.exclusive for c in pod.gpu_containers):
+            return fallback_assignment(state, pod)
         gpus = state.node.gpus
         _, positions = self.placement(state, pod)
         return tuple(
-            ContainerAllocation(c.name, tuple(gpus[p].index for p in chosen), c.gpu_share)
+            ContainerAllocation(
+                c.name, tuple(gpus[p].index for p in chosen), c.gpu_share, c.compute_milli
+            )
             for c, chosen in zip(pod.gpu_containers, positions, strict=True)
         )
 

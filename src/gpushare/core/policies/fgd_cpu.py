@@ -15,6 +15,11 @@ whose GPU demand exceeds ``RESERVE_RATIO`` × its hosts' share of GPUs reserves 
 types, and GPU pods of other groups get no tie-break credit there. CPU-only pods take no GPU
 and are never held back. Without ``PolicyContext.all_shapes`` and ``cluster`` nothing is
 reserved. Results: ``docs/simulator.md``.
+
+Two dimensions: both F's are the two-dimensional measure where ``fgd`` uses it, the tie-break
+reads the node after FGD's own allocation in memory and compute, and a shape's demand (for
+the reservations) is the idle amount one copy takes (``copy_idle``): with one dimension all of
+this is the memory share, as before.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from __future__ import annotations
 import functools
 
 from gpushare.core.fragmentation import (
+    ComputeFree,
     TargetWorkload,
     TaskShape,
+    compute_of,
+    copy_idle,
     cpu_aware_fragmentation,
     shape_fragmentation,
 )
@@ -63,10 +71,11 @@ def reserved_node_types(
         supply[key] = supply.get(key, 0) + len(node.gpus)
         template.setdefault(key, node)
     supply_total = sum(supply.values())
+    capacity = max((gpu.capacity for node in cluster for gpu in node.gpus), default=0)
     demand: dict[frozenset[NodeType], float] = {}
     group_of: dict[TaskShape, frozenset[NodeType]] = {}
     for shape, weight in zip(shapes.shapes, shapes.weights, strict=True):
-        amount = weight * shape.gpu_count * shape.gpu_share
+        amount = weight * shape.gpu_count * copy_idle(shape, capacity)
         if amount == 0:
             continue
         hosts = frozenset(key for key, node in template.items() if _can_host(node, shape))
@@ -98,6 +107,7 @@ class FgdCpuPolicy:
             functools.partial(cpu_aware_fragmentation, cpu_weight=CPU_WEIGHT),
         )
         self.gpu_unit = context.gpu_unit
+        self.workload = context.workload
         self.reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
         self.group_of: dict[TaskShape, frozenset[NodeType]] = {}
         if context.all_shapes is not None and context.cluster:
@@ -112,14 +122,29 @@ class FgdCpuPolicy:
                 return 0.0
         models = state.node.models
         cpu = state.cpu_free_milli
+        cpu_after = None if cpu is None else cpu - pod.cpu_milli
         free = list(state.gpu_free)
-        for container, chosen in zip(
-            pod.gpu_containers, self.paper.placement(state, pod)[1], strict=True
-        ):
-            for position in chosen:
-                free[position] -= container.gpu_share
-        after = self.cpu_frag(models, None if cpu is None else cpu - pod.cpu_milli, free)
-        delta = after - self.cpu_frag(models, cpu, state.gpu_free)
+        compute = compute_of(state, self.workload)
+        if compute is None and not pod.two_dimensional:
+            for container, chosen in zip(
+                pod.gpu_containers, self.paper.placement(state, pod)[1], strict=True
+            ):
+                for position in chosen:
+                    free[position] -= container.gpu_share
+            after = self.cpu_frag(models, cpu_after, free)
+            delta = after - self.cpu_frag(models, cpu, state.gpu_free)
+        else:
+            before = ComputeFree.of(state)
+            compute_free = list(before.free_milli)
+            position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
+            for allocation in self.paper.choose_gpus(state, pod):
+                for index in allocation.gpu_indices:
+                    position = position_of[index]
+                    free[position] = max(0, free[position] - allocation.gpu_share)
+                    compute_free[position] -= allocation.compute_milli
+            view = ComputeFree(tuple(compute_free), before.capacities)
+            after = self.cpu_frag(models, cpu_after, free, view)
+            delta = after - self.cpu_frag(models, cpu, state.gpu_free, before)
         return float(int(100.0 * sigmoid(-delta / self.gpu_unit)))
 
     def score(self, state: NodeState, pod: PodRequest) -> float:

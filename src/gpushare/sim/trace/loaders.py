@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gpushare.core.model import ContainerRequest, Gpu, Node, PodRequest
 from gpushare.sim.trace.constants import (
@@ -73,8 +74,18 @@ def load_nodes(path: Path) -> list[Node]:
     return nodes
 
 
-def load_pods(path: Path) -> list[PodRequest]:
+GpuMilliAs = Literal["memory", "compute"]
+"""How ``gpu_milli`` is read: as the memory share (the default) or as the compute share."""
+
+
+def load_pods(path: Path, gpu_milli_as: GpuMilliAs = "memory") -> list[PodRequest]:
     """The pods of an openb pod list, in file order, one container ``"main"`` each.
+
+    ``gpu_milli`` is a share of one GPU that openb's pods ask instead of memory (the trace has
+    no GPU memory column). ``gpu_milli_as="memory"`` (the default) reads it as the memory share
+    ``gpu_share`` (every GPU then has 1000 units of memory), ``"compute"`` as ``compute_milli``
+    with no memory asked: the same one-dimensional problem, placed identically by ``fgd``
+    and ``fgd-cpu`` (docs/compute.md, "openb: memory or compute").
 
     Columns ``name,cpu_milli,memory_mib,num_gpu,gpu_milli`` are required; ``gpu_spec``, ``qos``,
     ``pod_phase``, ``creation_time``, ``deletion_time`` and ``scheduled_time`` are optional (a
@@ -103,9 +114,18 @@ def load_pods(path: Path) -> list[PodRequest]:
         container = containers.get((share, count, spec))
         if container is None:
             models = frozenset(spec.split("|")) if spec else frozenset[str]()
-            container = ContainerRequest(
-                name="main", gpu_share=share, gpu_count=count, allowed_models=models
-            )
+            if gpu_milli_as == "compute":
+                container = ContainerRequest(
+                    name="main",
+                    gpu_share=0,
+                    gpu_count=count,
+                    allowed_models=models,
+                    compute_milli=share,
+                )
+            else:
+                container = ContainerRequest(
+                    name="main", gpu_share=share, gpu_count=count, allowed_models=models
+                )
             containers[(share, count, spec)] = container
         pods.append(PodRequest(key=name, containers=(container,), cpu_milli=cpu, memory_mib=memory))
     return pods
