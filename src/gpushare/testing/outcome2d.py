@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Pod
 
 from gpushare.core.fit import FitStatus, check_fit
 from gpushare.core.model import (
@@ -44,6 +43,7 @@ from gpushare.core.model import (
     PodRequest,
 )
 from gpushare.kube.codec import ALLOCATION, MemoryUnit
+from gpushare.testing.outcome import read_pods
 
 __all__ = [
     "Basis",
@@ -173,20 +173,11 @@ def read_dialect_outcome(
     kube: Client, namespace: str, specs: Mapping[str, DialectSpec], nodes: Mapping[str, NodeGpus]
 ) -> DialectOutcome:
     """Every pod of ``namespace`` read back through the API (module doc)."""
-    outcome = DialectOutcome()
-    for pod in kube.list(Pod, namespace=namespace):
-        assert pod.metadata is not None
-        assert pod.metadata.name is not None
-        assert pod.spec is not None
-        name, node = pod.metadata.name, pod.spec.nodeName
-        if not node:
-            phase = pod.status.phase if pod.status is not None else None
-            if phase not in (None, "Pending"):
-                outcome.problems.append(f"{name}: unbound in phase {phase}")
-            outcome.pending.append(name)
-            continue
+    found = read_pods(kube, namespace)
+    outcome = DialectOutcome(pending=found.pending, problems=found.problems)
+    for name, node, notes in found.bound:
         outcome.bound[name] = node
-        holds, problem = records_of(specs[name], node, pod.metadata.annotations or {}, nodes)
+        holds, problem = records_of(specs[name], node, notes, nodes)
         if problem:
             outcome.problems.append(f"{name} ({specs[name].kind}) on {node}: {problem}")
         outcome.holds.extend(holds)
