@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.model import Allocation, ContainerAllocation, NodeState
 from gpushare.core.skipped import SkipKind, SkippedPod, charged, held, refused, unreadable
 from gpushare.testing.core import gpu_node, node_state
 
@@ -76,3 +76,23 @@ def test_the_kinds_and_what_a_skipped_pod_says() -> None:
         "the node has GPUs 0, 1; counted as 4 on GPU 0, 4 on GPU 1"
     )
     assert odd.describe().endswith("; counted as every GPU of the node blocked")
+
+
+@pytest.mark.parametrize(
+    "skipped",
+    [
+        (refused(on("ghost", (7, 4)), NODE, "GPU 7"),),
+        (unreadable("default/odd", "n1", "pod default/odd: garbage"),),
+    ],
+    ids=["a GPU the node lacks", "an unreadable allocation"],
+)
+def test_charging_a_skipped_pod_keeps_the_compute_held_and_the_gpus_held_whole(
+    skipped: tuple[SkippedPod, ...],
+) -> None:
+    # GPU 0 holds 700 compute_milli, GPU 1 is held whole: a skipped pod on the node adds
+    # memory, and takes away neither (else a compute share could land on GPU 0 above 1000).
+    state = NodeState(NODE, (4, 16), gpu_compute_used=(700, 1000), gpu_whole=(False, True))
+    result = charged(state, skipped)
+    assert result.gpu_compute_used == (700, 1000)
+    assert result.gpu_whole == (False, True)
+    assert result.gpu_compute_free == (300, 0)

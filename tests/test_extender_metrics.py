@@ -3,7 +3,8 @@
 The request test's state is design.md §1's N1 and N2 (seeded as in ``test_extender_app``) and an
 empty N3 with two 16,276 MiB GPUs; the recorded pod (8,138 MiB) filters to N3 and binds there.
 The per-GPU gauges are then checked case by case on small states: MiB, GiB and unit-less
-(Alibaba) nodes, an unhealthy GPU, and pods bound but not yet started by the device plugin.
+(Alibaba) nodes, an unhealthy GPU, pods bound but not yet started by the device plugin, compute
+shares and a GPU held whole (docs/compute.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.metrics import ExtenderMetrics, unit_bytes
 from gpushare.kube.codec import ALIYUN_IDX, MemoryUnit, allocation_annotations
 from gpushare.kube.codec.handshake import ASSIGNED_CONTAINERS
+from gpushare.testing.dialects import bound_dialect_pod, dialect_pod_json
 from gpushare.testing.extender import (
     RecordingBinder,
     alibaba_node_json,
@@ -46,6 +48,8 @@ GPU_FAMILIES = (
     "gpushare_gpu_memory_pending_bytes",
     "gpushare_gpu_healthy",
     "gpushare_gpu_pods",
+    "gpushare_gpu_compute_allocated_ratio",
+    "gpushare_gpu_held_whole",
 )
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -209,14 +213,15 @@ def gib_node(state: ExtenderState) -> None:
 # Each case: a state builder, the handshake timeout, and the expected (family, node, gpu, model)
 # -> value for every per-GPU sample (no other per-GPU sample may appear).
 Expected = dict[tuple[str, str, int, str], float]
-CAP, ALLOC, PEND, HEALTHY, PODS = GPU_FAMILIES
+CAP, ALLOC, PEND, HEALTHY, PODS, COMPUTE, WHOLE = GPU_FAMILIES
 
 
 def gpu_samples(
     node: str, index: int, model: str, *, cap: float, alloc: float, pend: float,
-    healthy: float, pods: float,
+    healthy: float, pods: float, compute: float = 0.0, whole: float = 0.0,
 ) -> Expected:  # fmt: skip
-    values = {CAP: cap, ALLOC: alloc, PEND: pend, HEALTHY: healthy, PODS: pods}
+    values = {CAP: cap, ALLOC: alloc, PEND: pend, HEALTHY: healthy, PODS: pods,
+              COMPUTE: compute, WHOLE: whole}  # fmt: skip
     return {(family, node, index, model): value for family, value in values.items()}
 
 
@@ -246,6 +251,45 @@ def build_partly_started(state: ExtenderState) -> None:
 def build_started(state: ExtenderState) -> None:
     gib_node(state)
     two_step_pod(state, "g", started=2)
+
+
+Limits = dict[str, str | int]
+TENCENT_SHARE: Limits = {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 32}  # 8 GiB
+HAMI_SHARE: Limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2048, "nvidia.com/gpucores": 30}
+TENCENT_WHOLE: Limits = {"tencent.com/vcuda-core": 100}
+HAMI_QUARTER: Limits = {"nvidia.com/gpumem": 2048, "nvidia.com/gpucores": 25}
+
+
+def dialect_pods(state: ExtenderState, pods: dict[str, tuple[Limits, ContainerAllocation]]) -> None:
+    """Bound, started pods ``default/<name>`` on node ``g``, one container ``main`` each
+    (its limits, what it got)."""
+    info = state.node("g")
+    assert info is not None
+    for name, (limits, container) in pods.items():
+        pod = dialect_pod_json(name, {"main": limits})
+        result = state.observe_pod(bound_dialect_pod(pod, info.node, [container]))
+        assert result is not None
+        assert not isinstance(result, Allocation)
+        assert result.ok, result
+
+
+def build_compute_shares(state: ExtenderState) -> None:
+    gib_node(state)
+    dialect_pods(
+        state,
+        {
+            "tencent": (TENCENT_SHARE, ContainerAllocation("main", (1,), 8, compute_milli=500)),
+            "hami": (HAMI_SHARE, ContainerAllocation("main", (1,), 2, compute_milli=300)),
+        },
+    )
+    seed_bound_pods(state, "g", [4])  # an Alibaba pod: memory, no compute
+
+
+def build_whole_gpu(state: ExtenderState) -> None:
+    gib_node(state)
+    whole = ContainerAllocation("main", (1,), 40, compute_milli=1000, exclusive=True)
+    share = ContainerAllocation("main", (0,), 2, compute_milli=250)
+    dialect_pods(state, {"whole": (TENCENT_WHOLE, whole), "share": (HAMI_QUARTER, share)})
 
 
 GAUGE_CASES: list[tuple[str, Callable[[ExtenderState], None], float, Expected]] = [
@@ -290,6 +334,35 @@ GAUGE_CASES: list[tuple[str, Callable[[ExtenderState], None], float, Expected]] 
         300.0,
         gpu_samples("g", 0, "T4", cap=16 * GIB, alloc=2 * GIB, pend=0, healthy=1, pods=1)
         | gpu_samples("g", 1, "A100", cap=40 * GIB, alloc=3 * GIB, pend=0, healthy=1, pods=1),
+    ),
+    (
+        "compute shares add up in GPUs (500 + 300 milli is 0.8); a pod asking none adds 0",
+        build_compute_shares,
+        300.0,
+        gpu_samples("g", 0, "T4", cap=16 * GIB, alloc=4 * GIB, pend=0, healthy=1, pods=1)
+        | gpu_samples(
+            "g", 1, "A100", cap=40 * GIB, alloc=10 * GIB, pend=0, healthy=1, pods=2, compute=0.8
+        ),
+    ),
+    (
+        "a GPU held whole: flag 1, all its compute and memory allocated; its neighbour shared",
+        build_whole_gpu,
+        300.0,
+        gpu_samples(
+            "g", 0, "T4", cap=16 * GIB, alloc=2 * GIB, pend=0, healthy=1, pods=1, compute=0.25
+        )
+        | gpu_samples(
+            "g",
+            1,
+            "A100",
+            cap=40 * GIB,
+            alloc=40 * GIB,
+            pend=0,
+            healthy=1,
+            pods=1,
+            compute=1.0,
+            whole=1.0,
+        ),
     ),
 ]
 

@@ -114,8 +114,8 @@ def charged(state: NodeState, skipped: Iterable[SkippedPod], units_off_node: int
     """``state`` plus what the ``skipped`` pods of its node are charged with (module doc):
     their ``charges``, the ``units_off_node`` that recorded allocations (those counted in
     ``state``) hold on GPU indices the node lacks (``Ledger.units_off_node``) on every GPU,
-    and for a whole-node block the largest GPU capacity on every GPU. ``state`` itself when
-    nothing is charged."""
+    and for a whole-node block the largest GPU capacity on every GPU; the compute held and the
+    GPUs held whole are kept as they are. ``state`` itself when nothing is charged."""
     pods = list(skipped)
     if not pods and not units_off_node:
         return state  # the common case, on every node state rebuilt: nothing to add
@@ -133,4 +133,6 @@ def charged(state: NodeState, skipped: Iterable[SkippedPod], units_off_node: int
         cpu_used_milli=state.cpu_used_milli,
         memory_used_mib=state.memory_used_mib,
         workload_tags=state.workload_tags,
+        gpu_compute_used=state.gpu_compute_used,
+        gpu_whole=state.gpu_whole,
     )

@@ -29,6 +29,11 @@ gpushare_gpu_healthy                         gauge      node, gpu, model   1 hea
                                                                            new pods
 gpushare_gpu_pods                            gauge      node, gpu, model   pods holding memory on
                                                                            the GPU
+gpushare_gpu_compute_allocated_ratio         gauge      node, gpu, model   compute allocated on the
+                                                                           GPU, in GPUs (0 to 1):
+                                                                           committed + assumed
+gpushare_gpu_held_whole                      gauge      node, gpu, model   1 when a pod holds the
+                                                                           GPU whole, else 0
 gpushare_extender_synced                     gauge                         1 once the caches synced
 gpushare_extender_skipped_pods               gauge      node, kind         bound pods the ledger
                                                                            could not record, now
@@ -49,6 +54,15 @@ is 2^30 bytes, ``MiB`` 2^20. A node without a unit (Alibaba's fallback, capacity
 ``gpushare.io/gpu-inventory``) is taken to count in **GiB**, the default unit of Alibaba's
 device plugin and of gpushare's: a ``MiB`` node publishing no inventory is over-reported 1024
 times, which the device plugin's own ``gpushare_device_plugin_gpu_memory_capacity_bytes`` shows.
+
+**Compute and whole GPUs** (docs/compute.md). ``gpushare_gpu_compute_allocated_ratio`` is the
+ledger's ``compute_milli`` on the GPU over 1,000 (``GPU_COMPUTE_MILLI``): 0.5 for a
+``tencent.com/vcuda-core: 50`` pod, 1 for a GPU held whole; pods that ask no compute (every
+``aliyun.com/gpu-mem`` pod) add nothing, so a cluster of Alibaba pods reads 0 everywhere.
+``gpushare_gpu_held_whole`` is 1 on a GPU a whole-GPU container holds (Tencent ``vcuda-core``
+≥ 100, HAMi ``gpucores: 100``, ``gpushare.io/exclusive``); per node,
+``sum by (node) (gpushare_gpu_held_whole)``. Such a GPU also reads its whole memory in
+``gpushare_gpu_memory_allocated_bytes``. Skipped pods are charged memory only, as before.
 
 **Pending.** ``gpushare_gpu_memory_pending_bytes`` is Alibaba's "assumed, not assigned" state:
 the memory of the GPU containers of pods bound to the node that the device plugin has not
@@ -72,6 +86,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from gpushare.core.model import GPU_COMPUTE_MILLI
 from gpushare.core.skipped import SkipKind
 from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import MemoryUnit
@@ -115,7 +130,8 @@ def unit_bytes(unit: MemoryUnit | None) -> int:
 
 
 class StateCollector(Collector):
-    """Per-GPU memory, health and pod counts, and the sync flag, read at scrape time."""
+    """Per-GPU memory, compute, whole-GPU flags, health and pod counts, and the sync flag, read
+    at scrape time."""
 
     def __init__(self, state: ExtenderState) -> None:
         self._state = state
@@ -125,7 +141,7 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        capacity, allocated, pending, healthy, pods, synced = families
+        capacity, allocated, pending, healthy, pods, compute, whole, synced = families
         synced.add_metric([], 1.0 if self._state.synced else 0.0)
         skipped = GaugeMetricFamily(
             "gpushare_extender_skipped_pods",
@@ -152,6 +168,7 @@ class StateCollector(Collector):
             node = info.node
             scale = unit_bytes(info.unit)
             used = self._state.counted_used(node.name)
+            held = self._state.recorded_state(node.name)
             holders: dict[int, int] = {}
             for allocation in self._state.allocations(node.name):
                 for index, amount in allocation.per_gpu().items():
@@ -169,6 +186,8 @@ class StateCollector(Collector):
                 pending.add_metric(labels, float(waiting.get(gpu.index, 0) * scale))
                 healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
                 pods.add_metric(labels, float(holders.get(gpu.index, 0)))
+                compute.add_metric(labels, held.gpu_compute_used[position] / GPU_COMPUTE_MILLI)
+                whole.add_metric(labels, 1.0 if held.gpu_whole[position] else 0.0)
         return [*families, skipped, recorded]
 
     @staticmethod
@@ -198,6 +217,16 @@ class StateCollector(Collector):
             GaugeMetricFamily(
                 "gpushare_gpu_pods",
                 "Pods holding an allocation on a shared GPU.",
+                labels=_GPU_LABELS,
+            ),
+            GaugeMetricFamily(
+                "gpushare_gpu_compute_allocated_ratio",
+                "Compute allocated on a shared GPU (committed and assumed), in GPUs (0 to 1).",
+                labels=_GPU_LABELS,
+            ),
+            GaugeMetricFamily(
+                "gpushare_gpu_held_whole",
+                "1 when a pod holds a shared GPU whole, else 0.",
                 labels=_GPU_LABELS,
             ),
             GaugeMetricFamily(

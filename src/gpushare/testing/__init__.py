@@ -14,6 +14,8 @@
   dialects, gpu-manager's two README pods among them.
 * :mod:`gpushare.testing.daemon`: the device plugin daemon run in the test's event loop with the
   kubelet stand-in.
+* :mod:`gpushare.testing.outcome` and :mod:`gpushare.testing.outcome2d`: a run judged from the
+  pods' annotations alone (memory only; every dialect in memory and compute).
 * :mod:`gpushare.testing.pods`: GPU pods created already bound, with the extender's annotations.
 * :mod:`gpushare.testing.metrics`: a sample summed from a running program's ``/metrics``.
 * :mod:`gpushare.testing.strategies`: Hypothesis strategies (any JSON value) for property tests.

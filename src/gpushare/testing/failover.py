@@ -29,6 +29,7 @@ import random
 import signal
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ __all__ = [
     "EXTENDER_RULES",
     "FailoverPlan",
     "FailoverResult",
+    "Replica",
     "replicated_extenders",
     "run_failover",
     "workload",
@@ -143,9 +145,12 @@ def workload(count: int, seed: int) -> list[Spec]:
 
 
 class Replica:
-    """One extender process on a fixed loopback port; restartable under a new identity."""
+    """One extender process on a fixed loopback port; restartable under a new identity. With
+    ``lease`` ``None`` it runs without leader election (the only extender of its scheduler)."""
 
-    def __init__(self, index: int, port: int, kubeconfig: Path, lease: str, root: Path) -> None:
+    def __init__(
+        self, index: int, port: int, kubeconfig: Path, lease: str | None, root: Path
+    ) -> None:
         self.index = index
         self.port = port
         self.kubeconfig = kubeconfig
@@ -155,22 +160,38 @@ class Replica:
         self.identity = ""
         self.process: ManagedProcess | None = None
 
-    def start(self, lease_args: tuple[str, ...]) -> None:
+    def start(self, lease_args: tuple[str, ...] = ()) -> None:
         self.generation += 1
         self.identity = f"replica{self.index}-gen{self.generation}"
+        election = (
+            (
+                "--leader-elect",
+                f"--leader-elect-identity={self.identity}",
+                f"--leader-elect-resource-namespace={LEASE_NAMESPACE}",
+                f"--leader-elect-resource-name={self.lease}",
+                *lease_args,
+            )
+            if self.lease is not None
+            else ()
+        )
         argv = gpushare_argv(
             "extender",
             f"--kubeconfig={self.kubeconfig}",
             "--host=127.0.0.1",
             f"--port={self.port}",
             "--handshake-timeout=0",  # no kubelet starts pods on kwok nodes
-            "--leader-elect",
-            f"--leader-elect-identity={self.identity}",
-            f"--leader-elect-resource-namespace={LEASE_NAMESPACE}",
-            f"--leader-elect-resource-name={self.lease}",
-            *lease_args,
+            *election,
         )
         self.process = ManagedProcess(self.identity, argv, self.root / self.identity).start()
+
+    def ready(self) -> bool:
+        """Whether the process answers ``GET /readyz`` with 200 (caches synced)."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(f"http://127.0.0.1:{self.port}/readyz", timeout=2.0) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
 
     def kill(self) -> int:
         """SIGKILL the process (group); the wall-clock time of the signal (ns)."""

@@ -34,7 +34,7 @@ from gpushare.kube.codec import (
     MemoryUnit,
 )
 
-__all__ = ["Ask", "Outcome", "Spec", "fits_somewhere", "judge", "make_pod"]
+__all__ = ["Ask", "Outcome", "ReadBack", "Spec", "fits_somewhere", "judge", "make_pod", "read_pods"]
 
 Placement = dict[tuple[str, int], int]  # (node, GPU index) -> units
 Nodes = Mapping[str, list[int]]  # node -> per-GPU capacity (units)
@@ -104,6 +104,34 @@ class Outcome:
         return used
 
 
+@dataclass
+class ReadBack:
+    """The pods of a namespace as read back: bound ones (name, node, annotations), the names of
+    the Pending ones, and pods not bound in a phase other than Pending (problems)."""
+
+    bound: list[tuple[str, str, Mapping[str, str]]] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def read_pods(kube: Client, namespace: str) -> ReadBack:
+    """Every pod of ``namespace`` read back through the API (:class:`ReadBack`)."""
+    found = ReadBack()
+    for pod in kube.list(Pod, namespace=namespace):
+        assert pod.metadata is not None
+        assert pod.metadata.name is not None
+        assert pod.spec is not None
+        name, node = pod.metadata.name, pod.spec.nodeName
+        if node:
+            found.bound.append((name, node, pod.metadata.annotations or {}))
+            continue
+        phase = pod.status.phase if pod.status is not None else None
+        if phase not in (None, "Pending"):
+            found.problems.append(f"{name}: unbound in phase {phase}")
+        found.pending.append(name)
+    return found
+
+
 def read_outcome(
     kube: Client,
     namespace: str,
@@ -112,25 +140,14 @@ def read_outcome(
     unit: MemoryUnit = MemoryUnit.GIB,
 ) -> Outcome:
     """Every pod of ``namespace`` read back (``specs``: what each asked)."""
-    outcome = Outcome()
-    for pod in kube.list(Pod, namespace=namespace):
-        assert pod.metadata is not None
-        assert pod.metadata.name is not None
-        assert pod.spec is not None
-        name = pod.metadata.name
-        node = pod.spec.nodeName
-        if not node:
-            phase = pod.status.phase if pod.status is not None else None
-            if phase not in (None, "Pending"):
-                outcome.problems.append(f"{name}: unbound in phase {phase}")
-            outcome.pending.append(name)
-            continue
-        annotations = pod.metadata.annotations or {}
-        placement, problem = placement_of(specs[name], node, annotations, nodes, unit)
+    found = read_pods(kube, namespace)
+    outcome = Outcome(pending=found.pending, problems=found.problems)
+    for name, node, notes in found.bound:
+        placement, problem = placement_of(specs[name], node, notes, nodes, unit)
         if problem:
             outcome.problems.append(f"{name} on {node}: {problem}")
         outcome.bound[name] = placement
-        assume = annotations.get(ALIYUN_ASSUME_TIME, "")
+        assume = notes.get(ALIYUN_ASSUME_TIME, "")
         if assume.isdigit():
             outcome.assume_time_ns[name] = int(assume)
     return outcome

@@ -1,0 +1,149 @@
+"""The two-dimensional judge of ``tests/cluster/test_extender_mixed.py``
+(``gpushare.testing.outcome2d``) finds each violation it promises from the records alone:
+table-driven, each case a few pods with hand-written ``gpushare.io/allocation`` records on one
+GiB node and one MiB node of two GPUs each, and the problems expected (empty: a clean run)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from gpushare.kube.codec import ALLOCATION, MemoryUnit
+from gpushare.testing.outcome2d import (
+    Basis,
+    DialectAsk,
+    DialectOutcome,
+    DialectSpec,
+    NodeGpus,
+    dialect_workload,
+    judge_dialects,
+    records_of,
+)
+
+NODES = {"g": NodeGpus(MemoryUnit.GIB, (16, 16)), "m": NodeGpus(MemoryUnit.MIB, (24576, 24576))}
+TENCENT = DialectAsk("main", 1, 5 * 256, Basis.MIB, 500)  # vcuda-core 50, vcuda-memory 5
+HAMI_PERCENT = DialectAsk("main", 1, 10, Basis.PERCENT, 300)
+WHOLE = DialectAsk("main", 1, 0, whole=True)
+ALIBABA_8 = DialectAsk("main", 1, 8)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A pod bound to ``node`` with ``record``'s containers (``None``: no record)."""
+
+    name: str
+    ask: DialectAsk
+    node: str
+    record: list[dict[str, object]] | None
+    unit: str | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    bound: tuple[Bound, ...]
+    expected: list[str]
+    pending: tuple[tuple[str, DialectAsk], ...] = field(default=())
+
+
+def entry(gpus: list[int], share: int, compute: int = 0, whole: bool = False) -> dict[str, object]:
+    item: dict[str, object] = {"name": "main", "gpus": gpus, "share": share}
+    if compute:
+        item["compute"] = compute
+    if whole:
+        item["whole"] = True
+    return item
+
+
+def judge(case: Case) -> list[str]:
+    specs = {b.name: DialectSpec(b.name, "k", {}, (b.ask,)) for b in case.bound}
+    specs |= {name: DialectSpec(name, "k", {}, (ask,)) for name, ask in case.pending}
+    outcome = DialectOutcome(pending=[name for name, _ in case.pending])
+    for b in case.bound:
+        annotations = {}
+        if b.record is not None:
+            unit = b.unit or NODES[b.node].unit
+            document = {"node": b.node, "unit": unit, "containers": b.record}
+            annotations[ALLOCATION] = json.dumps(document)
+        outcome.bound[b.name] = b.node
+        holds, problem = records_of(specs[b.name], b.node, annotations, NODES)
+        if problem:
+            outcome.problems.append(f"{b.name}: {problem}")
+        outcome.holds.extend(holds)
+    return judge_dialects(outcome, specs, NODES)
+
+
+CASES = [
+    Case("a clean run: shares resolved per unit (1,280 MiB is 2 GiB; 10 % of 24,576 MiB is "
+         "2,458), a GPU held whole alone",
+         (Bound("t", TENCENT, "g", [entry([0], 2, 500)]),
+          Bound("t2", TENCENT, "m", [entry([0], 1280, 500)]),
+          Bound("h", HAMI_PERCENT, "m", [entry([0], 2458, 300)]),
+          Bound("w", WHOLE, "g", [entry([1], 16, 1000, whole=True)])),
+         []),
+    Case("compute above 1000 on a GPU",
+         (Bound("t1", TENCENT, "g", [entry([0], 2, 500)]),
+          Bound("t2", TENCENT, "g", [entry([0], 2, 500)]),
+          Bound("h", HAMI_PERCENT, "g", [entry([0], 2, 300)])),
+         ["GPU 0 of g: compute over capacity, 1300 > 1000"]),
+    Case("memory above capacity on a GPU",
+         (Bound("a1", ALIBABA_8, "g", [entry([1], 8)]),
+          Bound("a2", ALIBABA_8, "g", [entry([1], 8)]),
+          Bound("a3", ALIBABA_8, "g", [entry([1], 8)])),
+         ["GPU 1 of g: memory over capacity, 24 > 16"]),
+    Case("a GPU held whole shares with a pod that asks no compute",
+         (Bound("w", WHOLE, "m", [entry([1], 24576, 1000, whole=True)]),
+          Bound("a", DialectAsk("main", 1, 1024, Basis.MIB), "m", [entry([1], 1024)])),
+         ["GPU 1 of m: memory over capacity, 25600 > 24576",
+          "GPU 1 of m: held whole and shared: ['a', 'w']"]),
+    Case("a record that rounds MiB down on a GiB node does not match the request",
+         (Bound("t", TENCENT, "g", [entry([0], 1, 500)]),),
+         ["t: record {'name': 'main', 'gpus': [0], 'share': 1, 'compute': 500} does not match "
+          "the request {'gpus': 1, 'share': 2, 'compute': 500, 'whole': False}"]),
+    Case("a whole GPU recorded without the flag does not match",
+         (Bound("w", WHOLE, "g", [entry([0], 16, 1000)]),),
+         ["w: record {'name': 'main', 'gpus': [0], 'share': 16, 'compute': 1000} does not match "
+          "the request {'gpus': 1, 'share': 16, 'compute': 1000, 'whole': True}"]),
+    Case("a container recorded twice (two allocations)",
+         (Bound("a", ALIBABA_8, "g", [entry([0], 8), entry([1], 8)]),),
+         ["a: containers recorded ['main', 'main'], asked ['main']"]),
+    Case("a bound pod without a record, and one recorded in another unit",
+         (Bound("a", ALIBABA_8, "g", None), Bound("b", ALIBABA_8, "g", [entry([0], 8)], "MiB")),
+         ["a: bound without gpushare.io/allocation",
+          'b: record for another node or unit: {"node": "g", "unit": "MiB", "containers": '
+          '[{"name": "main", "gpus": [0], "share": 8}]}']),
+    Case("a Pending pod that fits (a GPU of m holds nothing: a whole GPU fits there)",
+         (Bound("w", WHOLE, "g", [entry([0], 16, 1000, whole=True)]),
+          Bound("h", HAMI_PERCENT, "m", [entry([0], 2458, 300)]),
+          Bound("a", ALIBABA_8, "g", [entry([1], 8)])),
+         ["p (k) is Pending but fits on m"],
+         pending=(("p", WHOLE),)),
+    Case("a Pending pod that fits nowhere: no GPU holds nothing, compute short everywhere",
+         (Bound("w", WHOLE, "g", [entry([0], 16, 1000, whole=True)]),
+          Bound("a", DialectAsk("main", 1, 8, compute_milli=600), "g", [entry([1], 8, 600)]),
+          Bound("t1", TENCENT, "m", [entry([0], 1280, 500)]),
+          Bound("t2", TENCENT, "m", [entry([0], 1280, 500)]),
+          Bound("t3", DialectAsk("main", 1, 1024, Basis.MIB, 600), "m", [entry([1], 1024, 600)])),
+         [],
+         pending=(("p", WHOLE), ("q", TENCENT))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_judge_finds_each_violation_from_the_records(case: Case) -> None:
+    assert judge(case) == case.expected
+
+
+def test_the_workload_is_seeded_and_mixes_every_kind() -> None:
+    first, again = dialect_workload(300, 7), dialect_workload(300, 7)
+    assert first == again
+    assert {s.kind for s in first} == {
+        "alibaba", "alibaba-2gpu", "alibaba-core", "exclusive", "tencent-share",
+        "tencent-whole", "hami-mib", "hami-percent", "hami-2gpu", "hami-whole",
+    }  # fmt: skip
+    # pods in the node's unit may use GiB nodes only
+    for spec in first:
+        in_node_units = any(a.basis == Basis.NODE and not a.whole for a in spec.asks)
+        assert (spec.units == {MemoryUnit.GIB}) == (in_node_units or spec.kind == "exclusive")
