@@ -3,9 +3,9 @@
 Run: ``gpushare simulate --workload synthetic-2d --seeds 42-51 --jobs 1 --out out/synthetic-2d``
 then ``.venv/bin/python bench/synthetic_2d_table.py out/synthetic-2d/results.json``. Per policy
 (mean ± sd over seeds): unallocated GPU % of capacity at 100% and at 130% arrived (the end of
-the stream; negative when the placed pods' requests exceed capacity, which pods asking opposite
-amounts of memory and compute can do), and the pods that failed over the whole stream, in all
-and by kind (mean per seed; results.json records failures for the whole stream only).
+the stream; the idle GPU, what is free in both memory and compute: ``bin_by_arrived``), and the
+pods that failed over the whole stream, in all and by kind (mean per seed; results.json records
+failures for the whole stream only).
 """
 
 from __future__ import annotations

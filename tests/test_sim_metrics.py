@@ -30,7 +30,7 @@ RUN = record(
     arrived=[0, 4, 6, 14, 16, 40, 44],
     allocated=[0, 4, 6, 14, 16, 30, 34],
     fragmentation=[100, 120, 80, 60, 50, 20, 10],
-    idle=[1000, 996, 994, 986, 984, 970, 0],
+    idle=[1000, 996, 994, 986, 984, 970, 966],  # one dimension: capacity - allocated
 )
 
 
@@ -74,8 +74,22 @@ def test_unallocated_and_fragmentation_amount(
 def test_fragmentation_rate_is_percent_of_idle_and_zero_without_idle(curves: Curves) -> None:
     assert curves.frag_rate_pct[0] == pytest.approx((100 * 100 / 1000 + 100 * 120 / 996) / 2)
     assert curves.frag_rate_pct[2] == pytest.approx(100 * 50 / 984)
-    # The last event has no idle GPU: its rate is 0, not inf or NaN.
-    assert curves.frag_rate_pct[4] == pytest.approx((100 * 20 / 970 + 0.0) / 2)
+    assert curves.frag_rate_pct[4] == pytest.approx((100 * 20 / 970 + 100 * 10 / 966) / 2)
+    full = record(arrived=[0, 1000], allocated=[0, 1000], fragmentation=[0, 0], idle=[1000, 0])
+    # No idle GPU: the rate is 0, not inf or NaN.
+    assert bin_by_arrived(full, CAPACITY, max_percent=100).frag_rate_pct[100] == 0.0
+
+
+def test_two_dimensions_count_a_gpu_once_however_many_dimensions_are_asked() -> None:
+    """Pods asking opposite dimensions share GPUs: the request placed (``allocated``, 120% of
+    capacity here) passes what the GPUs hold; unallocated is the idle GPU, never negative."""
+    paired = record(
+        arrived=[0, 500, 1000], allocated=[0, 600, 1200], fragmentation=[0, 0, 0],
+        idle=[1000, 700, 150],
+    )  # fmt: skip
+    curves = bin_by_arrived(paired, CAPACITY, max_percent=100)
+    assert curves.unallocated_pct[50] == pytest.approx(70.0)
+    assert curves.unallocated_pct[100] == pytest.approx(15.0)
 
 
 @pytest.mark.parametrize(

@@ -44,8 +44,9 @@ class RunRecord:
     request (``gpu_demand`` of the pods arrived and placed, as the paper counts requests),
     fragmentation F(M) and idle GPU (``gpu_idle`` per GPU: with two dimensions, what is free in
     both memory and compute). With two dimensions pods that ask opposite amounts can share a GPU,
-    so allocated request can exceed capacity minus idle; at 100% arrived, unallocated
-    (capacity − allocated) is the request that arrived but was not placed.
+    so allocated request can exceed capacity minus idle; the curves count allocated GPU as
+    capacity minus idle (``gpushare.sim.metrics.bin_by_arrived``), the same number with one
+    dimension.
     ``final_states`` is the cluster after the last pod.
     """
 

@@ -19,8 +19,9 @@ FloatArray = npt.NDArray[np.float64]
 
 @dataclass(frozen=True, slots=True)
 class Curves:
-    """Per arrived-% bin (index = percent, 0..max): unallocated GPU % of capacity,
-    fragmentation amount % of capacity, and fragmentation rate % of idle GPU."""
+    """Per arrived-% bin (index = percent, 0..max): unallocated GPU % of capacity (idle GPU:
+    ``bin_by_arrived``), fragmentation amount % of capacity, and fragmentation rate % of idle
+    GPU."""
 
     unallocated_pct: FloatArray
     frag_amount_pct: FloatArray
@@ -36,7 +37,11 @@ def arrived_bins(arrived: npt.ArrayLike, capacity: float) -> npt.NDArray[np.int6
 def bin_by_arrived(record: RunRecord, capacity: float, max_percent: int = 130) -> Curves:
     """The run's curves (module doc). ``capacity`` is the cluster's GPU total in GPU units."""
     arrived_pct = arrived_bins(record.arrived, capacity)
-    alloc_pct = 100.0 * record.allocated / capacity
+    # Allocated GPU is capacity minus idle GPU (``gpu_idle``: with two dimensions, what is free
+    # in both). With one dimension it is the placed request exactly (integer-valued floats), so
+    # the curves are the paper's to the bit; with two, a GPU that pods asking opposite
+    # dimensions share counts once, never above its capacity, so unallocated is never negative.
+    alloc_pct = 100.0 * (capacity - record.idle) / capacity
     amount_pct = 100.0 * record.fragmentation / capacity
     with np.errstate(divide="ignore", invalid="ignore"):
         rate_pct = np.where(record.idle > 0, 100.0 * record.fragmentation / record.idle, 0.0)
