@@ -13,6 +13,7 @@ import itertools
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 from lightkube import Client
@@ -63,7 +64,7 @@ def test_dialect_resources_are_served_follow_health_and_answer_their_pods(
     )  # fmt: skip
     for pod in (tencent, hami):
         del pod["metadata"]["uid"]
-        kube.create(Pod.from_dict(pod))
+        kube.create(cast(Pod, Pod.from_dict(pod)))
     expected = {GPU_MEM: 32, VCORE: 200, VMEM: 128, NVGPU: 20}
 
     async def scenario() -> None:
