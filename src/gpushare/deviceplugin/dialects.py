@@ -13,7 +13,7 @@ One process, one socket per resource (spec 2.7), each registered with kubelet:
   ``deviceSplitCount``, default 10), Allocate matched by the GPU count.
 
 Not served: the gpu-manager fork's ``nvidia.com/vcuda-memory`` counts 1 MiB blocks, one
-kubelet device each (81,920 per 80 GiB card): one GPU of 80 GiB already needs about 4.6 MB of
+kubelet device each (81,920 per 80 GiB card): one GPU of 80 GiB alone needs about 5 MB of
 ListAndWatch, over kubelet's 4 MiB message limit (``check_message_size``), and kubelet
 checkpoints every device. Its pods are placed by the extender and cannot start here; the docs
 say to rewrite them as Tencent's (``tencent.com/*``, 256 MiB blocks).
