@@ -321,6 +321,12 @@ CASES = {
                 [ContainerAllocation("main", (1,), 8, 300)]),),
         VCORE, 30, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, mps=True,
     ),
+    "vcuda-core-limit-on-a-hami-pod-is-not-its-system's-and-changes-nothing": AllocateCase(
+        (_bound(dialect_pod_json("h", {"cuda": {NVGPU: 1, "nvidia.com/gpucores": 20}},
+                                 annotations={"tencent.com/vcuda-core-limit": "90"}),
+                [ContainerAllocation("cuda", (0,), 16, 200)]),),
+        NVGPU, 1, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20"}, mps=True,
+    ),
     "vcuda-core-limit-without-mps-changes-nothing": AllocateCase(
         (_bound(_tencent("t", 30, 30, annotations={"tencent.com/vcuda-core-limit": "80"}),
                 [ContainerAllocation("main", (1,), 8, 300)]),),

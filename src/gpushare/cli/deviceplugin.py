@@ -182,7 +182,7 @@ async def _serve(daemon: DevicePluginDaemon) -> None:
     default=DEFAULT_SPLIT_COUNT,
     show_default=True,
     help="nvidia.com/gpu devices advertised per GPU with --dialects hami (HAMi's "
-    "deviceSplitCount): how many HAMi containers may share one GPU as kubelet counts.",
+    "deviceSplitCount): kubelet admits at most GPUs x this many nvidia.com/gpu on the node.",
 )
 @click.option(
     "--metrics-port",

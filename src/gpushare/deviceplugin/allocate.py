@@ -310,7 +310,8 @@ class HandshakeAllocator:
             step, sum(units_of(s) for s in pod.steps), chosen, self._unit, pod_json
         )
         if self._mps:
-            envs.update(mps_envs(step, chosen, self._unit, soft_limit_percent(pod_json)))
+            ceiling = soft_limit_percent(pod_json) if self.dialect.soft_limit else None
+            envs.update(mps_envs(step, chosen, self._unit, ceiling))
         return envs
 
     def _pod_event(

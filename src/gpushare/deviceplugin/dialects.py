@@ -131,13 +131,15 @@ class AllocateDialect:
     ``units_of``: the device IDs kubelet passes for a step; ``envs``: the step's variables
     besides the MPS ones; ``belongs``: whether a pod is matched on this resource (the pods
     of the other resources never are); ``every_container``: a pod counts only when all its
-    GPU containers name ``resource`` (else its steps could not be told from kubelet's calls).
+    GPU containers name ``resource`` (else its steps could not be told from kubelet's calls);
+    ``soft_limit``: the pod's ``tencent.com/vcuda-core-limit`` raises the MPS cap (Tencent).
     """
 
     resource: str
     units_of: Callable[[Step], int]
     envs: EnvsOf
     every_container: bool = False
+    soft_limit: bool = False
 
     def belongs(self, pod: Json) -> bool:
         """``pod`` names ``resource`` in a container."""
@@ -209,7 +211,9 @@ def soft_limit_percent(pod: Json) -> int | None:
         return None
 
 
-TENCENT_CORE_DIALECT = AllocateDialect(TENCENT_CORE, vcuda_core_units, tencent_envs)
+TENCENT_CORE_DIALECT = AllocateDialect(
+    TENCENT_CORE, vcuda_core_units, tencent_envs, soft_limit=True
+)
 HAMI_GPU_DIALECT = AllocateDialect(HAMI_GPU, gpu_count_units, hami_envs, every_container=True)
 
 
