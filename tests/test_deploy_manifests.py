@@ -219,6 +219,8 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ({"extender": {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.1"]}}}, "controlPlaneCIDRs"),
         ({"devicePlugin": {"restrictToOwnNode": "yes"}}, "restrictToOwnNode"),
         ({"scheduler": {"dialectResources": ["amd.com/gpu"]}}, "dialectResources"),
+        ({"devicePlugin": {"dialects": ["fork"]}}, "dialects"),
+        ({"devicePlugin": {"splitCount": 0}}, "splitCount"),
     ],
 )
 def test_the_values_schema_refuses_bad_values(
@@ -620,6 +622,14 @@ def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None
     assert {"--memory-unit=MiB", "--fake-gpus=2x16GiB:T4", "--no-health", "--mps"} <= set(args)
     assert _flag_names(args) <= flags(device_plugin)
     assert daemonset["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert not any(a.startswith("--dialects") for a in args)
+
+    dialects = render_objects(
+        {"devicePlugin": {"dialects": ["tencent", "hami"], "splitCount": 4}}, helm=helm
+    )
+    args = _args(container(find(dialects, "DaemonSet", "gpushare-device-plugin")))
+    assert {"--dialects=tencent,hami", "--split-count=4"} <= set(args)
+    assert _flag_names(args) <= flags(device_plugin)
 
     quiet = render_objects({"devicePlugin": {"metricsPort": 0, "hostProc": False}}, helm=helm)
     daemonset = find(quiet, "DaemonSet", "gpushare-device-plugin")

@@ -39,9 +39,11 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Contro
 
 @pytest.fixture(scope="session")
 def gpu_stack(real_node: tuple[ControlPlane, RealNode]) -> Iterator[GpuStack]:
-    """gpushare's extender and device plugin (2 fake 16 GiB GPUs) and their kube-scheduler."""
+    """gpushare's extender and device plugin (2 fake 16 GiB GPUs) and their kube-scheduler;
+    the plugin also serves the Tencent and HAMi dialects (``tests/node/test_node_dialects.py``;
+    the Alibaba pods' tests see no difference)."""
     plane, node = real_node
-    with GpuStack(plane, node).running() as stack:
+    with GpuStack(plane, node, dialects=("tencent", "hami")).running() as stack:
         yield stack
 
 

@@ -16,6 +16,12 @@ import click
 
 from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
+from gpushare.deviceplugin.dialects import (
+    DEFAULT_SPLIT_COUNT,
+    DialectsError,
+    parse_dialects,
+    resources_for,
+)
 from gpushare.deviceplugin.inventory import (
     DeviceListTooLargeError,
     FakeGpuSpecError,
@@ -160,6 +166,25 @@ async def _serve(daemon: DevicePluginDaemon) -> None:
     help="The nvidia-cuda-mps-control binary (a path, or a name on $PATH).",
 )
 @click.option(
+    "--dialects",
+    "dialects_text",
+    envvar="GPUSHARE_DIALECTS",
+    default="",
+    metavar="LIST",
+    help="Also serve these request dialects' resources, each on its own socket: 'tencent' "
+    "(tencent.com/vcuda-core, 100 per GPU; tencent.com/vcuda-memory, one per 256 MiB), "
+    "'hami' (nvidia.com/gpu, --split-count per GPU; not beside NVIDIA's device plugin). "
+    "Comma-separated; none by default.",
+)
+@click.option(
+    "--split-count",
+    type=int,
+    default=DEFAULT_SPLIT_COUNT,
+    show_default=True,
+    help="nvidia.com/gpu devices advertised per GPU with --dialects hami (HAMi's "
+    "deviceSplitCount): kubelet admits at most GPUs x this many nvidia.com/gpu on the node.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=DEFAULT_METRICS_PORT,
@@ -194,14 +219,22 @@ def device_plugin(
     mps_managed: bool,
     mps_root: Path,
     mps_control: str,
+    dialects_text: str,
+    split_count: int,
     metrics_port: int,
     proc_root: Path,
     kubeconfig: Path | None,
     context: str | None,
     log_level: str,
 ) -> None:
-    """Run the kubelet device plugin for aliyun.com/gpu-mem on this node."""
+    """Run the kubelet device plugin for aliyun.com/gpu-mem (and the --dialects' resources)
+    on this node."""
     setup_logging(log_level)
+    try:
+        dialects = parse_dialects(dialects_text)
+        served = resources_for(dialects, split_count)
+    except DialectsError as error:
+        raise click.BadParameter(str(error), param_hint="--dialects/--split-count") from None
     if not device_plugin_dir.is_dir():
         raise click.BadParameter(
             f"{device_plugin_dir} is not a directory (mount the host's "
@@ -216,6 +249,13 @@ def device_plugin(
     inventory, nvml = _inventory(fake_gpus)
     try:
         check_message_size(inventory.gpus(), MemoryUnit(memory_unit))
+        for resource in served:
+            check_message_size(
+                inventory.gpus(),
+                MemoryUnit(memory_unit),
+                per_gpu=resource.per_gpu,
+                resource=resource.resource,
+            )
     except DeviceListTooLargeError as error:
         raise click.ClickException(str(error)) from None
     options = DaemonOptions(
@@ -236,6 +276,8 @@ def device_plugin(
         mps_control=mps_control,
         metrics_port=metrics_port or None,
         proc_root=proc_root,
+        dialects=dialects,
+        split_count=split_count,
     )
     client = connect_or_exit(kubeconfig, context)
     try:

@@ -33,8 +33,8 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.model import Allocation, ContainerAllocation, NodeState, PodRequest
@@ -51,6 +51,7 @@ __all__ = [
     "handshake_fit",
     "handshake_verdict",
     "match_allocate",
+    "memory_units",
     "pin",
     "steps_of",
     "waiting",
@@ -60,11 +61,16 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Step:
     """One Allocate call of a pod: GPU container ``container`` gets ``share`` units on each of
-    ``gpu_indices``; kubelet passes ``units`` = share × number of GPUs device IDs."""
+    ``gpu_indices``; kubelet passes ``units`` = share × number of GPUs device IDs.
+    ``compute_milli`` (thousandths of each GPU, 0: not asked) and ``exclusive`` (the GPUs are
+    held whole) are the recorded compute, for the dialects' Allocate (whose kubelet units are
+    not memory: ``match_allocate``'s ``units_of``) and the MPS limits."""
 
     container: str
     gpu_indices: tuple[int, ...]
     share: int
+    compute_milli: int = 0
+    exclusive: bool = False
 
     @property
     def units(self) -> int:
@@ -115,7 +121,21 @@ def steps_of(allocation: Allocation, order: Sequence[str]) -> tuple[Step, ...]:
             f"pod {allocation.pod}: GPU containers {list(order)} do not match the allocation's "
             f"{sorted(by_name)}"
         )
-    return tuple(Step(name, by_name[name].gpu_indices, by_name[name].gpu_share) for name in order)
+    return tuple(
+        Step(
+            name,
+            by_name[name].gpu_indices,
+            by_name[name].gpu_share,
+            by_name[name].compute_milli,
+            by_name[name].exclusive,
+        )
+        for name in order
+    )
+
+
+def memory_units(step: Step) -> int:
+    """The device IDs kubelet passes for ``step`` on ``aliyun.com/gpu-mem``: ``Step.units``."""
+    return step.units
 
 
 class MatchStatus(enum.StrEnum):
@@ -136,6 +156,7 @@ class Match:
     pod: PendingPod | None = None
     step: Step | None = None
     candidates: tuple[PendingPod, ...] = ()
+    units_of: Callable[[Step], int] = field(default=memory_units, compare=False, repr=False)
 
     def describe(self) -> str:
         """One line for people: what was asked and what was pending."""
@@ -144,7 +165,9 @@ class Match:
                 f"{self.units} unit(s) matched pod {self.pod.key} container "
                 f"{self.step.container} (GPU {','.join(map(str, self.step.gpu_indices))})"
             )
-        pending = "; ".join(_describe_pending(pod) for pod in self.candidates) or "none"
+        pending = (
+            "; ".join(_describe_pending(pod, self.units_of) for pod in self.candidates) or "none"
+        )
         if self.status is MatchStatus.AMBIGUOUS:
             return (
                 f"{self.units} unit(s) asked, and several pending pods ask that many with "
@@ -153,12 +176,12 @@ class Match:
         return f"no pending pod asks {self.units} unit(s) next; pending: {pending}"
 
 
-def _describe_pending(pod: PendingPod) -> str:
+def _describe_pending(pod: PendingPod, units_of: Callable[[Step], int]) -> str:
     step = pod.next_step
     if step is None:
         return f"{pod.key} (all started)"
     return (
-        f"{pod.key} container {step.container} asks {step.units} on GPU "
+        f"{pod.key} container {step.container} asks {units_of(step)} on GPU "
         f"{','.join(map(str, step.gpu_indices))}"
     )
 
@@ -167,23 +190,27 @@ def _age_order(pod: PendingPod) -> tuple[int, str]:
     return pod.assume_time_ns, pod.key
 
 
-def match_allocate(units: int, pending: Sequence[PendingPod]) -> Match:
+def match_allocate(
+    units: int, pending: Sequence[PendingPod], units_of: Callable[[Step], int] = memory_units
+) -> Match:
     """The pod and step an Allocate asking ``units`` device IDs is for (module doc, "Matching").
 
-    ``pending``: the node's pods with unanswered steps. Deterministic: the same inputs in any
-    order give the same match.
+    ``pending``: the node's pods with unanswered steps; ``units_of``: the device IDs kubelet
+    passes for a step on the resource called (memory units by default; a dialect's resource
+    counts otherwise, ``gpushare.deviceplugin.dialects``). Deterministic: the same inputs in
+    any order give the same match.
     """
     candidates = tuple(sorted((p for p in pending if p.next_step is not None), key=_age_order))
-    started = [p for p in candidates if p.done and p.steps[p.done].units == units]
+    started = [p for p in candidates if p.done and units_of(p.steps[p.done]) == units]
     if started:
         pod = started[0]
-        return Match(MatchStatus.MATCHED, units, pod, pod.steps[pod.done], candidates)
-    fresh = [p for p in candidates if not p.done and p.first_units == units]
+        return Match(MatchStatus.MATCHED, units, pod, pod.steps[pod.done], candidates, units_of)
+    fresh = [p for p in candidates if not p.done and units_of(p.steps[0]) == units]
     if not fresh:
-        return Match(MatchStatus.NO_CANDIDATE, units, candidates=candidates)
+        return Match(MatchStatus.NO_CANDIDATE, units, candidates=candidates, units_of=units_of)
     if len({p.answers for p in fresh}) > 1:
-        return Match(MatchStatus.AMBIGUOUS, units, candidates=tuple(fresh))
-    return Match(MatchStatus.MATCHED, units, fresh[0], fresh[0].steps[0], candidates)
+        return Match(MatchStatus.AMBIGUOUS, units, candidates=tuple(fresh), units_of=units_of)
+    return Match(MatchStatus.MATCHED, units, fresh[0], fresh[0].steps[0], candidates, units_of)
 
 
 class PinStatus(enum.StrEnum):

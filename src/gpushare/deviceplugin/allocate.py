@@ -51,7 +51,8 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.inventory import RESOURCE_GPU_MEM, PhysicalGpu
+from gpushare.deviceplugin.dialects import AllocateDialect, gpu_mem_dialect, soft_limit_percent
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
 from gpushare.kube.codec import (
@@ -68,7 +69,16 @@ from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
 
-__all__ = ["AllocateEvents", "HandshakeAllocator", "PodSource", "container_envs"]
+__all__ = [
+    "GPU_MEM_DIALECT",
+    "AllocateEvents",
+    "EmptyAllocator",
+    "HandshakeAllocator",
+    "PodSource",
+    "alibaba_envs",
+    "container_envs",
+    "mps_envs",
+]
 
 ALLOCATED = "GPUAllocated"
 FAILED = "FailedGPUAllocation"
@@ -110,6 +120,34 @@ class AllocateEvents(Protocol):
         ...
 
 
+def mps_envs(
+    step: Step, chosen: Sequence[PhysicalGpu], unit: MemoryUnit, ceiling_percent: int | None = None
+) -> dict[str, str]:
+    """The MPS limits of ``step`` on its GPUs ``chosen`` (module doc):
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (the share in MiB per visible GPU) and
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, 1-100: the compute share when one is recorded
+    (``compute_milli``, rounded up; 100 for whole GPUs), else the memory share of the largest
+    fraction of a GPU (as before compute existed). ``ceiling_percent`` (Tencent's
+    ``vcuda-core-limit``, a soft cap the pod may burst to) raises it to that ceiling: MPS has
+    only a hard cap, so the burst ceiling is the nearest documented equivalent."""
+    share_mib = step.share * unit.mib
+    envs = {
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(
+            f"{ordinal}={share_mib}M" for ordinal in range(len(chosen))
+        )
+    }
+    if step.exclusive:
+        percent = 100
+    elif step.compute_milli > 0:
+        percent = math.ceil(step.compute_milli / 10)
+    else:
+        percent = max(math.ceil(100 * share_mib / g.memory_mib) for g in chosen)
+    if ceiling_percent is not None:
+        percent = max(percent, ceiling_percent)
+    envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(100, max(1, percent)))
+    return envs
+
+
 def container_envs(
     step: Step,
     pod_units: int,
@@ -118,31 +156,41 @@ def container_envs(
     *,
     mps: bool = False,
 ) -> dict[str, str]:
-    """The environment of the container answered by ``step`` (module doc). ``gpus`` by index;
-    ``KeyError`` when a GPU of the step is not in it."""
+    """The environment of the ``aliyun.com/gpu-mem`` container answered by ``step`` (module
+    doc). ``gpus`` by index; ``KeyError`` when a GPU of the step is not in it."""
     chosen = [gpus[index] for index in step.gpu_indices]
-    envs = {
+    envs = alibaba_envs(step, pod_units, chosen, unit, {})
+    if mps:
+        envs.update(mps_envs(step, chosen, unit))
+    return envs
+
+
+def alibaba_envs(
+    step: Step, pod_units: int, chosen: Sequence[PhysicalGpu], unit: MemoryUnit, pod: Json
+) -> dict[str, str]:
+    """Alibaba's variables for ``step`` on its GPUs ``chosen`` (module doc), without MPS."""
+    del pod
+    return {
         "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
         "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in chosen),
         "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
         "ALIYUN_COM_GPU_MEM_CONTAINER": str(step.units),
         "ALIYUN_COM_GPU_MEM_DEV": str(chosen[0].units(unit)),
     }
-    if mps:
-        share_mib = step.share * unit.mib
-        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{ordinal}={share_mib}M" for ordinal in range(len(chosen))
-        )
-        percent = max(math.ceil(100 * share_mib / g.memory_mib) for g in chosen)
-        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(100, max(1, percent)))
-    return envs
+
+
+GPU_MEM_DIALECT = gpu_mem_dialect(alibaba_envs)
+"""Allocate on ``aliyun.com/gpu-mem`` (the default of ``HandshakeAllocator``)."""
 
 
 class HandshakeAllocator:
     """The ``Allocator`` of ``DevicePluginService`` (module doc).
 
     ``gpus`` returns the node's current GPUs; ``unit`` the node's memory unit; ``pods`` the
-    node's pods (listed again when the cache has no match); ``mps`` adds the MPS variables;
+    node's pods (listed again when the cache has no match); ``dialect`` the resource whose
+    Allocate this answers (``aliyun.com/gpu-mem`` by default; a dialect's resource:
+    ``gpushare.deviceplugin.dialects``), only its pods are matched, by its units; ``mps`` adds
+    the MPS variables (``mps_envs``);
     ``mps_paths`` (a managed daemon) adds them too, with its directories and mounts;
     ``events`` records Events; ``observe(outcome, seconds)`` is called once per call with
     ``ok``, ``rejected`` or ``error`` (metrics); ``patch_attempts`` bounds the tries of one
@@ -156,6 +204,7 @@ class HandshakeAllocator:
         unit: MemoryUnit,
         pods: PodSource,
         *,
+        dialect: AllocateDialect = GPU_MEM_DIALECT,
         mps: bool = False,
         mps_paths: MpsPaths | None = None,
         patch_attempts: int = 3,
@@ -167,6 +216,9 @@ class HandshakeAllocator:
         self._gpus = gpus
         self._unit = unit
         self._pods = pods
+        self.dialect = dialect
+        self._pod_json: dict[str, Json] = {}  # pod key -> the pod, from the last pods read
+        self._left_out: dict[str, str] = {}  # pod key -> why it cannot be matched here
         self._mps = mps or mps_paths is not None
         self._mps_paths = mps_paths
         self._patch_attempts = max(1, patch_attempts)
@@ -211,9 +263,15 @@ class HandshakeAllocator:
                 log.warning("listing the pods of node %s failed: %s", self.node_name, error)
         pod, step = match.pod, match.step
         if match.status is not MatchStatus.MATCHED or pod is None or step is None:
+            what = (
+                f"{units} {self._unit.value} of {self.dialect.resource}"
+                if self.dialect is GPU_MEM_DIALECT
+                else f"{units} {self.dialect.resource}"
+            )
+            left_out = "".join(f"; {why}" for why in self._left_out.values())
             message = (
-                f"gpushare: cannot allocate {units} {self._unit.value} of {RESOURCE_GPU_MEM} on "
-                f"node {self.node_name}: {match.describe()}"
+                f"gpushare: cannot allocate {what} on node {self.node_name}: "
+                f"{match.describe()}{left_out}"
             )
             if match.status is MatchStatus.AMBIGUOUS:
                 for candidate in match.candidates:
@@ -223,9 +281,7 @@ class HandshakeAllocator:
             raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message)
         gpus = {gpu.index: gpu for gpu in self._gpus()}
         try:
-            envs = container_envs(
-                step, sum(s.units for s in pod.steps), gpus, self._unit, mps=self._mps
-            )
+            envs = self._envs(pod, step, [gpus[index] for index in step.gpu_indices])
         except KeyError as error:
             raise AllocateError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -238,13 +294,25 @@ class HandshakeAllocator:
             pod.key,
             ALLOCATED,
             f"gpushare device plugin on node {self.node_name}: container {step.container} gets "
-            f"GPU {envs['ALIYUN_COM_GPU_MEM_IDX']} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
+            f"GPU {','.join(map(str, step.gpu_indices))} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
             f"{step.share} {self._unit.value} each",
         )
         if self._mps_paths is None:
             return api_pb2.ContainerAllocateResponse(envs=envs)
         envs.update(self._mps_paths.envs())
         return api_pb2.ContainerAllocateResponse(envs=envs, mounts=self._mps_paths.mounts())
+
+    def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
+        """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""
+        units_of = self.dialect.units_of
+        pod_json = self._pod_json.get(pod.key, {})
+        envs = self.dialect.envs(
+            step, sum(units_of(s) for s in pod.steps), chosen, self._unit, pod_json
+        )
+        if self._mps:
+            ceiling = soft_limit_percent(pod_json) if self.dialect.soft_limit else None
+            envs.update(mps_envs(step, chosen, self._unit, ceiling))
+        return envs
 
     def _pod_event(
         self, key: str, reason: str, message: str, type: EventType = EventType.NORMAL
@@ -276,7 +344,8 @@ class HandshakeAllocator:
     def _match(self, units: int, pods: Sequence[Json]) -> Match:
         """Match ``units`` among ``pods``; refreshes the UIDs (for Events) and forgets the
         steps answered for pods that are gone, in the same pass."""
-        pending, uids, present = [], {}, set()
+        pending, uids, present, by_key = [], {}, set(), {}
+        left_out: dict[str, str] = {}
         for pod in pods:
             try:
                 key = pod_key(pod)
@@ -286,13 +355,25 @@ class HandshakeAllocator:
             uid = pod_uid(pod)
             if uid:
                 uids[key] = uid
+            if not self.dialect.belongs(pod):
+                continue
+            by_key[key] = pod
             found = self._pending(pod)
-            if found is not None:
-                pending.append(found)
-        self._uids = uids
+            if found is None:
+                continue
+            missing = self.dialect.missing(pod, [s.container for s in found.steps])
+            if missing:
+                left_out[key] = (
+                    f"pod {key} left out: GPU container(s) {', '.join(missing)} name no "
+                    f"{self.dialect.resource}, so kubelet never asks for them (write "
+                    f"{self.dialect.resource} in every GPU container)"
+                )
+                continue
+            pending.append(found)
+        self._uids, self._pod_json, self._left_out = uids, by_key, left_out
         for answered in [k for k in self._done if k[0] not in present]:
             del self._done[answered]  # the pod is gone
-        return match_allocate(units, pending)
+        return match_allocate(units, pending, self.dialect.units_of)
 
     def _pending(self, pod: Json) -> PendingPod | None:
         if pod_deleting(pod) or pod_finished(pod):
@@ -334,3 +415,17 @@ class HandshakeAllocator:
                 await asyncio.sleep(delay_s)
                 delay_s *= 2
         self._done[(pod.key, pod.assume_time_ns)] = done
+
+
+class EmptyAllocator:
+    """The ``Allocator`` of a resource answered empty (``tencent.com/vcuda-memory``, as
+    gpu-manager's ``vmemory.sock``): one empty ``ContainerAllocateResponse`` per container
+    request. The container's GPUs come from its ``tencent.com/vcuda-core`` call."""
+
+    async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
+        """Empty answers, one per container request."""
+        return api_pb2.AllocateResponse(
+            container_responses=[
+                api_pb2.ContainerAllocateResponse() for _ in request.container_requests
+            ]
+        )

@@ -38,6 +38,12 @@
    outcomes and latency, registrations, and with NVML used memory and utilisation per GPU and
    per process (mapped to its pod).
 
+10. With ``dialects`` (``--dialects tencent,hami``; none by default), the dialects' resources
+   are served too, one socket each, registered with kubelet and re-registered as the main
+   one (``gpushare.deviceplugin.dialects``): the same GPUs, health and node configuration,
+   Allocate matched among that resource's pods only; the node's pods cache then keeps the
+   dialects' pods as well.
+
 ``run`` returns when ``stop`` is set (SIGTERM/SIGINT in the CLI): the socket is removed, watches
 end. Permanent API failures at start (no such node, forbidden) raise ``ApiCallError`` with the
 fix in its message; passing ones are logged and retried with the next publish.
@@ -52,7 +58,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpushare.core.serves import Serves
-from gpushare.deviceplugin.allocate import HandshakeAllocator
+from gpushare.deviceplugin.allocate import EmptyAllocator, HandshakeAllocator
+from gpushare.deviceplugin.dialects import DEFAULT_SPLIT_COUNT, resources_for
 from gpushare.deviceplugin.health import HealthWatcher
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
@@ -74,7 +81,8 @@ from gpushare.deviceplugin.mps import (
 from gpushare.deviceplugin.nodeconfig import Configured, NodeConfigMetrics, configure, deferral
 from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
-from gpushare.deviceplugin.server import DevicePluginService
+from gpushare.deviceplugin.server import Allocator, DevicePluginService
+from gpushare.kube.cache import requests_gpu, requests_gpu_mem
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.codec import CodecError, InventoryGpu, MemoryUnit, node_info
 from gpushare.kube.codec.configmaps import unhealthy_configmap_name
@@ -138,6 +146,8 @@ class DaemonOptions:
     node_config_name: str = NODE_CONFIG_NAME
     node_config_retry_s: float = 10.0
     node_config_poll_s: float = 30.0
+    dialects: tuple[str, ...] = ()
+    split_count: int = DEFAULT_SPLIT_COUNT
 
 
 def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryGpu]:
@@ -160,7 +170,9 @@ class DevicePluginDaemon:
         self.options = options
         self._client = client
         self._nvml = nvml
-        self.pods = NodePods(client, options.node_name)
+        self.pods = NodePods(
+            client, options.node_name, keep=requests_gpu if options.dialects else requests_gpu_mem
+        )
         self.publisher = NodePublisher(client)
         self.metrics_server: MetricsServer | None = None
         self.metrics = DevicePluginMetrics(
@@ -233,6 +245,57 @@ class DevicePluginDaemon:
             socket_name=options.socket_name,
             on_registered=self._registered,
         )
+        self.dialect_allocators: list[HandshakeAllocator] = []
+        self.dialect_runners: list[PluginRunner] = []
+        for served in resources_for(options.dialects, options.split_count):
+            allocator: Allocator = EmptyAllocator()
+            if served.allocate is not None:
+                handshake = HandshakeAllocator(
+                    options.node_name,
+                    lambda: self.service.gpus,
+                    options.unit,
+                    self.pods,
+                    dialect=served.allocate,
+                    mps=options.mps,
+                    mps_paths=mps_paths,
+                    events=events,
+                    observe=self.metrics.observe_allocate,
+                )
+                self.dialect_allocators.append(handshake)
+                allocator = handshake
+            service = DevicePluginService(
+                self._physical,
+                options.unit,
+                allocator,
+                per_gpu=served.per_gpu,
+                resource=served.resource,
+            )
+            self.dialect_runners.append(
+                PluginRunner(
+                    service,
+                    socket_dir=options.socket_dir,
+                    socket_name=served.socket_name,
+                    resource_name=served.resource,
+                )
+            )
+
+    @property
+    def services(self) -> list[DevicePluginService]:
+        """Every resource's service: ``aliyun.com/gpu-mem`` first, then the dialects'."""
+        return [self.service, *(runner.service for runner in self.dialect_runners)]
+
+    def _set_unit(self, unit: MemoryUnit) -> None:
+        for allocator in (self.allocator, *self.dialect_allocators):
+            allocator.set_unit(unit)
+
+    async def _set_inventory(self, gpus: list[PhysicalGpu], unit: MemoryUnit) -> None:
+        """Advertise ``gpus`` on every resource (the dialects' first: a list too large for one
+        of them changes nothing)."""
+        for service in self.services:
+            service.check_size(gpus, unit)
+        for service in self.services:
+            await service.set_inventory(gpus, unit)
+        self._set_unit(unit)
 
     async def publish(self, *, force: bool = False) -> None:
         """Publish the current inventory; ``KubeError`` when the API server refuses."""
@@ -263,13 +326,15 @@ class DevicePluginDaemon:
     async def _health_changed(self, index: int, healthy: bool) -> None:
         """An XID transition of GPU ``index``."""
         self._xid_healthy[index] = healthy
-        await self.service.set_health(index, self._healthy(index))
+        for service in self.services:
+            await service.set_health(index, self._healthy(index))
         await self._republish()
 
     async def _apply_health(self) -> None:
         """Every GPU's health from its sources, then publish."""
         for index in self._xid_healthy:
-            await self.service.set_health(index, self._healthy(index))
+            for service in self.services:
+                await service.set_health(index, self._healthy(index))
         await self._republish()
 
     async def _mps_health_changed(self, healthy: bool) -> None:
@@ -337,8 +402,7 @@ class DevicePluginDaemon:
             self._wanted, self._deferred = None, ""
             self.node_config_metrics.set(deferred=False)
             gpus = [replace(g, healthy=self._healthy(g.index)) for g in new.gpus]
-            await self.service.set_inventory(gpus, new.unit)
-            self.allocator.set_unit(new.unit)
+            await self._set_inventory(gpus, new.unit)
             self.configured = new
         text = f"node config for node {node} applied: {new.describe()}"
         log.info("%s", text)
@@ -376,8 +440,7 @@ class DevicePluginDaemon:
         published = self._published_unit(watch)
         if published is not None and published is not self.options.unit:
             baseline = Configured(tuple(self._physical), published, Serves.BOTH, NodeConfig())
-            await self.service.set_inventory(list(self._physical), published)
-            self.allocator.set_unit(published)
+            await self._set_inventory(list(self._physical), published)
             self.configured = baseline
         self._config_ready = True
         await self._reconfigure(watch.config, publish=False)
@@ -430,6 +493,9 @@ class DevicePluginDaemon:
                 await self.mps.start()
                 mps = asyncio.create_task(self.mps.run(), name="gpushare-mps")
             await self.runner.start()
+            for runner in self.dialect_runners:
+                await runner.start()
+                log.info("serving %s on %s", runner.resource_name, runner.socket_path)
             if self._nvml is not None and options.health:
                 watcher = HealthWatcher(
                     self._nvml,
@@ -453,10 +519,12 @@ class DevicePluginDaemon:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            await self.runner.stop()
+            for runner in (*self.dialect_runners, self.runner):
+                await runner.stop()
             if self.mps is not None:
                 await self.mps.stop()
-            await self.allocator.drain_events()
+            for allocator in (self.allocator, *self.dialect_allocators):
+                await allocator.drain_events()
             await self.pods.stop()
             if self.metrics_server is not None:
                 await self.metrics_server.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -28,6 +28,7 @@ __all__ = [
     "RESOURCE_GPU_MEM",
     "UNHEALTHY",
     "DeviceListTooLargeError",
+    "DevicesPerGpu",
     "FakeGpuSpecError",
     "FakeInventory",
     "Inventory",
@@ -215,26 +216,47 @@ def gpu_of_device(ident: str) -> str:
     return uuid
 
 
-def build_devices(gpus: Sequence[PhysicalGpu], unit: MemoryUnit) -> list[api_pb2.Device]:
-    """One device per memory unit per GPU, health taken from its GPU."""
+DevicesPerGpu = Callable[[PhysicalGpu], int]
+"""How many devices a resource advertises for one GPU (a dialect's resource,
+``gpushare.deviceplugin.dialects``); ``None`` where accepted: one per memory unit."""
+
+
+def _count(gpu: PhysicalGpu, unit: MemoryUnit, per_gpu: DevicesPerGpu | None) -> int:
+    return gpu.units(unit) if per_gpu is None else per_gpu(gpu)
+
+
+def build_devices(
+    gpus: Sequence[PhysicalGpu], unit: MemoryUnit, per_gpu: DevicesPerGpu | None = None
+) -> list[api_pb2.Device]:
+    """One device per memory unit per GPU (or ``per_gpu(gpu)`` devices), health taken from
+    its GPU."""
     return [
         api_pb2.Device(ID=device_id(gpu, n), health=HEALTHY if gpu.healthy else UNHEALTHY)
         for gpu in gpus
-        for n in range(gpu.units(unit))
+        for n in range(_count(gpu, unit, per_gpu))
     ]
 
 
 def list_and_watch_response(
-    gpus: Sequence[PhysicalGpu], unit: MemoryUnit
+    gpus: Sequence[PhysicalGpu], unit: MemoryUnit, per_gpu: DevicesPerGpu | None = None
 ) -> api_pb2.ListAndWatchResponse:
     """The full ListAndWatch message for the current GPUs."""
-    return api_pb2.ListAndWatchResponse(devices=build_devices(gpus, unit))
+    return api_pb2.ListAndWatchResponse(devices=build_devices(gpus, unit, per_gpu))
 
 
 class DeviceListTooLargeError(ValueError):
     """The device list would not fit into one kubelet gRPC message."""
 
-    def __init__(self, gpus: int, devices: int, size: int, unit: MemoryUnit, limit: int) -> None:
+    def __init__(
+        self,
+        gpus: int,
+        devices: int,
+        size: int,
+        unit: MemoryUnit,
+        limit: int,
+        *,
+        resource: str = RESOURCE_GPU_MEM,
+    ) -> None:
         self.gpus = gpus
         self.limit = limit
         self.devices = devices
@@ -242,12 +264,13 @@ class DeviceListTooLargeError(ValueError):
         self.unit = unit
         fix = (
             "use --memory-unit GiB"
-            if unit is MemoryUnit.MIB
+            if unit is MemoryUnit.MIB and resource == RESOURCE_GPU_MEM
             else "split the node's GPUs over several plugins/resources"
         )
+        of = f"1 {unit.value}" if resource == RESOURCE_GPU_MEM else resource
         super().__init__(
-            f"refusing to start: the {RESOURCE_GPU_MEM} device list ({gpus} GPU(s), {devices} "
-            f"devices of 1 {unit.value}) serialises to at least {size} bytes, over kubelet's "
+            f"refusing to start: the {resource} device list ({gpus} GPU(s), {devices} "
+            f"devices of {of}) serialises to at least {size} bytes, over kubelet's "
             f"{limit}-byte gRPC message limit (4 MiB = {KUBELET_MAX_MESSAGE_BYTES}); {fix}"
         )
 
@@ -263,7 +286,11 @@ def _device_entry_bytes(ident: str, health: str) -> int:
 
 
 def check_message_size(
-    gpus: Sequence[PhysicalGpu], unit: MemoryUnit, limit: int = KUBELET_MAX_MESSAGE_BYTES
+    gpus: Sequence[PhysicalGpu],
+    unit: MemoryUnit,
+    limit: int = KUBELET_MAX_MESSAGE_BYTES,
+    per_gpu: DevicesPerGpu | None = None,
+    resource: str = RESOURCE_GPU_MEM,
 ) -> int:
     """Serialised size of the worst-case ListAndWatch message; raise if it exceeds `limit`.
 
@@ -273,10 +300,15 @@ def check_message_size(
     """
     size = 0
     for gpu in gpus:
-        for n in range(gpu.units(unit)):
+        for n in range(_count(gpu, unit, per_gpu)):
             size += _device_entry_bytes(device_id(gpu, n), UNHEALTHY)
             if size > limit:
                 raise DeviceListTooLargeError(
-                    len(gpus), sum(g.units(unit) for g in gpus), size, unit, limit
+                    len(gpus),
+                    sum(_count(g, unit, per_gpu) for g in gpus),
+                    size,
+                    unit,
+                    limit,
+                    resource=resource,
                 )
     return size

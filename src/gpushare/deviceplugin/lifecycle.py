@@ -35,7 +35,6 @@ from types import TracebackType
 
 from watchfiles import Change, awatch
 
-from gpushare.deviceplugin.inventory import check_message_size
 from gpushare.deviceplugin.registration import (
     DEVICE_PLUGIN_DIR,
     KUBELET_SOCKET_NAME,
@@ -148,7 +147,7 @@ class PluginRunner:
         """
         if self._task is not None:
             raise RuntimeError("PluginRunner already started")
-        check_message_size(self.service.gpus, self.service.unit)
+        self.service.check_size(self.service.gpus, self.service.unit)
         if not self.socket_dir.is_dir():
             raise FileNotFoundError(
                 f"kubelet's device-plugin directory {self.socket_dir} does not exist "

@@ -33,9 +33,11 @@ from grpc import aio
 
 from gpushare.deviceplugin._proto import api_pb2, api_pb2_grpc
 from gpushare.deviceplugin.inventory import (
+    RESOURCE_GPU_MEM,
+    DevicesPerGpu,
     PhysicalGpu,
+    build_devices,
     check_message_size,
-    device_id,
     list_and_watch_response,
 )
 from gpushare.kube.codec import MemoryUnit
@@ -144,24 +146,38 @@ class Allocator(Protocol):
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
-    """DevicePlugin servicer over a GPU list; `set_health` re-sends the list to every stream."""
+    """DevicePlugin servicer over a GPU list; `set_health` re-sends the list to every stream.
+
+    It advertises `resource` (default `aliyun.com/gpu-mem`): one device per memory unit per
+    GPU, or `per_gpu(gpu)` devices for a dialect's resource (`gpushare.deviceplugin.dialects`).
+    """
 
     def __init__(
         self,
         gpus: Sequence[PhysicalGpu],
         unit: MemoryUnit = MemoryUnit.GIB,
         allocator: Allocator | None = None,
+        *,
+        per_gpu: DevicesPerGpu | None = None,
+        resource: str = RESOURCE_GPU_MEM,
     ) -> None:
-        check_message_size(gpus, unit)
+        self.per_gpu = per_gpu
+        self.resource = resource
+        self.check_size(gpus, unit)
         self._gpus = list(gpus)
         self._unit = unit
         self._allocator = allocator
-        self._device_ids = frozenset(
-            device_id(gpu, n) for gpu in self._gpus for n in range(gpu.units(unit))
-        )
+        self._device_ids = self._ids(self._gpus, unit)
         self._version = 0
         self._epoch = 0
         self._changed = asyncio.Condition()
+
+    def check_size(self, gpus: Sequence[PhysicalGpu], unit: MemoryUnit) -> int:
+        """``check_message_size`` of this resource's device list for ``gpus``."""
+        return check_message_size(gpus, unit, per_gpu=self.per_gpu, resource=self.resource)
+
+    def _ids(self, gpus: Sequence[PhysicalGpu], unit: MemoryUnit) -> frozenset[str]:
+        return frozenset(ident.ID for ident in build_devices(gpus, unit, self.per_gpu))
 
     @property
     def unit(self) -> MemoryUnit:
@@ -192,13 +208,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         """Advertise ``gpus`` in ``unit`` from now on (the node's configuration changed,
         ``gpushare.deviceplugin.nodeconfig``); every stream gets the new list.
         ``DeviceListTooLargeError`` (nothing changed) when it would not fit one message."""
-        check_message_size(gpus, unit)
+        self.check_size(gpus, unit)
         async with self._changed:
             self._gpus = list(gpus)
             self._unit = unit
-            self._device_ids = frozenset(
-                device_id(gpu, n) for gpu in self._gpus for n in range(gpu.units(unit))
-            )
+            self._device_ids = self._ids(self._gpus, unit)
             self._version += 1
             self._changed.notify_all()
 
@@ -229,7 +243,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 if self._epoch != epoch:
                     return
                 seen = self._version
-                response = list_and_watch_response(self._gpus, self._unit)
+                response = list_and_watch_response(self._gpus, self._unit, self.per_gpu)
             yield response
 
     async def GetPreferredAllocation(  # noqa: N802 (gRPC method name)

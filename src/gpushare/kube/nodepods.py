@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from lightkube import AsyncClient
 from lightkube.core.client import FieldValue
@@ -46,7 +46,9 @@ def _ignore(_change: Change) -> None:
 
 
 class NodePods:
-    """GPU-memory pods bound to node ``node_name`` (module doc). ``client`` is the caller's."""
+    """GPU-memory pods bound to node ``node_name`` (module doc). ``client`` is the caller's;
+    ``keep`` chooses the pods kept (``requests_gpu`` also keeps the request dialects' pods,
+    for a plugin that serves them: ``gpushare.deviceplugin.dialects``)."""
 
     def __init__(
         self,
@@ -55,8 +57,10 @@ class NodePods:
         *,
         backoff: Backoff | None = None,
         watch_timeout_s: int = 300,
+        keep: Callable[[Pod], bool] = requests_gpu_mem,
     ) -> None:
         self._client = client
+        self._keep = keep
         self.node_name = node_name
         self._fields: dict[str, FieldValue] = {"spec.nodeName": node_name}
         self._task: asyncio.Task[None] | None = None
@@ -71,7 +75,7 @@ class NodePods:
                 server_timeout=timeout_s,
             ),
             key=_pod_key,
-            keep=requests_gpu_mem,
+            keep=keep,
             sink=_ignore,
             backoff=backoff or Backoff(),
             watch_timeout_s=watch_timeout_s,
@@ -114,7 +118,7 @@ class NodePods:
             return [
                 pod.to_dict()
                 async for pod in self._client.list(Pod, namespace="*", fields=self._fields)
-                if requests_gpu_mem(pod)
+                if self._keep(pod)
             ]
         except CLIENT_ERRORS as error:
             raise api_call_error(f"LIST pods on node {self.node_name}", error) from error

@@ -179,11 +179,14 @@ class GpuStack:
 
     The plugin runs with a ServiceAccount holding exactly its documented rules and the real
     kubelet's ``/var/lib/kubelet/device-plugins/``; the extender with the admin identity.
+    ``dialects`` (e.g. ``("tencent", "hami")``): the plugin also serves those dialects'
+    resources (``--dialects``) and kube-scheduler sends their pods to the extender.
     """
 
     plane: ControlPlane
     node: RealNode
     fake_gpus: str = "2x16GiB:T4"
+    dialects: tuple[str, ...] = ()
     workdir: Path = field(init=False)
     extender: ManagedProcess = field(init=False)
     plugin: ManagedProcess = field(init=False)
@@ -222,6 +225,8 @@ class GpuStack:
                 "--kubeconfig", str(kubeconfig), "--metrics-port", str(self.metrics_port),
                 "--log-level", "debug",
             )  # fmt: skip
+            if self.dialects:
+                self._plugin_argv += ["--dialects", ",".join(self.dialects)]
             self.start_plugin()
             self._stack.callback(lambda: self._stop(self.plugin))
             self._stack.enter_context(
@@ -229,7 +234,10 @@ class GpuStack:
                     "kube-scheduler-gpushare",
                     profiles=[{"schedulerName": SCHEDULER_NAME}],
                     extenders=[
-                        gpushare_extender(f"http://127.0.0.1:{self.extender_port}{EXTENDER_PREFIX}")
+                        gpushare_extender(
+                            f"http://127.0.0.1:{self.extender_port}{EXTENDER_PREFIX}",
+                            dialects=bool(self.dialects),
+                        )
                     ],
                 )
             )
