@@ -2,8 +2,8 @@
 10,000 pods, and the time from start to ``/readyz`` with every node and pod in the API server.
 
 Run: ``make bench-scale`` (or ``.venv/bin/python bench/scale.py [--nodes 5000] [--pods 50000]
-[--step 10000] [--cold-starts 3] [--concurrency 32]``). Needs the test control plane
-(``make controlplane``).
+[--step 10000] [--cold-starts 3] [--concurrency 32] [--profile out/cold.raw]``). Needs the
+test control plane (``make controlplane``); ``--profile``, py-spy (``pip install -e '.[bench]'``).
 
 Set-up: a real control plane (etcd, kube-apiserver; its kube-scheduler and kwok idle) and
 ``--nodes`` GPU-share Nodes with eight 16 GiB GPUs each, created directly in the API server.
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,8 +109,10 @@ async def create_all(kube: AsyncClient, objects: Sequence[object], concurrency: 
 class Extender:
     """One ``gpushare extender --kubeconfig`` process, timed from ``exec`` to ``/readyz``."""
 
-    def __init__(self, kubeconfig: Path, workdir: Path) -> None:
+    def __init__(self, kubeconfig: Path, workdir: Path, profile: Path | None = None) -> None:
         (self.port,) = free_ports(1)
+        self.profile = profile
+        self.profiler: subprocess.Popen[bytes] | None = None
         argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", "extender"]
         argv += ["--kubeconfig", str(kubeconfig), "--host", "127.0.0.1"]
         argv += ["--port", str(self.port), "--log-level", "warning"]
@@ -120,12 +123,22 @@ class Extender:
         """Start it; the seconds until ``/readyz`` first answers 200."""
         started = time.monotonic()
         self.process.start()
+        if self.profile is not None:  # py-spy attached from the start; it writes when we exit
+            spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(self.pid)]
+            spy += ["--format", "raw", "--rate", "200", "--output", str(self.profile)]
+            self.profiler = subprocess.Popen(spy, stdout=subprocess.DEVNULL)
         while http_get(f"{self.url}/readyz", 5.0)[0] != 200:
             self.process.check_running()
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"extender not ready after {timeout_s:g} s")
             time.sleep(0.05)
         return time.monotonic() - started
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM), and wait for py-spy to write its profile."""
+        self.process.stop()
+        if self.profiler is not None:
+            self.profiler.wait(60)
 
     @property
     def pid(self) -> int:
@@ -239,16 +252,24 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> None:
         readies, cold_rss, cold_hwm = [], [], []
         for run_index in range(args.cold_starts):
             cold = Extender(plane.kubeconfig, Path(workdir))
+            api_before = cpu_s(apiserver)
             ready_s = cold.start()
             rss, hwm = cold.rss_mib()
-            cold.process.stop()
+            own_cpu_s, api_cpu_s = cpu_s(cold.pid), cpu_s(apiserver) - api_before
+            cold.stop()
             readies.append(ready_s)
             cold_rss.append(rss)
             cold_hwm.append(hwm)
             log(
                 f"cold start {run_index + 1}/{args.cold_starts} with {args.nodes} nodes and "
-                f"{created} pods: ready after {ready_s:.2f} s, RSS {rss:.0f} MiB (peak {hwm:.0f})"
+                f"{created} pods: ready after {ready_s:.2f} s, RSS {rss:.0f} MiB (peak {hwm:.0f}); "
+                f"CPU: the extender {own_cpu_s:.1f} s, kube-apiserver {api_cpu_s:.1f} s"
             )
+        if args.profile is not None:
+            profiled = Extender(plane.kubeconfig, Path(workdir), args.profile)
+            ready_s = profiled.start()
+            profiled.stop()
+            log(f"cold start under py-spy: ready after {ready_s:.2f} s; profile {args.profile}")
         median = statistics.median(readies)
         log(
             f"cold start: median {median:.2f} s (runs {', '.join(f'{r:.2f}' for r in readies)})"
@@ -265,6 +286,11 @@ def main() -> int:
     parser.add_argument("--step", type=int, default=10000)
     parser.add_argument("--cold-starts", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="also one cold start under py-spy (make bench-scale installs it), raw stacks here",
+    )
     args = parser.parse_args()
     started = time.monotonic()
 
