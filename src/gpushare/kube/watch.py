@@ -297,8 +297,12 @@ class Reflector:
         async for item in result:
             if self.keep(item):
                 key = self.key(item)
-                versions[key] = _resource_version(item)
-                fresh[key] = _plain(item)
+                version = versions[key] = _resource_version(item)
+                known = self._store.get(key)
+                if known is not None and self._versions.get(key) == version:
+                    fresh[key] = known  # unchanged: no second copy while the list runs
+                else:
+                    fresh[key] = _plain(item)
         rv = result.resourceVersion
         self._replace(fresh, versions)
         self._counters.lists += 1
