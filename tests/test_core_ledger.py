@@ -549,7 +549,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def record(self, allocation: Allocation, assumed: bool) -> None:
         before = snapshot(self.ledger, PODS)
+        node = self.nodes.get(allocation.node)
+        free_before = self.recomputed(node).gpu_free if node is not None else ()
         result = self.ledger.assume(allocation) if assumed else self.ledger.apply(allocation)
+        # The free units reported are the node's as a NodeState counts them, before the call.
+        assert result.free_per_gpu == free_before
         recorded = self.model.get(allocation.pod)
         if recorded is not None:
             if recorded[0] != allocation:

@@ -378,9 +378,14 @@ class Ledger:
         node = None if book is None else book.node
         free: tuple[int, ...] = ()
         capacity: tuple[int, ...] = ()
-        if book is not None and node is not None:
-            state = self.state(allocation.node)
-            free = state.gpu_free
+        if book is not None and node is not None:  # NodeState.gpu_free, without building one
+            units, holders = book.gpu_used, book.whole_holders
+            free = tuple(
+                gpu.capacity - units.get(gpu.index, 0)
+                if gpu.healthy and (not holders or gpu.index not in holders)
+                else 0
+                for gpu in node.gpus
+            )
             capacity = tuple(gpu.capacity for gpu in node.gpus)
 
         def result(
