@@ -16,6 +16,7 @@ from gpushare.core.handshake import (
     PinStatus,
     Step,
     forced_fit,
+    handshake_fit,
     match_allocate,
     pin,
     steps_of,
@@ -23,6 +24,7 @@ from gpushare.core.handshake import (
 from gpushare.core.model import (
     Allocation,
     ContainerAllocation,
+    ContainerRequest,
     Gpu,
     Node,
     NodeState,
@@ -143,6 +145,48 @@ def test_forced_fit(
         state, request("ns/c", ("main", 4, 1)), [ContainerAllocation(*a) for a in assignment]
     )
     assert (result.status, result.reason) == (status, reason)
+
+
+A_COMPUTE = PendingPod("ns/a", (Step("main", (0,), 4, compute_milli=600),), 1, 0)
+
+
+def compute_request(compute_milli: int) -> PodRequest:
+    return PodRequest("ns/c", (ContainerRequest("main", 4, 1, compute_milli=compute_milli),))
+
+
+@pytest.mark.parametrize(
+    "compute_milli",
+    [
+        pytest.param(600, id="equal-compute-pinned-to-a-gpu-without-that-compute-waits"),
+        pytest.param(300, id="other-compute-same-memory-waits"),
+        pytest.param(200, id="other-compute-that-would-fit-still-waits"),
+    ],
+)
+def test_the_pin_rule_counts_compute(compute_milli: int) -> None:
+    """A pod pinned to an equal pending pod's GPUs asks compute there too: the pinned GPU must
+    hold it (else the pod waits), and a pod asking other compute is not equal (it waits)."""
+    node = Node("n", (Gpu(0, "T4", 16), Gpu(1, "T4", 16)))
+    blocker = Allocation("ns/a", "n", (ContainerAllocation("main", (0,), 4, compute_milli=600),))
+    state = NodeState.empty(node).with_allocation(blocker)
+    result = handshake_fit(state, compute_request(compute_milli), [A_COMPUTE])
+    assert (result.status, result.reason) == (FitStatus.DOES_NOT_FIT_NOW, Reason.HANDSHAKE)
+
+
+def test_a_pod_pinned_to_a_gpu_with_room_records_its_compute() -> None:
+    node = Node("n", (Gpu(0, "T4", 16), Gpu(1, "T4", 16)))
+    blocker = Allocation("ns/a", "n", (ContainerAllocation("main", (0,), 4, compute_milli=300),))
+    state = NodeState.empty(node).with_allocation(blocker)
+    pending_a = PendingPod("ns/a", (Step("main", (0,), 4, compute_milli=300),), 1, 0)
+    pod = compute_request(300)
+    rule = pin(pod, [pending_a])
+    assert rule.status is PinStatus.FORCED
+    assert rule.assignment == (ContainerAllocation("main", (0,), 4, compute_milli=300),)
+    result = handshake_fit(state, pod, [pending_a])
+    assert result.fits
+    assert result.assignment == rule.assignment
+    other = Allocation("ns/x", "n", (ContainerAllocation("x", (0,), 1, compute_milli=500),))
+    fuller = forced_fit(state.with_allocation(other), pod, rule.assignment)
+    assert fuller.reason is Reason.INSUFFICIENT_COMPUTE
 
 
 def test_steps_follow_spec_order() -> None:

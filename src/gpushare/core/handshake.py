@@ -37,7 +37,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
-from gpushare.core.model import Allocation, ContainerAllocation, NodeState, PodRequest
+from gpushare.core.model import (
+    GPU_COMPUTE_MILLI,
+    Allocation,
+    ContainerAllocation,
+    NodeState,
+    PodRequest,
+)
 
 __all__ = [
     "Match",
@@ -257,12 +263,16 @@ def pin(pod: PodRequest, pending: Sequence[PendingPod]) -> Pin:
     if not blockers:
         return Pin(PinStatus.FREE)
     blocker = blockers[0]
-    asked = tuple((c.gpu_share, c.gpu_count) for c in containers)
-    given = tuple((s.share, len(s.gpu_indices)) for s in blocker.steps)
+    # Equal means equal in every dimension: a pod asking other compute (or whole GPUs) than the
+    # blocker's recorded steps waits; one asking the same takes its GPUs with that compute.
+    asked = tuple((c.gpu_share, c.gpu_count, c.compute_milli, c.exclusive) for c in containers)
+    given = tuple(
+        (s.share, len(s.gpu_indices), s.compute_milli, s.exclusive) for s in blocker.steps
+    )
     if asked != given or any(b.answers != blocker.answers for b in blockers):
         return Pin(PinStatus.WAIT, blocker=blocker)
     assignment = tuple(
-        ContainerAllocation(c.name, step.gpu_indices, c.gpu_share)
+        ContainerAllocation(c.name, step.gpu_indices, c.gpu_share, c.compute_milli, c.exclusive)
         for c, step in zip(containers, blocker.steps, strict=True)
     )
     return Pin(PinStatus.FORCED, assignment, blocker)
@@ -281,12 +291,18 @@ def forced_fit(
     state: NodeState, pod: PodRequest, assignment: Sequence[ContainerAllocation]
 ) -> FitResult:
     """Whether ``pod`` fits ``state`` with exactly ``assignment``: every GPU healthy, of a model
-    each container allows, with enough free for all the shares put on it. ``FITS`` carries the
+    each container allows, with enough free memory for all the shares put on it and enough
+    free compute for the compute they ask (none on a GPU held whole). ``FITS`` carries the
     assignment; otherwise ``DOES_NOT_FIT_NOW`` with the numbers of the first GPU short."""
     position = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
     allows = {c.name: c for c in pod.gpu_containers}
     needed: dict[int, int] = {}
+    compute: dict[int, int] = {}
     for container in assignment:
+        if container.compute_milli or container.exclusive:
+            milli = GPU_COMPUTE_MILLI if container.exclusive else container.compute_milli
+            for index in container.gpu_indices:
+                compute[index] = compute.get(index, 0) + milli
         request = allows[container.container]
         for index in container.gpu_indices:
             p = position.get(index)
@@ -302,6 +318,15 @@ def forced_fit(
             return FitResult(
                 FitStatus.DOES_NOT_FIT_NOW, Reason.INSUFFICIENT_GPU, amount,
                 state.gpu_free, state.node.capacities, available=free,
+            )  # fmt: skip
+    compute_free = state.gpu_compute_free if compute else ()
+    for index, milli in compute.items():
+        p = position[index]
+        if milli > compute_free[p]:
+            return FitResult(
+                FitStatus.DOES_NOT_FIT_NOW, Reason.INSUFFICIENT_COMPUTE, milli,
+                state.gpu_free, state.node.capacities, available=compute_free[p],
+                compute_free_per_gpu=compute_free,
             )  # fmt: skip
     return FitResult(
         FitStatus.FITS, Reason.FITS, free_per_gpu=state.gpu_free,
