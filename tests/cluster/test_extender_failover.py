@@ -19,7 +19,11 @@ from gpushare.testing.failover import FailoverPlan, FailoverResult, run_failover
 
 pytestmark = pytest.mark.cluster
 
-PLAN = FailoverPlan(nodes=10, gpus_per_node=8, gpu_gib=16, pods=100, replicas=3, kills=1)
+# Created at 20 pods/s (a 5 s burst): the kill, at up to 66 pods bound plus up to 1 s, lands
+# while pods are still arriving, however fast the machine binds them.
+PLAN = FailoverPlan(
+    nodes=10, gpus_per_node=8, gpu_gib=16, pods=100, replicas=3, kills=1, create_interval_s=0.05
+)
 FAILOVER_BUDGET_S = 15.0
 
 
