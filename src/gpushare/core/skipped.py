@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpushare.core.model import Allocation, Node, NodeState
 
@@ -127,12 +127,4 @@ def charged(state: NodeState, skipped: Iterable[SkippedPod], units_off_node: int
     if not everywhere and not any(extra):
         return state
     used = tuple(u + e + everywhere for u, e in zip(state.gpu_used, extra, strict=True))
-    return NodeState(
-        node=state.node,
-        gpu_used=used,
-        cpu_used_milli=state.cpu_used_milli,
-        memory_used_mib=state.memory_used_mib,
-        workload_tags=state.workload_tags,
-        gpu_compute_used=state.gpu_compute_used,
-        gpu_whole=state.gpu_whole,
-    )
+    return replace(state, gpu_used=used)  # every other field kept, whatever NodeState gains
