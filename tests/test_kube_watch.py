@@ -18,9 +18,10 @@ import pytest
 from lightkube.core.exceptions import ApiError
 from lightkube.models.core_v1 import Container, PodSpec, PodStatus, ResourceRequirements
 from lightkube.models.meta_v1 import ManagedFieldsEntry, ObjectMeta, Status
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from gpushare.kube.cache import requests_gpu_mem
+from gpushare.kube.snapshot import read_cluster
 from gpushare.kube.watch import Backoff, Change, Reflector
 
 T = TypeVar("T")
@@ -174,7 +175,10 @@ def test_list_then_watch_reports_every_change_of_kept_objects() -> None:
     run(scenario)
 
 
-def managed(p: Pod) -> Pod:
+Listed = TypeVar("Listed", Pod, Node)
+
+
+def managed(p: Listed) -> Listed:
     """``p`` with ``metadata.managedFields`` as the API server returns them."""
     assert p.metadata is not None
     p.metadata.managedFields = [
@@ -208,6 +212,28 @@ def test_stored_objects_leave_out_managed_fields() -> None:
         await stopped(task)
 
     run(scenario)
+
+
+def test_kubectl_inspects_listing_leaves_out_managed_fields_too() -> None:
+    """``read_cluster`` (the kubectl plugin's 20,000 pods) reads objects as the cache does."""
+
+    class Client:
+        def list(self, kind: type, **_: object) -> AsyncIterator[Any]:
+            items = (
+                [managed(pod("p", 1))]
+                if kind is Pod
+                else [managed(Node(metadata=ObjectMeta(name="n1")))]
+            )
+
+            async def listed() -> AsyncIterator[Any]:
+                for item in items:
+                    yield item
+
+            return listed()
+
+    objects = asyncio.run(read_cluster(Client()))  # type: ignore[arg-type]
+    assert [o["metadata"]["name"] for o in (*objects.nodes, *objects.pods)] == ["n1", "p"]
+    assert all("managedFields" not in o["metadata"] for o in (*objects.nodes, *objects.pods))
 
 
 def test_expiry_relists_and_reports_only_the_difference() -> None:

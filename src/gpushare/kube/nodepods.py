@@ -24,7 +24,7 @@ from lightkube.types import PatchType
 
 from gpushare.kube.cache import requests_gpu_mem
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
-from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector
+from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector, plain_dict
 
 __all__ = ["RBAC_RULES", "NodePods"]
 
@@ -116,7 +116,7 @@ class NodePods:
         failure."""
         try:
             return [
-                pod.to_dict()
+                plain_dict(pod)
                 async for pod in self._client.list(Pod, namespace="*", fields=self._fields)
                 if self._keep(pod)
             ]

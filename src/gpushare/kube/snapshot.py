@@ -2,7 +2,7 @@
 
 :func:`read_cluster` lists straight from the API server (no watch, no cache, no extender), so
 the inspect tool works when the extender is down. The objects are the API server's JSON as
-plain dicts (``obj.to_dict()``), as the cache keeps them; the caller turns them into a report.
+plain dicts (``plain_dict``), as the cache keeps them; the caller turns them into a report.
 
 RBAC: ``nodes`` ``list`` (cluster-wide) and ``pods`` ``list`` (all namespaces, or the one given):
 :data:`RBAC_RULES`.
@@ -18,7 +18,7 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from gpushare.kube.cache import requests_gpu
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
-from gpushare.kube.watch import JsonObject
+from gpushare.kube.watch import JsonObject, plain_dict
 
 __all__ = [
     "LIST_NODES",
@@ -60,14 +60,14 @@ async def read_cluster(
     :data:`LIST_PODS` with `` in NAMESPACE`` when one is given) when a list fails.
     """
     try:
-        nodes = tuple([node.to_dict() async for node in client.list(Node, chunk_size=chunk_size)])
+        nodes = tuple([plain_dict(node) async for node in client.list(Node, chunk_size=chunk_size)])
     except CLIENT_ERRORS as error:
         raise api_call_error(LIST_NODES, error) from error
     what = LIST_PODS if namespace is None else f"{LIST_PODS} in {namespace}"
     try:
         pods = tuple(
             [
-                pod.to_dict()
+                plain_dict(pod)
                 async for pod in client.list(Pod, namespace=namespace or "*", chunk_size=chunk_size)
                 if requests_gpu(pod)
             ]

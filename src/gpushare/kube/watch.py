@@ -48,7 +48,16 @@ from lightkube.models.meta_v1 import ObjectMeta
 from gpushare.kube.codec import pod_finished
 from gpushare.kube.errors import CLIENT_ERRORS, Failure, classify
 
-__all__ = ["Action", "Backoff", "Change", "KubeObject", "ListResult", "Reflector", "WatchStats"]
+__all__ = [
+    "Action",
+    "Backoff",
+    "Change",
+    "KubeObject",
+    "ListResult",
+    "Reflector",
+    "WatchStats",
+    "plain_dict",
+]
 
 JsonObject = dict[str, Any]
 _LOG = logging.getLogger(__name__)
@@ -63,9 +72,11 @@ class KubeObject(Protocol):
     def to_dict(self) -> dict[Any, Any]: ...
 
 
-def _plain(obj: KubeObject) -> JsonObject:
+def plain_dict(obj: KubeObject) -> JsonObject:
     """``obj`` as a plain dict (``to_dict``) without ``metadata.managedFields`` (module doc,
-    "Memory"); ``obj``, a fresh object from a list or a watch event, loses them too."""
+    "Memory": nothing in gpushare reads them, and they are half of a pod's dict); ``obj``, a
+    fresh object from a list or a watch event, loses them too. Every read of objects into
+    dicts goes through it (the cache, kubectl inspect's listing, the device plugin's)."""
     metadata = obj.metadata
     if metadata is not None and metadata.managedFields:
         metadata.managedFields = None
@@ -302,7 +313,7 @@ class Reflector:
                 if known is not None and self._versions.get(key) == version:
                     fresh[key] = known  # unchanged: no second copy while the list runs
                 else:
-                    fresh[key] = _plain(item)
+                    fresh[key] = plain_dict(item)
         rv = result.resourceVersion
         self._replace(fresh, versions)
         self._counters.lists += 1
@@ -316,10 +327,8 @@ class Reflector:
             if key not in fresh:
                 self._emit(Change(self.kind, Action.DELETE, key, last, last))
         for key, obj in fresh.items():
-            if old_versions.get(key) != versions[key]:
+            if old_versions.get(key) != versions[key]:  # unchanged: _list_once kept the dict
                 self._emit(Change(self.kind, Action.UPSERT, key, obj, old.get(key)))
-            else:
-                fresh[key] = old[key]  # unchanged: keep the dict listeners already saw
 
     async def _watch(self) -> None:
         if self._rv is None or self._relist_waiters:
@@ -348,14 +357,14 @@ class Reflector:
         if event_type in ("ADDED", "MODIFIED"):
             if self.keep(obj):
                 previous = self._store.get(key)
-                current = _plain(obj)
+                current = plain_dict(obj)
                 self._store[key] = current
                 self._versions[key] = rv
                 self._emit(Change(self.kind, Action.UPSERT, key, current, previous))
             elif key in self._store:
                 self._forget(key, None)
         elif event_type == "DELETED" and key in self._store:
-            self._forget(key, _plain(obj))
+            self._forget(key, plain_dict(obj))
         # BOOKMARK (not requested) and unknown types carry only a resourceVersion.
         if rv:
             self._rv = rv
