@@ -96,16 +96,28 @@ def _flag(raw: object) -> bool | None:
     return {"true": True, "false": False}.get(raw) if isinstance(raw, str) else None
 
 
+_INIT_ORDER = (GPU_MEM, GPU_COUNT, *sorted(DIALECT_NAMES))
+"""The GPU resources an init container may not ask, in the order they are read."""
+_INIT_REFUSED = frozenset(_INIT_ORDER)
+
+
+def _asks_none_of(resources: object, names: frozenset[str]) -> bool:
+    """Whether ``resources`` (a container's, as decoded JSON) plainly names none of ``names``
+    in its limits or requests; anything not plain is read the long way, for its error."""
+    if type(resources) is not dict:
+        return resources is None
+    return all(
+        part is None or (type(part) is dict and names.isdisjoint(part))
+        for part in (resources.get("limits"), resources.get("requests"))
+    )
+
+
 def _dialect_ask(container: Json, where: str, total: int | None) -> GpuAsk | None:
     """The container's ask in a dialect other than plain ``aliyun.com/gpu-mem``
     (``gpushare.kube.codec.dialects``), or ``None`` when it names none of their resources."""
     resources = container.get("resources")
-    if type(resources) is dict:  # the common case, checked without copies
-        limits, requests = resources.get("limits"), resources.get("requests")
-        if (not limits or DIALECT_NAMES.isdisjoint(limits)) and (
-            not requests or DIALECT_NAMES.isdisjoint(requests)
-        ):
-            return None
+    if _asks_none_of(resources, DIALECT_NAMES):  # the common case, checked without copies
+        return None
     resources = mapping(resources, where, "resources")
     names: set[str] = set()
     for part in ("limits", "requests"):
@@ -179,8 +191,10 @@ def _refuse_init_containers(spec: Json, subject: str) -> None:
         raise CodecError(subject, "spec.initContainers", raw, "not a list", "a list")
     for i, item in enumerate(raw):
         container = mapping(item, subject, f"spec.initContainers[{i}]")
+        if _asks_none_of(container.get("resources"), _INIT_REFUSED):
+            continue  # the common init container (istio-init, a copier): nothing to read
         where = f"{subject} init container {container.get('name')}"
-        for name in (GPU_MEM, GPU_COUNT, *sorted(DIALECT_NAMES)):
+        for name in _INIT_ORDER:
             asked = _resource(container, where, name)
             if asked:
                 raise CodecError(
