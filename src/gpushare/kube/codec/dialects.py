@@ -64,7 +64,7 @@ class MemoryBasis(enum.StrEnum):
 
     NODE_UNITS = "units of the node"
     MIB = "MiB"
-    PERCENT = "percent of the GPU"
+    PERCENT = "% of the GPU"
 
 
 DIALECT_RESOURCES: Mapping[Dialect, frozenset[str]] = {

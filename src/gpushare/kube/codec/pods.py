@@ -44,10 +44,8 @@ from gpushare.kube.codec.dialects import (
     DIALECT_NAMES,
     Dialect,
     GpuAsk,
-    MemoryBasis,
     container_ask,
 )
-from gpushare.kube.codec.resolve import MIB_BASIS, PERCENT_BASIS
 
 # -- pod requests ----------------------------------------------------------------------------
 
@@ -296,9 +294,8 @@ def _dialect_container(name: str, ask: GpuAsk, allowed: frozenset[str]) -> Conta
     percent (``memory_basis``, resolved per node by ``gpushare.kube.codec.resolve``)."""
     if ask.exclusive:
         return ContainerRequest(name, 0, ask.gpu_count, allowed, exclusive=True)
-    basis = MIB_BASIS if ask.memory_basis is MemoryBasis.MIB else PERCENT_BASIS
     return ContainerRequest(
-        name, ask.memory, ask.gpu_count, allowed, ask.compute_milli, memory_basis=basis
+        name, ask.memory, ask.gpu_count, allowed, ask.compute_milli, memory_basis=ask.memory_basis
     )
 
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from gpushare.core.model import ContainerRequest, Node, PodRequest
 from gpushare.kube.codec.common import INVENTORY, MemoryUnit
+from gpushare.kube.codec.dialects import MemoryBasis
 
 __all__ = ["MIB_BASIS", "PERCENT_BASIS", "resolve"]
 
-MIB_BASIS = "MiB"
+MIB_BASIS: str = MemoryBasis.MIB
 """``ContainerRequest.memory_basis`` of memory asked in MiB."""
-PERCENT_BASIS = "% of the GPU"
+PERCENT_BASIS: str = MemoryBasis.PERCENT
 """``ContainerRequest.memory_basis`` of memory asked in percent of each GPU's memory."""
 
 
