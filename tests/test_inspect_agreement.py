@@ -22,7 +22,7 @@ from gpushare.core.serves import Serves
 from gpushare.core.skipped import SkipKind
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.outcomes import skipped_note
-from gpushare.inspect.report import NOT_SERVED, Snapshot, build_report
+from gpushare.inspect.report import Snapshot, build_report
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -32,6 +32,7 @@ from gpushare.kube.codec import (
     allocation_annotations,
 )
 from gpushare.kube.codec.common import EXCLUSIVE_ANNOTATION
+from gpushare.kube.codec.resolve import NOT_SERVED
 from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
 from gpushare.testing.nodes import gpu_node
 

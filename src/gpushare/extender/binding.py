@@ -17,7 +17,6 @@ from gpushare.extender.outcomes import (
     UNKNOWN_NODE,
     describe_fit,
     not_gpushare,
-    not_served,
 )
 from gpushare.extender.state import (
     Binder,
@@ -35,7 +34,7 @@ from gpushare.kube.codec import (
     pod_request,
     pod_uid,
 )
-from gpushare.kube.codec.resolve import resolve
+from gpushare.kube.codec.resolve import NotOnNode, on_node
 
 log = logging.getLogger("gpushare.extender.scheduler")
 
@@ -121,13 +120,10 @@ class BindVerb:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
-        refused = not_served(info, pod)
-        if refused:
-            return f"{refused}: {node}"
-        resolved = resolve(pod, info.unit, info.node)
-        if isinstance(resolved, str):
-            return f"gpushare: pod {key} cannot be on node {node}: {resolved}"
-        pod = resolved
+        placed = on_node(pod, info.unit, info.node, info.serves)
+        if isinstance(placed, NotOnNode):
+            return f"gpushare: pod {key} cannot be on node {node}: {placed.text}"
+        pod = placed
         own = self._state.allocation(key)
         if own is not None and own.node == node and _matches(own, pod):
             return own, info  # a retry: the GPUs chosen before

@@ -10,8 +10,6 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from gpushare.core.fit import FitResult, FitStatus
-from gpushare.core.model import PodRequest
-from gpushare.core.serves import serves_refusal
 from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import NodeInfo
 
@@ -24,14 +22,6 @@ HELD = "gpushare: held by the handshake rule, retrying with backoff"
 def not_gpushare(info: NodeInfo) -> str:
     """``gpushare: not a GPU-share node (<why>)`` for a node that takes no GPU-memory pods."""
     return f"{NOT_GPUSHARE} ({info.refusal})"
-
-
-def not_served(info: NodeInfo, pod: PodRequest) -> str:
-    """``gpushare: <why>`` when node ``info`` does not serve the kind of request ``pod`` makes
-    (``gpushare.core.serves``: a whole-GPU pod on a ``shared`` node, a shared pod on a
-    ``whole`` node), ``""`` when it does."""
-    refusal = serves_refusal(info.serves, pod)
-    return f"gpushare: {refusal}" if refusal else ""
 
 
 def describe_fit(result: FitResult, info: NodeInfo) -> str:

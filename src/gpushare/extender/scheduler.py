@@ -67,7 +67,6 @@ from gpushare.extender.outcomes import (
     describe_fit,
     held_error,
     not_gpushare,
-    not_served,
     skipped_note,
 )
 from gpushare.extender.scoring import policy_value, to_priorities
@@ -82,7 +81,7 @@ from gpushare.extender.wire import (
     RequestError,
 )
 from gpushare.kube.codec import CodecError, node_info, object_name, pod_request
-from gpushare.kube.codec.resolve import resolve
+from gpushare.kube.codec.resolve import NotOnNode, on_node
 
 __all__ = [
     "NOT_GPUSHARE",
@@ -265,14 +264,11 @@ class Scheduler:
         reason (``held`` when the handshake rule refused it) or ``CAN_NEVER_FIT`` with the
         reason (also for an unknown or non-GPU-share node)."""
         info = self.state.node(name)
-        refused = not_served(info, pod) if info is not None and info.gpushare else ""
-        if refused:
-            return Verdict(FitStatus.CAN_NEVER_FIT, refused)
-        if info is not None and info.gpushare and not pod.in_node_units:
-            resolved = resolve(pod, info.unit, info.node)
-            if isinstance(resolved, str):
-                return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {resolved}")
-            pod = resolved
+        if info is not None and info.gpushare:
+            placed = on_node(pod, info.unit, info.node, info.serves)
+            if isinstance(placed, NotOnNode):
+                return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {placed.text}")
+            pod = placed
         result = self._fit(name, pod, own) if info is not None and info.gpushare else None
         if info is None or result is None:
             why = UNKNOWN_NODE if info is None else not_gpushare(info)
@@ -286,13 +282,11 @@ class Scheduler:
         """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit
         (or does not serve the pod's kind of request)."""
         info = self.state.node(name)
-        if info is not None and not_served(info, pod):
-            return None
-        if not pod.in_node_units:
-            resolved = None if info is None else resolve(pod, info.unit, info.node)
-            if not isinstance(resolved, PodRequest):
+        if info is not None:
+            placed = on_node(pod, info.unit, info.node, info.serves)
+            if isinstance(placed, NotOnNode):
                 return None
-            pod = resolved
+            pod = placed
         result = self._fit(name, pod, own)
         state = self.state.node_state(name)
         if result is not None and result.fits and state is not None:

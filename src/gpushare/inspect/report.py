@@ -43,7 +43,7 @@ from typing import Any
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
-from gpushare.core.serves import Serves, serves_refusal
+from gpushare.core.serves import Serves
 from gpushare.core.skipped import SkippedPod, charged, refused, unreadable
 from gpushare.kube.codec import (
     TERMINAL_PHASES,
@@ -62,14 +62,9 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.codec.handshake import pending_pod
 from gpushare.kube.codec.record import fast_pod_record
-from gpushare.kube.codec.resolve import resolve
+from gpushare.kube.codec.resolve import NotOnNode, on_node, resolve
 
 UNKNOWN_UNIT = "unit unknown"
-UNRESOLVED = "memory in MiB on a node of unknown unit"
-"""``NodeFit.why`` of a pod whose memory in MiB cannot be put in the node's unit."""
-NOT_SERVED = "the node does not serve this kind of request"
-"""``NodeFit.why`` of a pod asking whole GPUs of a ``shared`` node, or a share of a ``whole``
-node (``gpushare.core.serves``)."""
 
 
 def unit_label(unit: str | None) -> str:
@@ -228,8 +223,7 @@ class NodeFit:
     text: str
     why: str = ""
     """The fixed reason when a GPU-share node refuses the pod before the fit (``fit`` is then
-    ``None``): ``UNRESOLVED`` (its memory in MiB cannot be put in the node's unit) or
-    ``NOT_SERVED`` (a kind of request the node does not serve: ``gpushare.core.serves``)."""
+    ``None``): ``NotOnNode.why`` of ``gpushare.kube.codec.resolve.on_node``."""
 
     @property
     def status(self) -> str:
@@ -592,18 +586,13 @@ def _pending_report(
             fits.append(NodeFit(report.name, report.unit, None, report.refusal, text))
             continue
         state = states[report.name]
-        on_node = resolve(request, None if report.unit is None else MemoryUnit(report.unit),
-                          state.node)  # fmt: skip
-        if isinstance(on_node, str):
-            text = f"node {report.name}: {on_node}"
-            fits.append(NodeFit(report.name, report.unit, None, on_node, text, UNRESOLVED))
+        unit = None if report.unit is None else MemoryUnit(report.unit)
+        placed = on_node(request, unit, state.node, report.serves)  # the extender's rule
+        if isinstance(placed, NotOnNode):
+            text = f"node {report.name}: {placed.text}"
+            fits.append(NodeFit(report.name, report.unit, None, placed.text, text, placed.why))
             continue
-        served = serves_refusal(report.serves, request)  # the extender's rule (not_served)
-        if served:
-            text = f"node {report.name}: {served}"
-            fits.append(NodeFit(report.name, report.unit, None, served, text, NOT_SERVED))
-            continue
-        result = handshake_fit(state, on_node, pending.get(report.name, ()))
+        result = handshake_fit(state, placed, pending.get(report.name, ()))
         text = f"node {report.name}: " + (
             "fits" if result.fits else f"{result.describe()} ({label})"
         )

@@ -17,20 +17,63 @@ prioritize) and against the chosen node at bind:
 
 A request already in the node's unit (every ``aliyun.com/gpu-mem`` pod) is returned as it is,
 the same object.
+
+``on_node`` is the whole rule for a request on one node before any fit: refused when the node
+does not serve its kind of request (``gpushare.core.serves``: whole GPUs, shares, or both),
+else resolved. The extender's filter, prioritize and bind and the inspect report all call it,
+so they refuse the same pods with the same sentence.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from gpushare.core.model import ContainerRequest, Node, PodRequest
+from gpushare.core.serves import Serves, serves_refusal
 from gpushare.kube.codec.common import INVENTORY, MemoryUnit
 from gpushare.kube.codec.dialects import MemoryBasis
 
-__all__ = ["MIB_BASIS", "PERCENT_BASIS", "resolve"]
+__all__ = [
+    "MIB_BASIS",
+    "NOT_SERVED",
+    "PERCENT_BASIS",
+    "UNRESOLVED",
+    "NotOnNode",
+    "on_node",
+    "resolve",
+]
 
 MIB_BASIS: str = MemoryBasis.MIB
 """``ContainerRequest.memory_basis`` of memory asked in MiB."""
 PERCENT_BASIS: str = MemoryBasis.PERCENT
 """``ContainerRequest.memory_basis`` of memory asked in percent of each GPU's memory."""
+NOT_SERVED = "the node does not serve this kind of request"
+"""``NotOnNode.why`` of a pod asking whole GPUs of a ``shared`` node, or a share of a ``whole``
+node (``gpushare.core.serves``)."""
+UNRESOLVED = "memory not resolvable into the node's unit"
+"""``NotOnNode.why`` of a pod whose memory cannot be put in the node's unit (MiB on a node of
+unknown unit, percent on a node without GPUs)."""
+
+
+class NotOnNode(NamedTuple):
+    """Why a request can never be on a node: ``why``, the fixed reason (``NOT_SERVED``,
+    ``UNRESOLVED``), and ``text``, the sentence with the names."""
+
+    why: str
+    text: str
+
+
+def on_node(
+    request: PodRequest, unit: MemoryUnit | None, node: Node, serves: Serves
+) -> PodRequest | NotOnNode:
+    """``request`` as node ``node`` (memory unit ``unit``, ``None``: unknown; serving
+    ``serves``) can place it (module doc): ``NotOnNode`` when the node does not serve its kind
+    of request, else ``resolve``'s request in the node's unit, or ``NotOnNode`` with why not."""
+    refusal = serves_refusal(serves, request)
+    if refusal:
+        return NotOnNode(NOT_SERVED, refusal)
+    resolved = resolve(request, unit, node)
+    return NotOnNode(UNRESOLVED, resolved) if isinstance(resolved, str) else resolved
 
 
 def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequest | str:
