@@ -42,7 +42,15 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL, is_gpushare_node
 from gpushare.kube.codec.dialects import DIALECT_NAMES
-from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector, WatchStats
+from gpushare.kube.watch import (
+    Backoff,
+    Change,
+    JsonObject,
+    Reflector,
+    WatchStats,
+    name_key,
+    namespaced_key,
+)
 
 __all__ = [
     "GPUSHARE_LABEL",
@@ -99,18 +107,6 @@ def requests_gpu(pod: Pod) -> bool:
     return False
 
 
-def _node_key(node: Node) -> str:
-    meta = node.metadata
-    return (meta.name if meta is not None else None) or ""
-
-
-def _pod_key(pod: Pod) -> str:
-    meta = pod.metadata
-    if meta is None:
-        return "/"
-    return f"{meta.namespace or ''}/{meta.name or ''}"
-
-
 @dataclass(frozen=True, slots=True)
 class CacheStats:
     """The reflectors' counters (see :class:`~gpushare.kube.watch.WatchStats`)."""
@@ -154,7 +150,7 @@ class ClusterCache:
             watch_fn=lambda rv, timeout_s: client.watch(
                 Node, resource_version=rv, server_timeout=timeout_s
             ),
-            key=_node_key,
+            key=name_key,
             sink=lambda change: self._notify(self._node_listeners, change),
             backoff=backoff,
             watch_timeout_s=watch_timeout_s,
@@ -166,7 +162,7 @@ class ClusterCache:
             watch_fn=lambda rv, timeout_s: client.watch(
                 Pod, namespace="*", resource_version=rv, server_timeout=timeout_s
             ),
-            key=_pod_key,
+            key=namespaced_key,
             keep=pod_filter,
             sink=lambda change: self._notify(self._pod_listeners, change),
             backoff=backoff,

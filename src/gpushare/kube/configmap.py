@@ -13,14 +13,9 @@ from lightkube import AsyncClient
 from lightkube.core.client import FieldValue
 from lightkube.resources.core_v1 import ConfigMap
 
-from gpushare.kube.watch import Backoff, Change, Reflector
+from gpushare.kube.watch import Backoff, Change, Reflector, name_key
 
 __all__ = ["configmap_reflector"]
-
-
-def _name(obj: object) -> str:
-    meta = getattr(obj, "metadata", None)
-    return str(getattr(meta, "name", "") or "")
 
 
 def configmap_reflector(
@@ -44,7 +39,7 @@ def configmap_reflector(
             resource_version=rv,
             server_timeout=timeout_s,
         ),
-        key=_name,
+        key=name_key,
         sink=sink,
         backoff=backoff or Backoff(),
         watch_timeout_s=watch_timeout_s,

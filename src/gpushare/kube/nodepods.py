@@ -24,7 +24,7 @@ from lightkube.types import PatchType
 
 from gpushare.kube.cache import requests_gpu_mem
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
-from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector, plain_dict
+from gpushare.kube.watch import Backoff, Change, JsonObject, Reflector, namespaced_key, plain_dict
 
 __all__ = ["RBAC_RULES", "NodePods"]
 
@@ -34,11 +34,6 @@ RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
 )
 """The ClusterRole rules the device plugin's Allocate needs (PolicyRule JSON): this module's pod
 reads and patches, and the Events it records (``gpushare.kube.events``)."""
-
-
-def _pod_key(pod: Pod) -> str:
-    meta = pod.metadata
-    return "/" if meta is None else f"{meta.namespace or ''}/{meta.name or ''}"
 
 
 def _ignore(_change: Change) -> None:
@@ -74,7 +69,7 @@ class NodePods:
                 resource_version=rv,
                 server_timeout=timeout_s,
             ),
-            key=_pod_key,
+            key=namespaced_key,
             keep=keep,
             sink=_ignore,
             backoff=backoff or Backoff(),

@@ -56,6 +56,8 @@ __all__ = [
     "ListResult",
     "Reflector",
     "WatchStats",
+    "name_key",
+    "namespaced_key",
     "plain_dict",
 ]
 
@@ -70,6 +72,18 @@ class KubeObject(Protocol):
     def metadata(self) -> ObjectMeta | None: ...
 
     def to_dict(self) -> dict[Any, Any]: ...
+
+
+def name_key(obj: KubeObject) -> str:
+    """A cluster-scoped object's store key: ``metadata.name`` (``""`` when absent)."""
+    meta = obj.metadata
+    return (meta.name if meta is not None else None) or ""
+
+
+def namespaced_key(obj: KubeObject) -> str:
+    """A namespaced object's store key: ``namespace/name`` (empty parts when absent)."""
+    meta = obj.metadata
+    return "/" if meta is None else f"{meta.namespace or ''}/{meta.name or ''}"
 
 
 def plain_dict(obj: KubeObject) -> JsonObject:
