@@ -48,6 +48,26 @@ def sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
+def free_after(
+    state: NodeState, allocations: Sequence[ContainerAllocation]
+) -> tuple[list[int], list[int]]:
+    """(free memory, free ``compute_milli``) per GPU position of ``state`` with ``allocations``
+    added, as ``NodeState.with_allocation`` leaves them: a GPU an allocation holds whole
+    (``exclusive``) has 0 of both, whatever its capacity."""
+    position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
+    free = list(state.gpu_free)
+    compute_free = list(state.gpu_compute_free)
+    for allocation in allocations:
+        for index in allocation.gpu_indices:
+            p = position_of[index]
+            if allocation.exclusive:
+                free[p] = compute_free[p] = 0
+            else:
+                free[p] -= allocation.gpu_share
+                compute_free[p] -= allocation.compute_milli
+    return free, compute_free
+
+
 class FragmentationMemo:
     """F_n(M) memoised on what it depends on: GPU models, free CPU and the free GPU multiset
     (with a second dimension: the multiset of (free memory, free compute, capacity) per GPU).
@@ -245,16 +265,13 @@ class FgdPolicy:
         state: NodeState, pod: PodRequest
     ) -> tuple[list[int], list[int], dict[int, tuple[int, ...]]]:
         """The fit check's assignment: (free memory after, free compute after, positions)."""
+        assignment = fallback_assignment(state, pod)
         position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
-        running = list(state.gpu_free)
-        running_compute = list(state.gpu_compute_free)
-        positions: dict[int, tuple[int, ...]] = {}
-        for i, allocation in enumerate(fallback_assignment(state, pod)):
-            chosen = tuple(position_of[index] for index in allocation.gpu_indices)
-            for p in chosen:
-                running[p] = max(0, running[p] - allocation.gpu_share)
-                running_compute[p] -= allocation.compute_milli
-            positions[i] = chosen
+        positions = {
+            i: tuple(position_of[index] for index in allocation.gpu_indices)
+            for i, allocation in enumerate(assignment)
+        }
+        running, running_compute = free_after(state, assignment)
         return running, running_compute, positions
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
