@@ -194,6 +194,10 @@ def test_openb_read_as_compute_has_the_same_f_bit_for_bit(
 def test_a_state_without_compute_is_measured_in_one_dimension() -> None:
     workload = TargetWorkload((TaskShape(0, 500, 1),), (1.0,))
     assert compute_of(node_state([1000, 1000], [600, 0]), workload) is None
+    compute_pod = pod_request(ContainerRequest("c", 200, 1, compute_milli=700))
+    assert compute_of(node_state([1000, 1000], [600, 0]), workload, compute_pod) == compute(
+        1000, 1000
+    )
     used = node_state([1000, 1000], [600, 0], compute_used=[700, 0])
     assert compute_of(used, workload) == compute(300, 1000)
     # 2-D: GPU 0 has 400 memory but only 300 compute; a 500-memory shape cannot use it anyway.
@@ -288,11 +292,10 @@ def test_fgd_scores_the_node_state_after_its_own_choice(case: AfterCase) -> None
         cpu_milli=case.pod.cpu_milli,
     )  # fmt: skip
     after = case.state.with_allocation(allocation)
-    two = case.pod.two_dimensional
 
     def truncated(measure: FragmentationMeasure) -> float:
         def f(state: NodeState) -> float:
-            view = compute_of(state, case.workload) or (ComputeFree.of(state) if two else None)
+            view = compute_of(state, case.workload, case.pod)
             return measure(
                 state.gpu_free, state.node.models, state.cpu_free_milli, case.workload,
                 compute=view,

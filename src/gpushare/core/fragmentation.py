@@ -153,11 +153,18 @@ def gpu_idle(free: Sequence[int], compute: ComputeFree | None = None) -> list[in
     ]
 
 
-def compute_of(state: NodeState, workload: TargetWorkload) -> ComputeFree | None:
-    """The second dimension F needs for ``state`` under M: ``None`` (the one-dimensional F)
-    when no GPU of the node has compute in use or is held whole and no shape of M asks
-    compute; else ``ComputeFree.of(state)``."""
-    if workload.two_dimensional or any(state.gpu_compute_used) or True in state.gpu_whole:
+def compute_of(
+    state: NodeState, workload: TargetWorkload, pod: PodRequest | None = None
+) -> ComputeFree | None:
+    """The second dimension F needs for ``state`` under M (and, when given, to place ``pod``):
+    ``None`` (the one-dimensional F) when no GPU of the node has compute in use or is held
+    whole, no shape of M asks compute and ``pod`` asks neither; else ``ComputeFree.of(state)``."""
+    if (
+        workload.two_dimensional
+        or (pod is not None and pod.two_dimensional)
+        or any(state.gpu_compute_used)
+        or True in state.gpu_whole
+    ):
         return ComputeFree.of(state)
     return None
 

@@ -158,9 +158,7 @@ class FgdPolicy:
         cpu = state.cpu_free_milli
         free = state.gpu_free
         assert self.context.workload is not None  # the constructor checked
-        compute = compute_of(state, self.context.workload)
-        if compute is None and pod.two_dimensional:
-            compute = ComputeFree.of(state)
+        compute = compute_of(state, self.context.workload, pod)
         key = (models, cpu, free, compute, pod.shape)
         cached = self._placements.get(key)
         if cached is not None:

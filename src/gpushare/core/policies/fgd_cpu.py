@@ -123,17 +123,11 @@ class FgdCpuPolicy:
         models = state.node.models
         cpu = state.cpu_free_milli
         cpu_after = None if cpu is None else cpu - pod.cpu_milli
-        compute = compute_of(state, self.workload)
-        if compute is None and not pod.two_dimensional:
-            free, _ = free_after(state, self.paper.choose_gpus(state, pod))
-            after = self.cpu_frag(models, cpu_after, free)
-            delta = after - self.cpu_frag(models, cpu, state.gpu_free)
-        else:
-            before = ComputeFree.of(state)
-            free, compute_free = free_after(state, self.paper.choose_gpus(state, pod))
-            view = ComputeFree(tuple(compute_free), before.capacities)
-            after = self.cpu_frag(models, cpu_after, free, view)
-            delta = after - self.cpu_frag(models, cpu, state.gpu_free, before)
+        before = compute_of(state, self.workload, pod)
+        free, compute_free = free_after(state, self.paper.choose_gpus(state, pod))
+        view = None if before is None else ComputeFree(tuple(compute_free), before.capacities)
+        after = self.cpu_frag(models, cpu_after, free, view)
+        delta = after - self.cpu_frag(models, cpu, state.gpu_free, before)
         return float(int(100.0 * sigmoid(-delta / self.gpu_unit)))
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
