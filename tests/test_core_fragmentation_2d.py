@@ -4,6 +4,7 @@ one dimension every number is the paper's F to the last bit."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpushare.core.fragmentation import (
     ComputeFree,
+    FragmentationMeasure,
     TargetWorkload,
     TaskShape,
     compute_of,
@@ -21,9 +23,11 @@ from gpushare.core.fragmentation import (
     shape_fragmentation,
     state_fragmentation,
 )
-from gpushare.core.model import ContainerRequest, NodeState
+from gpushare.core.model import Allocation, ContainerRequest, NodeState, PodRequest
 from gpushare.core.placement import Placer
 from gpushare.core.policies import PolicyContext, make_policy
+from gpushare.core.policies.fgd import sigmoid
+from gpushare.core.policies.fgd_cpu import CPU_WEIGHT, FgdCpuPolicy
 from gpushare.testing.core import node_state, pod_request
 
 CAPACITY = 1000
@@ -190,6 +194,10 @@ def test_openb_read_as_compute_has_the_same_f_bit_for_bit(
 def test_a_state_without_compute_is_measured_in_one_dimension() -> None:
     workload = TargetWorkload((TaskShape(0, 500, 1),), (1.0,))
     assert compute_of(node_state([1000, 1000], [600, 0]), workload) is None
+    compute_pod = pod_request(ContainerRequest("c", 200, 1, compute_milli=700))
+    assert compute_of(node_state([1000, 1000], [600, 0]), workload, compute_pod) == compute(
+        1000, 1000
+    )
     used = node_state([1000, 1000], [600, 0], compute_used=[700, 0])
     assert compute_of(used, workload) == compute(300, 1000)
     # 2-D: GPU 0 has 400 memory but only 300 compute; a 500-memory shape cannot use it anyway.
@@ -237,6 +245,69 @@ def test_fgd_gives_whole_gpus_the_fit_checks_assignment() -> None:
     assert allocation.exclusive
     assert allocation.gpu_indices == (1, 2)
     assert policy.score(state, pod) >= 0
+
+
+@dataclass(frozen=True)
+class AfterCase:
+    id: str
+    state: NodeState
+    pod: PodRequest
+    workload: TargetWorkload
+
+
+TWO_OF_EIGHT = TargetWorkload((TaskShape(0, 8, 2),), (1.0,))
+
+AFTER_CASES = [
+    AfterCase(
+        "memory only: the paper's F after the pod's GPUs",
+        node_state([1000, 1000, 1000], [300, 0, 600], cpu_milli=64_000),
+        pod_request((500, 1), cpu_milli=8000),
+        TargetWorkload((TaskShape(8000, 500, 1), TaskShape(4000, 300, 2)), (0.5, 0.5)),
+    ),
+    AfterCase(
+        "memory and compute: both taken on the chosen GPU",
+        node_state([1000, 1000], [700, 0], compute_used=[100, 0], cpu_milli=64_000),
+        pod_request(ContainerRequest("main", 200, 1, compute_milli=700), cpu_milli=8000),
+        MIXED_M,
+    ),
+    AfterCase(
+        # The fit check records the smaller capacity (16) as the share of both GPUs; the
+        # 32 GPU held whole still has nothing free, not 16 (it takes nothing new).
+        "whole GPUs of 16 and 32: neither has anything free after",
+        node_state([16, 32, 32], cpu_milli=64_000),
+        pod_request(ContainerRequest("main", 0, 2, exclusive=True), cpu_milli=8000),
+        TWO_OF_EIGHT,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", AFTER_CASES, ids=lambda c: c.id)
+def test_fgd_scores_the_node_state_after_its_own_choice(case: AfterCase) -> None:
+    """FGD's score and fgd-cpu's tie-break are ⌊100·σ(−Δ/unit)⌋ of the fragmentation change
+    to the node state that the chosen allocation really leaves (``NodeState.with_allocation``)."""
+    context = PolicyContext(workload=case.workload)
+    fgd = make_policy("fgd", context)
+    allocation = Allocation(
+        case.pod.key, case.state.node.name, fgd.choose_gpus(case.state, case.pod),
+        cpu_milli=case.pod.cpu_milli,
+    )  # fmt: skip
+    after = case.state.with_allocation(allocation)
+
+    def truncated(measure: FragmentationMeasure) -> float:
+        def f(state: NodeState) -> float:
+            view = compute_of(state, case.workload, case.pod)
+            return measure(
+                state.gpu_free, state.node.models, state.cpu_free_milli, case.workload,
+                compute=view,
+            )  # fmt: skip
+
+        delta = f(after) - f(case.state)
+        return float(int(100.0 * sigmoid(-delta / context.gpu_unit)))
+
+    assert fgd.score(case.state, case.pod) == truncated(node_fragmentation)
+    cpu_aware = functools.partial(cpu_aware_fragmentation, cpu_weight=CPU_WEIGHT)
+    fgd_cpu = FgdCpuPolicy(context)
+    assert fgd_cpu.tie_break(case.state, case.pod) == truncated(cpu_aware)
 
 
 def test_the_placer_sees_compute_taken_by_a_pod_that_asks_no_memory() -> None:

@@ -4,11 +4,12 @@ beat, and the best-fit-decreasing placement."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
 
-from gpushare.core.model import PodRequest
+from gpushare.core.model import ContainerRequest, PodRequest
 from gpushare.sim.reference import (
     allocated_upper_bound,
     best_fit_decreasing,
@@ -154,3 +155,28 @@ def test_reference_for_seed_brackets_nothing_it_cannot_reach() -> None:
     reference = reference_for_seed(nodes, pods, 42)
     assert reference.pods > 0
     assert 0 <= reference.bound_unallocated_pct <= reference.bfd_unallocated_pct <= 100
+
+
+@pytest.mark.parametrize(
+    "two_dimensional",
+    [
+        ContainerRequest("main", 50, 1, compute_milli=50),
+        ContainerRequest("main", 0, 1, compute_milli=30),
+    ],
+    ids=["a pod asking memory and compute", "a pod asking compute only"],
+)
+def test_reference_for_seed_bounds_nothing_in_two_dimensions(
+    two_dimensional: ContainerRequest,
+) -> None:
+    """The references count memory only: with one pod that asks compute or whole GPUs, both
+    are NaN (what the table shows as no reference), not memory-only numbers."""
+    nodes = [gpu_node([C] * 2, name=f"n{i}", cpu_milli=32_000) for i in range(2)]
+    pods = [
+        pod_request((share, 1), key=f"s{i}", cpu_milli=500)
+        for i, share in enumerate([40, 30, 20, 60, 80, 10])
+    ]
+    pods.append(pod_request(two_dimensional, key="two", cpu_milli=500))
+    reference = reference_for_seed(nodes, pods, 42)
+    assert reference.pods == 0
+    assert math.isnan(reference.bfd_unallocated_pct)
+    assert math.isnan(reference.bound_unallocated_pct)

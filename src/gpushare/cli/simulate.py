@@ -195,10 +195,11 @@ def simulate(
         )
     except TraceError as error:
         raise click.ClickException(str(error)) from None
-    if workload == SYNTHETIC_2D and reference:
+    if reference and any(pod.two_dimensional for pod in trace.pods):
         # The offline references are one-dimensional (their bound splits pods into memory
-        # pieces): for pods that ask compute too they would bound nothing.
-        console.print(f"{SYNTHETIC_2D}: no offline reference (it bounds one dimension only)")
+        # pieces): for pods that ask compute or whole GPUs they would bound nothing
+        # (``reference_for_seed`` gives NaN).
+        console.print(f"{workload}: no offline reference (it bounds one dimension only)")
         reference = False
     chosen = list(policies or policy_names())
     seeds = seeds or (PAPER_SEEDS if trace_dir else EMBEDDED_SEEDS)

@@ -153,11 +153,18 @@ def gpu_idle(free: Sequence[int], compute: ComputeFree | None = None) -> list[in
     ]
 
 
-def compute_of(state: NodeState, workload: TargetWorkload) -> ComputeFree | None:
-    """The second dimension F needs for ``state`` under M: ``None`` (the one-dimensional F)
-    when no GPU of the node has compute in use or is held whole and no shape of M asks
-    compute; else ``ComputeFree.of(state)``."""
-    if workload.two_dimensional or any(state.gpu_compute_used) or True in state.gpu_whole:
+def compute_of(
+    state: NodeState, workload: TargetWorkload, pod: PodRequest | None = None
+) -> ComputeFree | None:
+    """The second dimension F needs for ``state`` under M (and, when given, to place ``pod``):
+    ``None`` (the one-dimensional F) when no GPU of the node has compute in use or is held
+    whole, no shape of M asks compute and ``pod`` asks neither; else ``ComputeFree.of(state)``."""
+    if (
+        workload.two_dimensional
+        or (pod is not None and pod.two_dimensional)
+        or any(state.gpu_compute_used)
+        or True in state.gpu_whole
+    ):
         return ComputeFree.of(state)
     return None
 
@@ -307,13 +314,22 @@ def cpu_aware_fragmentation(
     )
 
 
+def per_gpu_demand(gpu_share: int, compute_milli: int, exclusive: bool, capacity: int) -> int:
+    """What a container takes on each of its GPUs, in the memory unit of a GPU of
+    ``capacity``: its memory share, or its compute in that unit when larger (rounded up); a
+    whole GPU (``exclusive``) is ``capacity``. ``capacity`` 0: the memory share alone."""
+    if exclusive:
+        return capacity
+    if not compute_milli:
+        return gpu_share
+    return max(gpu_share, -(-compute_milli * capacity // GPU_COMPUTE_MILLI))
+
+
 def copy_idle(shape: TaskShape, capacity: int) -> int:
     """The idle amount one copy of ``shape`` takes on each of its GPUs, in the memory unit of a
-    GPU of ``capacity``: its memory share, or its compute in that unit when larger (rounded
-    up); ``capacity`` 0: the memory share alone (the one-dimensional F)."""
-    if not capacity or not shape.compute_milli:
-        return shape.gpu_share
-    return max(shape.gpu_share, -(-shape.compute_milli * capacity // GPU_COMPUTE_MILLI))
+    GPU of ``capacity`` (``per_gpu_demand``; a shape asking whole GPUs asks all their compute);
+    ``capacity`` 0: the memory share alone (the one-dimensional F)."""
+    return per_gpu_demand(shape.gpu_share, shape.compute_milli, False, capacity)
 
 
 def _cpu_capped(

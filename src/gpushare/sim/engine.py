@@ -100,7 +100,8 @@ def simulate(
     allocated_total = 0.0
     placed = 0
     for event, pod in enumerate(stream, start=1):
-        arrived_total += gpu_demand(pod)
+        demand = gpu_demand(pod)
+        arrived_total += demand
         decision = placer.decide(pod)
         if decision is None:
             failed[pod_kind(pod, gpu_unit)] += 1
@@ -115,7 +116,7 @@ def simulate(
             node_frag[chosen] = new_frag
             idle_total += new_idle - node_idle[chosen]
             node_idle[chosen] = new_idle
-            allocated_total += gpu_demand(pod)
+            allocated_total += demand
             placed += 1
         arrived[event] = arrived_total
         allocated[event] = allocated_total

@@ -164,7 +164,10 @@ def reference_for_seed(
     percent: int = 100,
 ) -> Reference:
     """The references of ``seed``'s run (same set-up as ``experiment.run_one``: stream and node
-    tie order from ``workload.make_run``)."""
+    tie order from ``workload.make_run``). Both numbers are NaN (no reference) when a pod asks
+    compute or whole GPUs: the references count memory only and would bound nothing."""
+    if any(pod.two_dimensional for pod in pods):
+        return Reference(seed, percent, 0, math.nan, math.nan)
     setup = make_run(nodes, pods, seed, tune_ratio)
     capacities = [gpu.capacity for node in nodes for gpu in node.gpus]
     capacity = sum(capacities)

@@ -12,26 +12,21 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpushare.core.model import GPU_COMPUTE_MILLI, Node, PodRequest
+from gpushare.core.fragmentation import per_gpu_demand
+from gpushare.core.model import Node, PodRequest
+from gpushare.sim.trace.constants import GPU_CAPACITY_MILLI
 
-GPU_CAPACITY = 1000
-"""One GPU's memory in the simulator's clusters (openb and the embedded one: milli-GPU)."""
 
-
-def gpu_demand(pod: PodRequest, capacity: int = GPU_CAPACITY) -> int:
-    """The GPU a pod takes, in units of a GPU of ``capacity``: on each GPU of each GPU
-    container, its memory share or its compute in the same unit (rounded up), whichever is
-    larger; a whole GPU is ``capacity``. For a pod that asks memory only (every openb pod as
+def gpu_demand(pod: PodRequest) -> int:
+    """The GPU a pod takes, in milli-GPU (a GPU of the simulator's clusters, openb and the
+    embedded one, is ``GPU_CAPACITY_MILLI``): on each GPU of each GPU container, its memory
+    share or its compute in the same unit (rounded up), whichever is larger; a whole GPU is
+    the capacity (``per_gpu_demand``). For a pod that asks memory only (every openb pod as
     loaded) this is ``pod.gpu_total``. Arrived workload and the stream's tuning count this."""
-    demand = 0
-    for container in pod.gpu_containers:
-        if container.exclusive:
-            per_gpu = capacity
-        else:
-            compute = -(-container.compute_milli * capacity // GPU_COMPUTE_MILLI)
-            per_gpu = max(container.gpu_share, compute)
-        demand += per_gpu * container.gpu_count
-    return demand
+    return sum(
+        per_gpu_demand(c.gpu_share, c.compute_milli, c.exclusive, GPU_CAPACITY_MILLI) * c.gpu_count
+        for c in pod.gpu_containers
+    )
 
 
 @dataclass(frozen=True, slots=True)

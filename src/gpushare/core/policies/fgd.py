@@ -48,6 +48,26 @@ def sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
+def free_after(
+    state: NodeState, allocations: Sequence[ContainerAllocation]
+) -> tuple[list[int], list[int]]:
+    """(free memory, free ``compute_milli``) per GPU position of ``state`` with ``allocations``
+    added, as ``NodeState.with_allocation`` leaves them: a GPU an allocation holds whole
+    (``exclusive``) has 0 of both, whatever its capacity."""
+    position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
+    free = list(state.gpu_free)
+    compute_free = list(state.gpu_compute_free)
+    for allocation in allocations:
+        for index in allocation.gpu_indices:
+            p = position_of[index]
+            if allocation.exclusive:
+                free[p] = compute_free[p] = 0
+            else:
+                free[p] -= allocation.gpu_share
+                compute_free[p] -= allocation.compute_milli
+    return free, compute_free
+
+
 class FragmentationMemo:
     """F_n(M) memoised on what it depends on: GPU models, free CPU and the free GPU multiset
     (with a second dimension: the multiset of (free memory, free compute, capacity) per GPU).
@@ -138,9 +158,7 @@ class FgdPolicy:
         cpu = state.cpu_free_milli
         free = state.gpu_free
         assert self.context.workload is not None  # the constructor checked
-        compute = compute_of(state, self.context.workload)
-        if compute is None and pod.two_dimensional:
-            compute = ComputeFree.of(state)
+        compute = compute_of(state, self.context.workload, pod)
         key = (models, cpu, free, compute, pod.shape)
         cached = self._placements.get(key)
         if cached is not None:
@@ -148,26 +166,18 @@ class FgdPolicy:
         before = self.frag(models, cpu, free, compute)
         cpu_after = None if cpu is None else cpu - pod.cpu_milli
         containers = pod.gpu_containers
-        running_compute: list[int] = []
-        if compute is None:
-            running, positions = self._place_one_dimension(
-                models, cpu_after, free, containers, before
-            )
-        else:
-            running, running_compute, positions = self._place_two_dimensions(
-                state, pod, compute, cpu_after, before
-            )
+        running, running_compute, positions = self._place(
+            models, cpu_after, free, compute=compute, containers=containers, before=before
+        )
         if positions is None:
             # Greedy per-container choices can paint a multi-container pod into a corner
-            # (mixed models); fall back to the fit check's assignment, which fits.
+            # (mixed models), and a pod asking whole GPUs takes the fit check's assignment,
+            # which fits.
             running, running_compute, positions = self._fallback(state, pod)
-        after = (
-            self.frag(models, cpu_after, running)
-            if compute is None
-            else self.frag(
-                models, cpu_after, running, ComputeFree(tuple(running_compute), compute.capacities)
-            )
+        after_compute = (
+            None if compute is None else ComputeFree(tuple(running_compute), compute.capacities)
         )
+        after = self.frag(models, cpu_after, running, after_compute)
         result: Placement = (
             self._gpu_score(after - before),
             tuple(positions[i] for i in range(len(containers))),
@@ -177,62 +187,23 @@ class FgdPolicy:
         self._placements[key] = result
         return result
 
-    def _place_one_dimension(
+    def _place(
         self,
         models: tuple[str, ...],
         cpu_after: int | None,
         free: tuple[int, ...],
+        *,
+        compute: ComputeFree | None,
         containers: tuple[ContainerRequest, ...],
         before: float,
-    ) -> tuple[list[int], dict[int, tuple[int, ...]] | None]:
-        """The paper's GPU choice on the memory free list: (free after, positions per
-        container, or ``None`` when the greedy choice paints itself into a corner)."""
-        running = list(free)
-        positions: dict[int, tuple[int, ...]] = {}
-        order = sorted(range(len(containers)), key=lambda i: -containers[i].gpu_share)
-        for i in order:
-            container = containers[i]
-            if container.gpu_count == 1:
-                best_score = -math.inf
-                best_position = -1
-                seen: set[tuple[int, str]] = set()
-                for p, amount in enumerate(running):
-                    if amount < container.gpu_share or not container.allows(models[p]):
-                        continue
-                    if (amount, models[p]) in seen:
-                        continue
-                    seen.add((amount, models[p]))
-                    running[p] -= container.gpu_share
-                    score = self._gpu_score(self.frag(models, cpu_after, running) - before)
-                    running[p] += container.gpu_share
-                    if score > best_score:
-                        best_score, best_position = score, p
-                chosen: list[int] | None = [best_position] if best_position >= 0 else None
-            else:
-                chosen = lowest_free_positions(running, models, container)
-            if chosen is None:
-                return running, None
-            for p in chosen:
-                running[p] -= container.gpu_share
-            positions[i] = tuple(chosen)
-        return running, positions
-
-    def _place_two_dimensions(
-        self,
-        state: NodeState,
-        pod: PodRequest,
-        compute: ComputeFree,
-        cpu_after: int | None,
-        before: float,
     ) -> tuple[list[int], list[int], dict[int, tuple[int, ...]] | None]:
-        """``_place_one_dimension`` in memory and compute: a GPU is a candidate when it holds
-        both; a pod asking whole GPUs takes the fit check's assignment (positions ``None``)."""
-        models = state.node.models
-        capacities = compute.capacities
-        running = list(state.gpu_free)
-        running_compute = list(compute.free_milli)
-        containers = pod.gpu_containers
-        if any(c.exclusive for c in containers):
+        """The paper's GPU choice: (free memory after, free compute after (empty without a
+        second dimension), positions per container, or ``None`` when the greedy choice paints
+        itself into a corner or, with ``compute``, a container asks whole GPUs). With
+        ``compute`` a GPU is a candidate when it holds the container's memory and compute."""
+        running = list(free)
+        running_compute = [] if compute is None else list(compute.free_milli)
+        if compute is not None and any(c.exclusive for c in containers):
             return running, running_compute, None
         positions: dict[int, tuple[int, ...]] = {}
         order = sorted(
@@ -242,25 +213,37 @@ class FgdPolicy:
         for i in order:
             container = containers[i]
             share, need = container.gpu_share, container.compute_milli
-            view = [
-                amount if running_compute[p] >= need else -1 for p, amount in enumerate(running)
-            ]
+            view = (
+                running
+                if compute is None
+                else [
+                    amount if running_compute[p] >= need else -1 for p, amount in enumerate(running)
+                ]
+            )
             if container.gpu_count == 1:
                 best_score = -math.inf
                 best_position = -1
-                seen: set[tuple[int, int, str]] = set()
+                seen: set[tuple[object, ...]] = set()
                 for p, amount in enumerate(view):
                     if amount < share or not container.allows(models[p]):
                         continue
-                    if (amount, running_compute[p], models[p]) in seen:
+                    seen_key = (
+                        (amount, models[p])
+                        if compute is None
+                        else (amount, running_compute[p], models[p])
+                    )
+                    if seen_key in seen:
                         continue
-                    seen.add((amount, running_compute[p], models[p]))
+                    seen.add(seen_key)
                     running[p] -= share
-                    running_compute[p] -= need
-                    after = ComputeFree(tuple(running_compute), capacities)
+                    after = None
+                    if compute is not None:
+                        running_compute[p] -= need
+                        after = ComputeFree(tuple(running_compute), compute.capacities)
                     score = self._gpu_score(self.frag(models, cpu_after, running, after) - before)
                     running[p] += share
-                    running_compute[p] += need
+                    if compute is not None:
+                        running_compute[p] += need
                     if score > best_score:
                         best_score, best_position = score, p
                 chosen: list[int] | None = [best_position] if best_position >= 0 else None
@@ -270,7 +253,8 @@ class FgdPolicy:
                 return running, running_compute, None
             for p in chosen:
                 running[p] -= share
-                running_compute[p] -= need
+                if compute is not None:
+                    running_compute[p] -= need
             positions[i] = tuple(chosen)
         return running, running_compute, positions
 
@@ -279,16 +263,13 @@ class FgdPolicy:
         state: NodeState, pod: PodRequest
     ) -> tuple[list[int], list[int], dict[int, tuple[int, ...]]]:
         """The fit check's assignment: (free memory after, free compute after, positions)."""
+        assignment = fallback_assignment(state, pod)
         position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
-        running = list(state.gpu_free)
-        running_compute = list(state.gpu_compute_free)
-        positions: dict[int, tuple[int, ...]] = {}
-        for i, allocation in enumerate(fallback_assignment(state, pod)):
-            chosen = tuple(position_of[index] for index in allocation.gpu_indices)
-            for p in chosen:
-                running[p] = max(0, running[p] - allocation.gpu_share)
-                running_compute[p] -= allocation.compute_milli
-            positions[i] = chosen
+        positions = {
+            i: tuple(position_of[index] for index in allocation.gpu_indices)
+            for i, allocation in enumerate(assignment)
+        }
+        running, running_compute = free_after(state, assignment)
         return running, running_compute, positions
 
     def score(self, state: NodeState, pod: PodRequest) -> float:

@@ -37,7 +37,7 @@ from gpushare.core.fragmentation import (
 )
 from gpushare.core.model import ContainerAllocation, Node, NodeState, PodRequest
 from gpushare.core.policies.base import PolicyContext, register
-from gpushare.core.policies.fgd import FgdPolicy, FragmentationMemo, sigmoid
+from gpushare.core.policies.fgd import FgdPolicy, FragmentationMemo, free_after, sigmoid
 
 CPU_WEIGHT = 0.7
 """β of ``cpu_aware_fragmentation`` in the tie-break (0.5–1.0 all helped on openb)."""
@@ -123,28 +123,11 @@ class FgdCpuPolicy:
         models = state.node.models
         cpu = state.cpu_free_milli
         cpu_after = None if cpu is None else cpu - pod.cpu_milli
-        free = list(state.gpu_free)
-        compute = compute_of(state, self.workload)
-        if compute is None and not pod.two_dimensional:
-            for container, chosen in zip(
-                pod.gpu_containers, self.paper.placement(state, pod)[1], strict=True
-            ):
-                for position in chosen:
-                    free[position] -= container.gpu_share
-            after = self.cpu_frag(models, cpu_after, free)
-            delta = after - self.cpu_frag(models, cpu, state.gpu_free)
-        else:
-            before = ComputeFree.of(state)
-            compute_free = list(before.free_milli)
-            position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
-            for allocation in self.paper.choose_gpus(state, pod):
-                for index in allocation.gpu_indices:
-                    position = position_of[index]
-                    free[position] = max(0, free[position] - allocation.gpu_share)
-                    compute_free[position] -= allocation.compute_milli
-            view = ComputeFree(tuple(compute_free), before.capacities)
-            after = self.cpu_frag(models, cpu_after, free, view)
-            delta = after - self.cpu_frag(models, cpu, state.gpu_free, before)
+        before = compute_of(state, self.workload, pod)
+        free, compute_free = free_after(state, self.paper.choose_gpus(state, pod))
+        view = None if before is None else ComputeFree(tuple(compute_free), before.capacities)
+        after = self.cpu_frag(models, cpu_after, free, view)
+        delta = after - self.cpu_frag(models, cpu, state.gpu_free, before)
         return float(int(100.0 * sigmoid(-delta / self.gpu_unit)))
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
