@@ -219,13 +219,14 @@ HAMI_GPU_DIALECT = AllocateDialect(HAMI_GPU, gpu_count_units, hami_envs, every_c
 
 @dataclass(frozen=True, slots=True)
 class DialectResource:
-    """One resource the plugin serves for a dialect: its socket file, its devices per GPU, and
-    how its Allocate is answered (``allocate``; ``None``: an empty answer per container)."""
+    """One resource the plugin serves (a dialect's, or ``aliyun.com/gpu-mem``): its socket
+    file, its devices per GPU (``None``: one per memory unit), and how its Allocate is
+    answered (``allocate``; ``None``: an empty answer per container)."""
 
     dialect: str
     resource: str
     socket_name: str
-    per_gpu: DevicesPerGpu
+    per_gpu: DevicesPerGpu | None
     allocate: AllocateDialect | None
 
 
