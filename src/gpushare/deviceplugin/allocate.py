@@ -186,7 +186,7 @@ GPU_MEM_DIALECT = gpu_mem_dialect(alibaba_envs)
 class HandshakeAllocator:
     """The ``Allocator`` of ``DevicePluginService`` (module doc).
 
-    ``gpus`` returns the node's current GPUs; ``unit`` the node's memory unit; ``pods`` the
+    ``gpus`` returns the node's current GPUs; ``unit`` the node's current memory unit; ``pods`` the
     node's pods (listed again when the cache has no match); ``dialect`` the resource whose
     Allocate this answers (``aliyun.com/gpu-mem`` by default; a dialect's resource:
     ``gpushare.deviceplugin.dialects``), only its pods are matched, by its units; ``mps`` adds
@@ -201,7 +201,7 @@ class HandshakeAllocator:
         self,
         node_name: str,
         gpus: Callable[[], Sequence[PhysicalGpu]],
-        unit: MemoryUnit,
+        unit: Callable[[], MemoryUnit],
         pods: PodSource,
         *,
         dialect: AllocateDialect = GPU_MEM_DIALECT,
@@ -229,10 +229,6 @@ class HandshakeAllocator:
         self._events = events
         self._observe = observe
         self._emitting: set[asyncio.Task[None]] = set()
-
-    def set_unit(self, unit: MemoryUnit) -> None:
-        """The node's memory unit from now on (its configuration changed)."""
-        self._unit = unit
 
     async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Answer every container request in order (module doc); ``AllocateError`` if one
@@ -264,7 +260,7 @@ class HandshakeAllocator:
         pod, step = match.pod, match.step
         if match.status is not MatchStatus.MATCHED or pod is None or step is None:
             what = (
-                f"{units} {self._unit.value} of {self.dialect.resource}"
+                f"{units} {self._unit().value} of {self.dialect.resource}"
                 if self.dialect is GPU_MEM_DIALECT
                 else f"{units} {self.dialect.resource}"
             )
@@ -295,7 +291,7 @@ class HandshakeAllocator:
             ALLOCATED,
             f"gpushare device plugin on node {self.node_name}: container {step.container} gets "
             f"GPU {','.join(map(str, step.gpu_indices))} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
-            f"{step.share} {self._unit.value} each",
+            f"{step.share} {self._unit().value} each",
         )
         if self._mps_paths is None:
             return api_pb2.ContainerAllocateResponse(envs=envs)
@@ -304,14 +300,12 @@ class HandshakeAllocator:
 
     def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
         """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""
-        units_of = self.dialect.units_of
+        units_of, unit = self.dialect.units_of, self._unit()
         pod_json = self._pod_json.get(pod.key, {})
-        envs = self.dialect.envs(
-            step, sum(units_of(s) for s in pod.steps), chosen, self._unit, pod_json
-        )
+        envs = self.dialect.envs(step, sum(units_of(s) for s in pod.steps), chosen, unit, pod_json)
         if self._mps:
             ceiling = soft_limit_percent(pod_json) if self.dialect.soft_limit else None
-            envs.update(mps_envs(step, chosen, self._unit, ceiling))
+            envs.update(mps_envs(step, chosen, unit, ceiling))
         return envs
 
     def _pod_event(

@@ -190,14 +190,10 @@ def resource_runner(
     allocator: Allocator = EmptyAllocator()
     handshake: HandshakeAllocator | None = None
     if served.allocate is not None:
-
-        def current_gpus() -> list[PhysicalGpu]:
-            return service.gpus
-
         allocator = handshake = HandshakeAllocator(
             node_name,
-            current_gpus,
-            unit,
+            lambda: service.gpus,
+            lambda: service.unit,
             pods,
             dialect=served.allocate,
             mps=mps,
@@ -326,10 +322,6 @@ class DevicePluginDaemon:
         """Every resource's service: ``aliyun.com/gpu-mem`` first, then the dialects'."""
         return [runner.service for runner in self.runners]
 
-    def _set_unit(self, unit: MemoryUnit) -> None:
-        for allocator in self.allocators:
-            allocator.set_unit(unit)
-
     async def _set_inventory(self, gpus: list[PhysicalGpu], unit: MemoryUnit) -> None:
         """Advertise ``gpus`` on every resource (the dialects' first: a list too large for one
         of them changes nothing)."""
@@ -337,7 +329,6 @@ class DevicePluginDaemon:
             service.check_size(gpus, unit)
         for service in self.services:
             await service.set_inventory(gpus, unit)
-        self._set_unit(unit)
 
     async def publish(self, *, force: bool = False) -> None:
         """Publish the current inventory; ``KubeError`` when the API server refuses."""
