@@ -86,7 +86,7 @@ async def plugin(
         served = Plugin(kubelet, source)
 
         gpu_mem = DialectResource(
-            "alibaba", GPU_MEM, DEFAULT_SOCKET_NAME, per_gpu=None, allocate=GPU_MEM_DIALECT
+            GPU_MEM, DEFAULT_SOCKET_NAME, per_gpu=None, allocate=GPU_MEM_DIALECT
         )
         for resource in (gpu_mem, *resources_for(dialects, split_count)):
             runner, _ = resource_runner(

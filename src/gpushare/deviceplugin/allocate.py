@@ -51,7 +51,7 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.dialects import AllocateDialect, gpu_mem_dialect, soft_limit_percent
+from gpushare.deviceplugin.dialects import AllocateDialect, gpu_mem_dialect
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
@@ -159,17 +159,16 @@ def container_envs(
     """The environment of the ``aliyun.com/gpu-mem`` container answered by ``step`` (module
     doc). ``gpus`` by index; ``KeyError`` when a GPU of the step is not in it."""
     chosen = [gpus[index] for index in step.gpu_indices]
-    envs = alibaba_envs(step, pod_units, chosen, unit, {})
+    envs = alibaba_envs(step, pod_units, chosen, unit)
     if mps:
         envs.update(mps_envs(step, chosen, unit))
     return envs
 
 
 def alibaba_envs(
-    step: Step, pod_units: int, chosen: Sequence[PhysicalGpu], unit: MemoryUnit, pod: Json
+    step: Step, pod_units: int, chosen: Sequence[PhysicalGpu], unit: MemoryUnit
 ) -> dict[str, str]:
     """Alibaba's variables for ``step`` on its GPUs ``chosen`` (module doc), without MPS."""
-    del pod
     return {
         "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
         "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in chosen),
@@ -301,10 +300,11 @@ class HandshakeAllocator:
     def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
         """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""
         units_of, unit = self.dialect.units_of, self._unit()
-        pod_json = self._pod_json.get(pod.key, {})
-        envs = self.dialect.envs(step, sum(units_of(s) for s in pod.steps), chosen, unit, pod_json)
+        envs = self.dialect.envs(step, sum(units_of(s) for s in pod.steps), chosen, unit)
         if self._mps:
-            ceiling = soft_limit_percent(pod_json) if self.dialect.soft_limit else None
+            read_ceiling = self.dialect.ceiling
+            pod_json = self._pod_json.get(pod.key, {})
+            ceiling = None if read_ceiling is None else read_ceiling(pod_json)
             envs.update(mps_envs(step, chosen, unit, ceiling))
         return envs
 

@@ -249,9 +249,7 @@ class DevicePluginDaemon:
             raise ValueError("mps_managed needs NVML (compute mode), not a declared fake")
         self._physical = inventory.gpus()
         resources = (
-            DialectResource(
-                "alibaba", GPU_MEM, options.socket_name, per_gpu=None, allocate=GPU_MEM_DIALECT
-            ),
+            DialectResource(GPU_MEM, options.socket_name, per_gpu=None, allocate=GPU_MEM_DIALECT),
             *resources_for(options.dialects, options.split_count),
         )
         self.runners: list[PluginRunner] = []
@@ -313,7 +311,7 @@ class DevicePluginDaemon:
                 nvml,
                 gpus,
                 self._mps_health_changed,
-                events=self._mps_event,
+                events=self._node_event,
                 check_interval_s=options.mps_check_interval_s,
             )
 
@@ -490,9 +488,6 @@ class DevicePluginDaemon:
             await self.events.node_event(self.options.node_name, reason, message, kind)
         except KubeError as error:
             log.warning("recording the event %s failed: %s", reason, error)
-
-    async def _mps_event(self, reason: str, message: str, warning: bool) -> None:
-        await self._node_event(reason, message, warning)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (module doc)."""
