@@ -22,9 +22,9 @@ import pytest
 from grpc import aio
 
 from gpushare.core.model import ContainerAllocation, Gpu, Node
-from gpushare.deviceplugin.allocate import GPU_MEM_DIALECT
 from gpushare.deviceplugin.daemon import resource_runner
 from gpushare.deviceplugin.dialects import (
+    GPU_MEM_DIALECT,
     DialectResource,
     DialectsError,
     parse_dialects,

@@ -51,7 +51,7 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.dialects import AllocateDialect, gpu_mem_dialect
+from gpushare.deviceplugin.dialects import GPU_MEM_DIALECT, AllocateDialect, alibaba_envs
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
@@ -70,12 +70,10 @@ from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
 
 __all__ = [
-    "GPU_MEM_DIALECT",
     "AllocateEvents",
     "EmptyAllocator",
     "HandshakeAllocator",
     "PodSource",
-    "alibaba_envs",
     "container_envs",
     "mps_envs",
 ]
@@ -165,23 +163,6 @@ def container_envs(
     return envs
 
 
-def alibaba_envs(
-    step: Step, pod_units: int, chosen: Sequence[PhysicalGpu], unit: MemoryUnit
-) -> dict[str, str]:
-    """Alibaba's variables for ``step`` on its GPUs ``chosen`` (module doc), without MPS."""
-    return {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
-        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in chosen),
-        "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
-        "ALIYUN_COM_GPU_MEM_CONTAINER": str(step.units),
-        "ALIYUN_COM_GPU_MEM_DEV": str(chosen[0].units(unit)),
-    }
-
-
-GPU_MEM_DIALECT = gpu_mem_dialect(alibaba_envs)
-"""Allocate on ``aliyun.com/gpu-mem`` (the default of ``HandshakeAllocator``)."""
-
-
 class HandshakeAllocator:
     """The ``Allocator`` of ``DevicePluginService`` (module doc).
 
@@ -260,7 +241,7 @@ class HandshakeAllocator:
         if match.status is not MatchStatus.MATCHED or pod is None or step is None:
             what = (
                 f"{units} {self._unit().value} of {self.dialect.resource}"
-                if self.dialect is GPU_MEM_DIALECT
+                if self.dialect.in_memory_units
                 else f"{units} {self.dialect.resource}"
             )
             left_out = "".join(f"; {why}" for why in self._left_out.values())

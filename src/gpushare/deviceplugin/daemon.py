@@ -60,13 +60,17 @@ from pathlib import Path
 
 from gpushare.core.serves import Serves
 from gpushare.deviceplugin.allocate import (
-    GPU_MEM_DIALECT,
     AllocateEvents,
     EmptyAllocator,
     HandshakeAllocator,
     PodSource,
 )
-from gpushare.deviceplugin.dialects import DEFAULT_SPLIT_COUNT, DialectResource, resources_for
+from gpushare.deviceplugin.dialects import (
+    DEFAULT_SPLIT_COUNT,
+    GPU_MEM_DIALECT,
+    DialectResource,
+    resources_for,
+)
 from gpushare.deviceplugin.health import HealthWatcher
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner

@@ -18,6 +18,9 @@ ListAndWatch, over kubelet's 4 MiB message limit (``check_message_size``), and k
 checkpoints every device. Its pods are placed by the extender and cannot start here; the docs
 say to rewrite them as Tencent's (``tencent.com/*``, 256 MiB blocks).
 
+``aliyun.com/gpu-mem`` itself is described the same way (``GPU_MEM_DIALECT``): one device per
+memory unit, Allocate matched by memory units, Alibaba's variables (``alibaba_envs``).
+
 Environment (no vcuda or HAMi-core hook library is shipped, so nothing in the container limits
 memory or compute by itself):
 
@@ -55,12 +58,13 @@ from gpushare.kube.codec.dialects import (
 __all__ = [
     "DEFAULT_SPLIT_COUNT",
     "DIALECTS",
+    "GPU_MEM_DIALECT",
     "HAMI",
     "TENCENT",
     "AllocateDialect",
     "DialectResource",
     "DialectsError",
-    "gpu_mem_dialect",
+    "alibaba_envs",
     "parse_dialects",
     "resources_for",
 ]
@@ -127,6 +131,8 @@ class AllocateDialect:
     besides the MPS ones; ``belongs``: whether a pod is matched on this resource (the pods
     of the other resources never are); ``every_container``: a pod counts only when all its
     GPU containers name ``resource`` (else its steps could not be told from kubelet's calls);
+    ``in_memory_units``: kubelet's device IDs count memory units of the node (an error names
+    the unit);
     ``ceiling``: the MPS cap in % a pod may burst to, read from the pod (Tencent's
     ``tencent.com/vcuda-core-limit``, ``soft_limit_percent``), ``None``: no ceiling.
     """
@@ -135,6 +141,7 @@ class AllocateDialect:
     units_of: Callable[[Step], int]
     envs: EnvsOf
     every_container: bool = False
+    in_memory_units: bool = False
     ceiling: Callable[[Json], int | None] | None = None
 
     def belongs(self, pod: Json) -> bool:
@@ -148,11 +155,6 @@ class AllocateDialect:
             return []
         naming = set(_containers_naming(pod, self.resource))
         return [name for name in gpu_containers if name not in naming]
-
-
-def gpu_mem_dialect(envs: EnvsOf) -> AllocateDialect:
-    """Alibaba's ``aliyun.com/gpu-mem``: memory units, ``envs`` the Alibaba variables."""
-    return AllocateDialect(GPU_MEM, memory_units, envs)
 
 
 def vcuda_core_units(step: Step) -> int:
@@ -169,6 +171,20 @@ def gpu_count_units(step: Step) -> int:
 def visible_devices(gpus: Sequence[PhysicalGpu]) -> dict[str, str]:
     """``NVIDIA_VISIBLE_DEVICES``: the UUIDs of the step's GPUs ``gpus``."""
     return {"NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)}
+
+
+def alibaba_envs(
+    step: Step, pod_units: int, chosen: Sequence[PhysicalGpu], unit: MemoryUnit
+) -> dict[str, str]:
+    """Alibaba's variables for ``step`` on its GPUs ``chosen``, without MPS
+    (``gpushare.deviceplugin.allocate`` module doc)."""
+    return {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
+        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in chosen),
+        "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
+        "ALIYUN_COM_GPU_MEM_CONTAINER": str(step.units),
+        "ALIYUN_COM_GPU_MEM_DEV": str(chosen[0].units(unit)),
+    }
 
 
 def tencent_envs(
@@ -206,6 +222,9 @@ def soft_limit_percent(pod: Json) -> int | None:
         return None
 
 
+GPU_MEM_DIALECT = AllocateDialect(GPU_MEM, memory_units, alibaba_envs, in_memory_units=True)
+"""Alibaba's ``aliyun.com/gpu-mem``: memory units, the Alibaba variables (the default of
+``HandshakeAllocator``)."""
 TENCENT_CORE_DIALECT = AllocateDialect(
     TENCENT_CORE, vcuda_core_units, tencent_envs, ceiling=soft_limit_percent
 )
