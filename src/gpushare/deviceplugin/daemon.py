@@ -325,10 +325,11 @@ class DevicePluginDaemon:
         return [runner.service for runner in self.runners]
 
     async def _set_inventory(self, gpus: list[PhysicalGpu], unit: MemoryUnit) -> None:
-        """Advertise ``gpus`` on every resource (the dialects' first: a list too large for one
-        of them changes nothing)."""
-        for service in self.services:
-            service.check_size(gpus, unit)
+        """Advertise ``gpus`` in ``unit`` on every resource, ``aliyun.com/gpu-mem`` first: its
+        ``set_inventory`` raises ``DeviceListTooLargeError`` before anything changed
+        (``configure`` refuses such a configuration earlier). The dialects' lists cannot outgrow
+        what their services accepted at start: they depend on neither the unit nor anything a
+        node config can raise (the GPUs kept and their memory only shrink)."""
         for service in self.services:
             await service.set_inventory(gpus, unit)
 
