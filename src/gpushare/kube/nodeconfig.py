@@ -98,6 +98,7 @@ class NodeConfigWatch:
         self._on_change = on_change
         self._on_invalid = on_invalid
         self._changed = asyncio.Event()
+        self._configmap_changed = False  # the Node is read again only for a ConfigMap change
         self._read_once = asyncio.Event()
         self._configmaps = configmap_reflector(
             client, namespace, name, self._sink, backoff=backoff, watch_timeout_s=watch_timeout_s
@@ -126,6 +127,7 @@ class NodeConfigWatch:
                 self._changed.set()
 
     def _sink(self, _change: Change) -> None:
+        self._configmap_changed = True
         self._changed.set()
 
     async def wait_synced(self, timeout_s: float) -> None:
@@ -150,10 +152,11 @@ class NodeConfigWatch:
         try:
             await self._configmaps.synced.wait()
             while True:
-                ours = self._changed.is_set() or not self._read_once.is_set()
+                reread = self._configmap_changed or not self._read_once.is_set()
                 self._changed.clear()
-                if ours:  # a ConfigMap change (or the start): read the labels again too
-                    await self._read_node()
+                self._configmap_changed = False
+                if reread:  # a ConfigMap change (or the start): read the labels again too;
+                    await self._read_node()  # a label change was read by _poll_node already
                 await self._apply()
                 self._read_once.set()
                 await self._changed.wait()
