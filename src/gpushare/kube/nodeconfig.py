@@ -37,7 +37,7 @@ from gpushare.kube.codec import CodecError, Json
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig, node_config
 from gpushare.kube.configmap import configmap_reflector
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
-from gpushare.kube.watch import Backoff, Change, JsonObject
+from gpushare.kube.watch import Backoff, Change, JsonObject, plain_dict
 
 __all__ = ["RBAC_RULES", "NodeConfigWatch", "yaml_document"]
 
@@ -116,7 +116,7 @@ class NodeConfigWatch:
                 log.warning("node config: reading the node's labels: %s", text)
             return
         self._node_error = ""
-        self.node = node.to_dict()
+        self.node = plain_dict(node)
 
     async def _poll_node(self) -> None:
         while True:
