@@ -33,7 +33,7 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 
-from gpushare.kube.codec import CodecError, Json
+from gpushare.kube.codec import CodecError, node_labels
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig, node_config
 from gpushare.kube.configmap import configmap_reflector
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
@@ -59,12 +59,6 @@ def yaml_document(text: str) -> object:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or "cannot be parsed"
         raise ValueError(f"not YAML{where}: {problem}") from None
-
-
-def _labels(node: Json | None) -> Mapping[str, str]:
-    meta = (node or {}).get("metadata") or {}
-    labels = meta.get("labels") or {}
-    return labels if isinstance(labels, dict) else {}
 
 
 class NodeConfigWatch:
@@ -121,9 +115,9 @@ class NodeConfigWatch:
     async def _poll_node(self) -> None:
         while True:
             await asyncio.sleep(self._node_poll_s)
-            before = _labels(self.node)
+            before = node_labels(self.node or {})
             await self._read_node()
-            if _labels(self.node) != before:
+            if node_labels(self.node or {}) != before:
                 self._changed.set()
 
     def _sink(self, _change: Change) -> None:
@@ -140,7 +134,9 @@ class NodeConfigWatch:
         """The configuration the ConfigMap gives the node now; ``CodecError`` when it cannot
         be read (module doc)."""
         configmap = self._configmaps.get(self.name)
-        return node_config(configmap, self.node_name, _labels(self.node), load=yaml_document)
+        return node_config(
+            configmap, self.node_name, node_labels(self.node or {}), load=yaml_document
+        )
 
     async def run(self) -> None:
         """Watch until cancelled, calling back on every change (module doc)."""
