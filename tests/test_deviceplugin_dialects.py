@@ -22,15 +22,17 @@ import pytest
 from grpc import aio
 
 from gpushare.core.model import ContainerAllocation, Gpu, Node
-from gpushare.deviceplugin.allocate import EmptyAllocator, HandshakeAllocator
+from gpushare.deviceplugin.daemon import resource_runner
 from gpushare.deviceplugin.dialects import (
+    GPU_MEM_DIALECT,
+    DialectResource,
     DialectsError,
     parse_dialects,
     resources_for,
 )
 from gpushare.deviceplugin.inventory import DeviceListTooLargeError, parse_fake_gpus
-from gpushare.deviceplugin.lifecycle import PluginRunner
-from gpushare.deviceplugin.server import Allocator, DevicePluginService
+from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
+from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.codec import ALIYUN_ASSIGNED, GPU_MEM, MemoryUnit
 from gpushare.testing.dialects import (
     bound_dialect_pod,
@@ -83,28 +85,20 @@ async def plugin(
     async with FakeKubelet(socket_dir) as kubelet:
         served = Plugin(kubelet, source)
 
-        def allocator(dialect: Any = None) -> Allocator:
-            extra = {} if dialect is None else {"dialect": dialect}
-            return HandshakeAllocator("n1", lambda: GPUS, MemoryUnit.GIB, source, mps=mps, **extra)
-
-        served.runners.append(
-            PluginRunner(
-                DevicePluginService(GPUS, MemoryUnit.GIB, allocator()), socket_dir=socket_dir
-            )
+        gpu_mem = DialectResource(
+            GPU_MEM, DEFAULT_SOCKET_NAME, per_gpu=None, allocate=GPU_MEM_DIALECT
         )
-        for resource in resources_for(dialects, split_count):
-            answer = EmptyAllocator() if resource.allocate is None else allocator(resource.allocate)
-            service = DevicePluginService(
-                GPUS, MemoryUnit.GIB, answer, per_gpu=resource.per_gpu, resource=resource.resource
+        for resource in (gpu_mem, *resources_for(dialects, split_count)):
+            runner, _ = resource_runner(
+                resource,
+                GPUS,
+                MemoryUnit.GIB,
+                source,
+                node_name="n1",
+                socket_dir=socket_dir,
+                mps=mps,
             )
-            served.runners.append(
-                PluginRunner(
-                    service,
-                    socket_dir=socket_dir,
-                    socket_name=resource.socket_name,
-                    resource_name=resource.resource,
-                )
-            )
+            served.runners.append(runner)
         try:
             for runner in served.runners:
                 await runner.start()

@@ -18,6 +18,7 @@ from gpushare.kube.codec import (
     TERMINAL_PHASES,
     is_gpushare_node,
     node_internal_ip,
+    node_labels,
     object_name,
     object_namespace,
     pod_annotation,
@@ -216,12 +217,29 @@ NODES = [
     ("label not true", {"metadata": {"labels": {GPUSHARE_LABEL: "false"}}}, False),
     ("labels null", {"metadata": {"labels": None}}, False),
     ("no metadata", {}, False),
+    ("metadata not an object", {"metadata": "n1"}, False),
 ]
 
 
 @pytest.mark.parametrize(("node", "labelled"), [c[1:] for c in NODES], ids=[c[0] for c in NODES])
 def test_is_gpushare_node(node: dict[str, Any], labelled: bool) -> None:
     assert is_gpushare_node(node) is labelled
+
+
+LABELS = [
+    ("labels", {"metadata": {"labels": {"pool": "a", GPUSHARE_LABEL: "true"}}},
+     {"pool": "a", GPUSHARE_LABEL: "true"}),
+    ("no labels", {"metadata": {"name": "n1"}}, {}),
+    ("labels null", {"metadata": {"labels": None}}, {}),
+    ("labels not an object", {"metadata": {"labels": ["pool=a"]}}, {}),
+    ("metadata not an object", {"metadata": "n1"}, {}),
+    ("no metadata", {}, {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("node", "labels"), [c[1:] for c in LABELS], ids=[c[0] for c in LABELS])
+def test_node_labels(node: dict[str, Any], labels: dict[str, str]) -> None:
+    assert node_labels(node) == labels
 
 
 INTERNAL_IPS = [

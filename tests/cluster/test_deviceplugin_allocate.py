@@ -124,7 +124,13 @@ async def plugin(
         await pods.wait_synced(30)
         events = EventRecorder(client, component=EVENT_COMPONENT)
         allocator = HandshakeAllocator(
-            node, lambda: gpus, MemoryUnit.GIB, pods, mps=mps, mps_paths=mps_paths, events=events
+            node,
+            lambda: gpus,
+            lambda: MemoryUnit.GIB,
+            pods,
+            mps=mps,
+            mps_paths=mps_paths,
+            events=events,
         )
         server = await serve(DevicePluginService(gpus, MemoryUnit.GIB, allocator), socket_dir)
         try:

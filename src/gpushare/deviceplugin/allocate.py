@@ -51,7 +51,7 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.dialects import AllocateDialect, gpu_mem_dialect, soft_limit_percent
+from gpushare.deviceplugin.dialects import GPU_MEM_DIALECT, AllocateDialect, alibaba_envs
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
@@ -70,12 +70,10 @@ from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
 
 __all__ = [
-    "GPU_MEM_DIALECT",
     "AllocateEvents",
     "EmptyAllocator",
     "HandshakeAllocator",
     "PodSource",
-    "alibaba_envs",
     "container_envs",
     "mps_envs",
 ]
@@ -159,34 +157,16 @@ def container_envs(
     """The environment of the ``aliyun.com/gpu-mem`` container answered by ``step`` (module
     doc). ``gpus`` by index; ``KeyError`` when a GPU of the step is not in it."""
     chosen = [gpus[index] for index in step.gpu_indices]
-    envs = alibaba_envs(step, pod_units, chosen, unit, {})
+    envs = alibaba_envs(step, pod_units, chosen, unit)
     if mps:
         envs.update(mps_envs(step, chosen, unit))
     return envs
 
 
-def alibaba_envs(
-    step: Step, pod_units: int, chosen: Sequence[PhysicalGpu], unit: MemoryUnit, pod: Json
-) -> dict[str, str]:
-    """Alibaba's variables for ``step`` on its GPUs ``chosen`` (module doc), without MPS."""
-    del pod
-    return {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
-        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in chosen),
-        "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
-        "ALIYUN_COM_GPU_MEM_CONTAINER": str(step.units),
-        "ALIYUN_COM_GPU_MEM_DEV": str(chosen[0].units(unit)),
-    }
-
-
-GPU_MEM_DIALECT = gpu_mem_dialect(alibaba_envs)
-"""Allocate on ``aliyun.com/gpu-mem`` (the default of ``HandshakeAllocator``)."""
-
-
 class HandshakeAllocator:
     """The ``Allocator`` of ``DevicePluginService`` (module doc).
 
-    ``gpus`` returns the node's current GPUs; ``unit`` the node's memory unit; ``pods`` the
+    ``gpus`` returns the node's current GPUs; ``unit`` the node's current memory unit; ``pods`` the
     node's pods (listed again when the cache has no match); ``dialect`` the resource whose
     Allocate this answers (``aliyun.com/gpu-mem`` by default; a dialect's resource:
     ``gpushare.deviceplugin.dialects``), only its pods are matched, by its units; ``mps`` adds
@@ -201,7 +181,7 @@ class HandshakeAllocator:
         self,
         node_name: str,
         gpus: Callable[[], Sequence[PhysicalGpu]],
-        unit: MemoryUnit,
+        unit: Callable[[], MemoryUnit],
         pods: PodSource,
         *,
         dialect: AllocateDialect = GPU_MEM_DIALECT,
@@ -229,10 +209,6 @@ class HandshakeAllocator:
         self._events = events
         self._observe = observe
         self._emitting: set[asyncio.Task[None]] = set()
-
-    def set_unit(self, unit: MemoryUnit) -> None:
-        """The node's memory unit from now on (its configuration changed)."""
-        self._unit = unit
 
     async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """Answer every container request in order (module doc); ``AllocateError`` if one
@@ -264,8 +240,8 @@ class HandshakeAllocator:
         pod, step = match.pod, match.step
         if match.status is not MatchStatus.MATCHED or pod is None or step is None:
             what = (
-                f"{units} {self._unit.value} of {self.dialect.resource}"
-                if self.dialect is GPU_MEM_DIALECT
+                f"{units} {self._unit().value} of {self.dialect.resource}"
+                if self.dialect.in_memory_units
                 else f"{units} {self.dialect.resource}"
             )
             left_out = "".join(f"; {why}" for why in self._left_out.values())
@@ -295,7 +271,7 @@ class HandshakeAllocator:
             ALLOCATED,
             f"gpushare device plugin on node {self.node_name}: container {step.container} gets "
             f"GPU {','.join(map(str, step.gpu_indices))} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
-            f"{step.share} {self._unit.value} each",
+            f"{step.share} {self._unit().value} each",
         )
         if self._mps_paths is None:
             return api_pb2.ContainerAllocateResponse(envs=envs)
@@ -304,14 +280,13 @@ class HandshakeAllocator:
 
     def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
         """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""
-        units_of = self.dialect.units_of
-        pod_json = self._pod_json.get(pod.key, {})
-        envs = self.dialect.envs(
-            step, sum(units_of(s) for s in pod.steps), chosen, self._unit, pod_json
-        )
+        units_of, unit = self.dialect.units_of, self._unit()
+        envs = self.dialect.envs(step, sum(units_of(s) for s in pod.steps), chosen, unit)
         if self._mps:
-            ceiling = soft_limit_percent(pod_json) if self.dialect.soft_limit else None
-            envs.update(mps_envs(step, chosen, self._unit, ceiling))
+            read_ceiling = self.dialect.ceiling
+            pod_json = self._pod_json.get(pod.key, {})
+            ceiling = None if read_ceiling is None else read_ceiling(pod_json)
+            envs.update(mps_envs(step, chosen, unit, ceiling))
         return envs
 
     def _pod_event(

@@ -54,12 +54,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpushare.core.serves import Serves
-from gpushare.deviceplugin.allocate import EmptyAllocator, HandshakeAllocator
-from gpushare.deviceplugin.dialects import DEFAULT_SPLIT_COUNT, resources_for
+from gpushare.deviceplugin.allocate import (
+    AllocateEvents,
+    EmptyAllocator,
+    HandshakeAllocator,
+    PodSource,
+)
+from gpushare.deviceplugin.dialects import (
+    DEFAULT_SPLIT_COUNT,
+    GPU_MEM_DIALECT,
+    DialectResource,
+    resources_for,
+)
 from gpushare.deviceplugin.health import HealthWatcher
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
@@ -84,7 +95,7 @@ from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.deviceplugin.server import Allocator, DevicePluginService
 from gpushare.kube.cache import requests_gpu, requests_gpu_mem
 from gpushare.kube.client import AsyncClient
-from gpushare.kube.codec import CodecError, InventoryGpu, MemoryUnit, node_info
+from gpushare.kube.codec import GPU_MEM, CodecError, InventoryGpu, MemoryUnit, node_info
 from gpushare.kube.codec.configmaps import unhealthy_configmap_name
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig
 from gpushare.kube.errors import KubeError
@@ -94,7 +105,13 @@ from gpushare.kube.nodepods import NodePods
 from gpushare.kube.nodes import NodePublisher
 from gpushare.kube.unhealthy import UnhealthyMarks
 
-__all__ = ["EVENT_COMPONENT", "DaemonOptions", "DevicePluginDaemon", "inventory_gpus"]
+__all__ = [
+    "EVENT_COMPONENT",
+    "DaemonOptions",
+    "DevicePluginDaemon",
+    "inventory_gpus",
+    "resource_runner",
+]
 
 EVENT_COMPONENT = "gpushare-device-plugin"
 """``source.component`` of the device plugin's Events."""
@@ -155,6 +172,52 @@ def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryG
     return [InventoryGpu(g.index, g.uuid, g.model, g.units(unit), g.healthy) for g in gpus]
 
 
+def resource_runner(
+    served: DialectResource,
+    gpus: Sequence[PhysicalGpu],
+    unit: MemoryUnit,
+    pods: PodSource,
+    *,
+    node_name: str,
+    socket_dir: Path = DEVICE_PLUGIN_DIR,
+    mps: bool = False,
+    mps_paths: MpsPaths | None = None,
+    events: AllocateEvents | None = None,
+    observe: Callable[[str, float], None] | None = None,
+    on_registered: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[PluginRunner, HandshakeAllocator | None]:
+    """The runner serving ``served`` (``aliyun.com/gpu-mem`` or a dialect's resource) over
+    ``gpus`` in ``unit``, and its ``HandshakeAllocator`` (``None`` for a resource answered
+    empty, ``EmptyAllocator``). Allocate matches among ``pods``; ``mps``, ``mps_paths``,
+    ``events`` and ``observe`` as ``HandshakeAllocator`` takes them; ``on_registered`` as
+    ``PluginRunner`` takes it."""
+    allocator: Allocator = EmptyAllocator()
+    handshake: HandshakeAllocator | None = None
+    if served.allocate is not None:
+        allocator = handshake = HandshakeAllocator(
+            node_name,
+            lambda: service.gpus,
+            lambda: service.unit,
+            pods,
+            dialect=served.allocate,
+            mps=mps,
+            mps_paths=mps_paths,
+            events=events,
+            observe=observe,
+        )
+    service = DevicePluginService(
+        gpus, unit, allocator, per_gpu=served.per_gpu, resource=served.resource
+    )
+    runner = PluginRunner(
+        service,
+        socket_dir=socket_dir,
+        socket_name=served.socket_name,
+        resource_name=served.resource,
+        on_registered=on_registered,
+    )
+    return runner, handshake
+
+
 class DevicePluginDaemon:
     """The device plugin of one node (module doc). ``client`` is the caller's; ``nvml`` the
     backend for health checking (``None``: no health checking, e.g. fake GPUs)."""
@@ -188,18 +251,34 @@ class DevicePluginDaemon:
         mps_paths = MpsPaths(options.mps_root) if options.mps_managed else None
         if mps_paths is not None and nvml is None:
             raise ValueError("mps_managed needs NVML (compute mode), not a declared fake")
-        self.allocator = HandshakeAllocator(
-            options.node_name,
-            lambda: self.service.gpus,
-            options.unit,
-            self.pods,
-            mps=options.mps,
-            mps_paths=mps_paths,
-            events=events,
-            observe=self.metrics.observe_allocate,
-        )
         self._physical = inventory.gpus()
-        self.service = DevicePluginService(self._physical, options.unit, self.allocator)
+        resources = (
+            DialectResource(GPU_MEM, options.socket_name, per_gpu=None, allocate=GPU_MEM_DIALECT),
+            *resources_for(options.dialects, options.split_count),
+        )
+        self.runners: list[PluginRunner] = []
+        self.allocators: list[HandshakeAllocator] = []
+        for served in resources:
+            runner, allocator = resource_runner(
+                served,
+                self._physical,
+                options.unit,
+                self.pods,
+                node_name=options.node_name,
+                socket_dir=options.socket_dir,
+                mps=options.mps,
+                mps_paths=mps_paths,
+                events=events,
+                observe=self.metrics.observe_allocate,
+                on_registered=self._registered if not self.runners else None,
+            )
+            self.runners.append(runner)
+            if allocator is not None:
+                self.allocators.append(allocator)
+        self.runner = self.runners[0]
+        """``aliyun.com/gpu-mem``'s runner (the dialects' follow it in ``runners``)."""
+        self.service = self.runner.service
+        self.allocator = self.allocators[0]
         self.configured = Configured(tuple(self._physical), options.unit, Serves.BOTH, NodeConfig())
         self._wanted: Configured | None = None  # a configuration waiting (deferred)
         self._deferred = ""
@@ -236,66 +315,23 @@ class DevicePluginDaemon:
                 nvml,
                 gpus,
                 self._mps_health_changed,
-                events=self._mps_event,
+                events=self._node_event,
                 check_interval_s=options.mps_check_interval_s,
-            )
-        self.runner = PluginRunner(
-            self.service,
-            socket_dir=options.socket_dir,
-            socket_name=options.socket_name,
-            on_registered=self._registered,
-        )
-        self.dialect_allocators: list[HandshakeAllocator] = []
-        self.dialect_runners: list[PluginRunner] = []
-        for served in resources_for(options.dialects, options.split_count):
-            allocator: Allocator = EmptyAllocator()
-            if served.allocate is not None:
-                handshake = HandshakeAllocator(
-                    options.node_name,
-                    lambda: self.service.gpus,
-                    options.unit,
-                    self.pods,
-                    dialect=served.allocate,
-                    mps=options.mps,
-                    mps_paths=mps_paths,
-                    events=events,
-                    observe=self.metrics.observe_allocate,
-                )
-                self.dialect_allocators.append(handshake)
-                allocator = handshake
-            service = DevicePluginService(
-                self._physical,
-                options.unit,
-                allocator,
-                per_gpu=served.per_gpu,
-                resource=served.resource,
-            )
-            self.dialect_runners.append(
-                PluginRunner(
-                    service,
-                    socket_dir=options.socket_dir,
-                    socket_name=served.socket_name,
-                    resource_name=served.resource,
-                )
             )
 
     @property
     def services(self) -> list[DevicePluginService]:
         """Every resource's service: ``aliyun.com/gpu-mem`` first, then the dialects'."""
-        return [self.service, *(runner.service for runner in self.dialect_runners)]
-
-    def _set_unit(self, unit: MemoryUnit) -> None:
-        for allocator in (self.allocator, *self.dialect_allocators):
-            allocator.set_unit(unit)
+        return [runner.service for runner in self.runners]
 
     async def _set_inventory(self, gpus: list[PhysicalGpu], unit: MemoryUnit) -> None:
-        """Advertise ``gpus`` on every resource (the dialects' first: a list too large for one
-        of them changes nothing)."""
-        for service in self.services:
-            service.check_size(gpus, unit)
+        """Advertise ``gpus`` in ``unit`` on every resource, ``aliyun.com/gpu-mem`` first: its
+        ``set_inventory`` raises ``DeviceListTooLargeError`` before anything changed
+        (``configure`` refuses such a configuration earlier). The dialects' lists cannot outgrow
+        what their services accepted at start: they depend on neither the unit nor anything a
+        node config can raise (the GPUs kept and their memory only shrink)."""
         for service in self.services:
             await service.set_inventory(gpus, unit)
-        self._set_unit(unit)
 
     async def publish(self, *, force: bool = False) -> None:
         """Publish the current inventory; ``KubeError`` when the API server refuses."""
@@ -458,9 +494,6 @@ class DevicePluginDaemon:
         except KubeError as error:
             log.warning("recording the event %s failed: %s", reason, error)
 
-    async def _mps_event(self, reason: str, message: str, warning: bool) -> None:
-        await self._node_event(reason, message, warning)
-
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (module doc)."""
         options = self.options
@@ -492,10 +525,10 @@ class DevicePluginDaemon:
             if self.mps is not None:
                 await self.mps.start()
                 mps = asyncio.create_task(self.mps.run(), name="gpushare-mps")
-            await self.runner.start()
-            for runner in self.dialect_runners:
+            for runner in self.runners:
                 await runner.start()
-                log.info("serving %s on %s", runner.resource_name, runner.socket_path)
+                if runner is not self.runner:
+                    log.info("serving %s on %s", runner.resource_name, runner.socket_path)
             if self._nvml is not None and options.health:
                 watcher = HealthWatcher(
                     self._nvml,
@@ -519,11 +552,11 @@ class DevicePluginDaemon:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            for runner in (*self.dialect_runners, self.runner):
+            for runner in reversed(self.runners):
                 await runner.stop()
             if self.mps is not None:
                 await self.mps.stop()
-            for allocator in (self.allocator, *self.dialect_allocators):
+            for allocator in self.allocators:
                 await allocator.drain_events()
             await self.pods.stop()
             if self.metrics_server is not None:

@@ -18,6 +18,9 @@ ListAndWatch, over kubelet's 4 MiB message limit (``check_message_size``), and k
 checkpoints every device. Its pods are placed by the extender and cannot start here; the docs
 say to rewrite them as Tencent's (``tencent.com/*``, 256 MiB blocks).
 
+``aliyun.com/gpu-mem`` itself is described the same way (``GPU_MEM_DIALECT``): one device per
+memory unit, Allocate matched by memory units, Alibaba's variables (``alibaba_envs``).
+
 Environment (no vcuda or HAMi-core hook library is shipped, so nothing in the container limits
 memory or compute by itself):
 
@@ -55,13 +58,13 @@ from gpushare.kube.codec.dialects import (
 __all__ = [
     "DEFAULT_SPLIT_COUNT",
     "DIALECTS",
+    "GPU_MEM_DIALECT",
     "HAMI",
     "TENCENT",
     "AllocateDialect",
     "DialectResource",
     "DialectsError",
-    "gpu_mem_dialect",
-    "names_resource",
+    "alibaba_envs",
     "parse_dialects",
     "resources_for",
 ]
@@ -95,12 +98,8 @@ def parse_dialects(text: str) -> tuple[str, ...]:
     return tuple(d for d in DIALECTS if d in names)
 
 
-def names_resource(pod: Json, resource: str) -> bool:
-    """Whether a container of ``pod`` names ``resource`` in its limits or requests."""
-    return bool(_containers_naming(pod, resource))
-
-
 def _containers_naming(pod: Json, resource: str) -> list[str]:
+    """The names of ``pod``'s containers naming ``resource`` in their limits or requests."""
     spec = pod.get("spec")
     containers = spec.get("containers") if isinstance(spec, dict) else None
     names = []
@@ -119,9 +118,9 @@ def _containers_naming(pod: Json, resource: str) -> list[str]:
     return names
 
 
-EnvsOf = Callable[[Step, int, Sequence[PhysicalGpu], MemoryUnit, Json], dict[str, str]]
+EnvsOf = Callable[[Step, int, Sequence[PhysicalGpu], MemoryUnit], dict[str, str]]
 """The environment of a matched step: (step, the pod's units in all on this resource, the
-step's GPUs in its order, the node's unit, the pod) → variables."""
+step's GPUs in its order, the node's unit) → variables."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +131,22 @@ class AllocateDialect:
     besides the MPS ones; ``belongs``: whether a pod is matched on this resource (the pods
     of the other resources never are); ``every_container``: a pod counts only when all its
     GPU containers name ``resource`` (else its steps could not be told from kubelet's calls);
-    ``soft_limit``: the pod's ``tencent.com/vcuda-core-limit`` raises the MPS cap (Tencent).
+    ``in_memory_units``: kubelet's device IDs count memory units of the node (an error names
+    the unit);
+    ``ceiling``: the MPS cap in % a pod may burst to, read from the pod (Tencent's
+    ``tencent.com/vcuda-core-limit``, ``soft_limit_percent``), ``None``: no ceiling.
     """
 
     resource: str
     units_of: Callable[[Step], int]
     envs: EnvsOf
     every_container: bool = False
-    soft_limit: bool = False
+    in_memory_units: bool = False
+    ceiling: Callable[[Json], int | None] | None = None
 
     def belongs(self, pod: Json) -> bool:
         """``pod`` names ``resource`` in a container."""
-        return names_resource(pod, self.resource)
+        return bool(_containers_naming(pod, self.resource))
 
     def missing(self, pod: Json, gpu_containers: Sequence[str]) -> list[str]:
         """The GPU containers of ``pod`` that do not name ``resource`` (kubelet never calls
@@ -152,11 +155,6 @@ class AllocateDialect:
             return []
         naming = set(_containers_naming(pod, self.resource))
         return [name for name in gpu_containers if name not in naming]
-
-
-def gpu_mem_dialect(envs: EnvsOf) -> AllocateDialect:
-    """Alibaba's ``aliyun.com/gpu-mem``: memory units, ``envs`` the Alibaba variables."""
-    return AllocateDialect(GPU_MEM, memory_units, envs)
 
 
 def vcuda_core_units(step: Step) -> int:
@@ -170,27 +168,40 @@ def gpu_count_units(step: Step) -> int:
     return len(step.gpu_indices)
 
 
-def visible_devices(step: Step, gpus: Sequence[PhysicalGpu]) -> dict[str, str]:
-    """``NVIDIA_VISIBLE_DEVICES``: the UUIDs of the step's GPUs."""
-    del step
+def visible_devices(gpus: Sequence[PhysicalGpu]) -> dict[str, str]:
+    """``NVIDIA_VISIBLE_DEVICES``: the UUIDs of the step's GPUs ``gpus``."""
     return {"NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)}
 
 
+def alibaba_envs(
+    step: Step, pod_units: int, chosen: Sequence[PhysicalGpu], unit: MemoryUnit
+) -> dict[str, str]:
+    """Alibaba's variables for ``step`` on its GPUs ``chosen``, without MPS
+    (``gpushare.deviceplugin.allocate`` module doc)."""
+    return {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
+        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in chosen),
+        "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
+        "ALIYUN_COM_GPU_MEM_CONTAINER": str(step.units),
+        "ALIYUN_COM_GPU_MEM_DEV": str(chosen[0].units(unit)),
+    }
+
+
 def tencent_envs(
-    step: Step, pod_units: int, gpus: Sequence[PhysicalGpu], unit: MemoryUnit, pod: Json
+    step: Step, pod_units: int, gpus: Sequence[PhysicalGpu], unit: MemoryUnit
 ) -> dict[str, str]:
     """What a Tencent container gets (module doc): the visible GPUs."""
-    del pod_units, unit, pod
-    return visible_devices(step, gpus)
+    del step, pod_units, unit
+    return visible_devices(gpus)
 
 
 def hami_envs(
-    step: Step, pod_units: int, gpus: Sequence[PhysicalGpu], unit: MemoryUnit, pod: Json
+    step: Step, pod_units: int, gpus: Sequence[PhysicalGpu], unit: MemoryUnit
 ) -> dict[str, str]:
     """What a HAMi container gets (module doc): the visible GPUs, HAMi's memory limit per GPU
     (MiB, ``m`` suffix) and SM limit (% of each GPU, 0 without a compute share)."""
-    del pod_units, pod
-    envs = visible_devices(step, gpus)
+    del pod_units
+    envs = visible_devices(gpus)
     share_mib = step.share * unit.mib
     for ordinal in range(len(gpus)):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{ordinal}"] = f"{share_mib}m"
@@ -211,21 +222,24 @@ def soft_limit_percent(pod: Json) -> int | None:
         return None
 
 
+GPU_MEM_DIALECT = AllocateDialect(GPU_MEM, memory_units, alibaba_envs, in_memory_units=True)
+"""Alibaba's ``aliyun.com/gpu-mem``: memory units, the Alibaba variables (the default of
+``HandshakeAllocator``)."""
 TENCENT_CORE_DIALECT = AllocateDialect(
-    TENCENT_CORE, vcuda_core_units, tencent_envs, soft_limit=True
+    TENCENT_CORE, vcuda_core_units, tencent_envs, ceiling=soft_limit_percent
 )
 HAMI_GPU_DIALECT = AllocateDialect(HAMI_GPU, gpu_count_units, hami_envs, every_container=True)
 
 
 @dataclass(frozen=True, slots=True)
 class DialectResource:
-    """One resource the plugin serves for a dialect: its socket file, its devices per GPU, and
-    how its Allocate is answered (``allocate``; ``None``: an empty answer per container)."""
+    """One resource the plugin serves (a dialect's, or ``aliyun.com/gpu-mem``): its socket
+    file, its devices per GPU (``None``: one per memory unit), and how its Allocate is
+    answered (``allocate``; ``None``: an empty answer per container)."""
 
-    dialect: str
     resource: str
     socket_name: str
-    per_gpu: DevicesPerGpu
+    per_gpu: DevicesPerGpu | None
     allocate: AllocateDialect | None
 
 
@@ -252,13 +266,10 @@ def resources_for(
     if TENCENT in dialects:
         served += [
             DialectResource(
-                TENCENT, TENCENT_CORE, "gpushare-vcuda-core.sock", _vcuda_core,
-                TENCENT_CORE_DIALECT,
+                TENCENT_CORE, "gpushare-vcuda-core.sock", _vcuda_core, TENCENT_CORE_DIALECT
             ),
-            DialectResource(
-                TENCENT, TENCENT_MEMORY, "gpushare-vcuda-memory.sock", _vcuda_memory, None
-            ),
-        ]  # fmt: skip
+            DialectResource(TENCENT_MEMORY, "gpushare-vcuda-memory.sock", _vcuda_memory, None),
+        ]
     if HAMI in dialects:
 
         def split(gpu: PhysicalGpu) -> int:
@@ -266,6 +277,6 @@ def resources_for(
             return split_count
 
         served.append(
-            DialectResource(HAMI, HAMI_GPU, "gpushare-nvidia-gpu.sock", split, HAMI_GPU_DIALECT)
+            DialectResource(HAMI_GPU, "gpushare-nvidia-gpu.sock", split, HAMI_GPU_DIALECT)
         )
     return tuple(served)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -36,6 +36,7 @@ __all__ = [
     "build_devices",
     "check_message_size",
     "device_id",
+    "device_ids",
     "gpu_of_device",
     "list_and_watch_response",
     "parse_fake_gpus",
@@ -225,15 +226,25 @@ def _count(gpu: PhysicalGpu, unit: MemoryUnit, per_gpu: DevicesPerGpu | None) ->
     return gpu.units(unit) if per_gpu is None else per_gpu(gpu)
 
 
+def device_ids(
+    gpus: Sequence[PhysicalGpu], unit: MemoryUnit, per_gpu: DevicesPerGpu | None = None
+) -> Iterator[str]:
+    """The advertised device IDs of ``gpus`` in order (``device_id``): one per memory unit per
+    GPU, or ``per_gpu(gpu)`` per GPU."""
+    for gpu in gpus:
+        for n in range(_count(gpu, unit, per_gpu)):
+            yield device_id(gpu, n)
+
+
 def build_devices(
     gpus: Sequence[PhysicalGpu], unit: MemoryUnit, per_gpu: DevicesPerGpu | None = None
 ) -> list[api_pb2.Device]:
     """One device per memory unit per GPU (or ``per_gpu(gpu)`` devices), health taken from
     its GPU."""
     return [
-        api_pb2.Device(ID=device_id(gpu, n), health=HEALTHY if gpu.healthy else UNHEALTHY)
+        api_pb2.Device(ID=ident, health=HEALTHY if gpu.healthy else UNHEALTHY)
         for gpu in gpus
-        for n in range(_count(gpu, unit, per_gpu))
+        for ident in device_ids((gpu,), unit, per_gpu)
     ]
 
 
@@ -299,16 +310,15 @@ def check_message_size(
     passes `limit` (bounded work for any GPU list: the reported size is then a lower bound).
     """
     size = 0
-    for gpu in gpus:
-        for n in range(_count(gpu, unit, per_gpu)):
-            size += _device_entry_bytes(device_id(gpu, n), UNHEALTHY)
-            if size > limit:
-                raise DeviceListTooLargeError(
-                    len(gpus),
-                    sum(_count(g, unit, per_gpu) for g in gpus),
-                    size,
-                    unit,
-                    limit,
-                    resource=resource,
-                )
+    for ident in device_ids(gpus, unit, per_gpu):
+        size += _device_entry_bytes(ident, UNHEALTHY)
+        if size > limit:
+            raise DeviceListTooLargeError(
+                len(gpus),
+                sum(_count(g, unit, per_gpu) for g in gpus),
+                size,
+                unit,
+                limit,
+                resource=resource,
+            )
     return size

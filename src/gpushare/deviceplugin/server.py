@@ -36,8 +36,8 @@ from gpushare.deviceplugin.inventory import (
     RESOURCE_GPU_MEM,
     DevicesPerGpu,
     PhysicalGpu,
-    build_devices,
     check_message_size,
+    device_ids,
     list_and_watch_response,
 )
 from gpushare.kube.codec import MemoryUnit
@@ -177,7 +177,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return check_message_size(gpus, unit, per_gpu=self.per_gpu, resource=self.resource)
 
     def _ids(self, gpus: Sequence[PhysicalGpu], unit: MemoryUnit) -> frozenset[str]:
-        return frozenset(ident.ID for ident in build_devices(gpus, unit, self.per_gpu))
+        return frozenset(device_ids(gpus, unit, self.per_gpu))
 
     @property
     def unit(self) -> MemoryUnit:

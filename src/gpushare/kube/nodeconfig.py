@@ -33,11 +33,11 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 
-from gpushare.kube.codec import CodecError, Json
+from gpushare.kube.codec import CodecError, node_labels
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig, node_config
 from gpushare.kube.configmap import configmap_reflector
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
-from gpushare.kube.watch import Backoff, Change, JsonObject
+from gpushare.kube.watch import Backoff, Change, JsonObject, plain_dict
 
 __all__ = ["RBAC_RULES", "NodeConfigWatch", "yaml_document"]
 
@@ -59,12 +59,6 @@ def yaml_document(text: str) -> object:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or "cannot be parsed"
         raise ValueError(f"not YAML{where}: {problem}") from None
-
-
-def _labels(node: Json | None) -> Mapping[str, str]:
-    meta = (node or {}).get("metadata") or {}
-    labels = meta.get("labels") or {}
-    return labels if isinstance(labels, dict) else {}
 
 
 class NodeConfigWatch:
@@ -98,6 +92,7 @@ class NodeConfigWatch:
         self._on_change = on_change
         self._on_invalid = on_invalid
         self._changed = asyncio.Event()
+        self._configmap_changed = False  # the Node is read again only for a ConfigMap change
         self._read_once = asyncio.Event()
         self._configmaps = configmap_reflector(
             client, namespace, name, self._sink, backoff=backoff, watch_timeout_s=watch_timeout_s
@@ -115,17 +110,18 @@ class NodeConfigWatch:
                 log.warning("node config: reading the node's labels: %s", text)
             return
         self._node_error = ""
-        self.node = node.to_dict()
+        self.node = plain_dict(node)
 
     async def _poll_node(self) -> None:
         while True:
             await asyncio.sleep(self._node_poll_s)
-            before = _labels(self.node)
+            before = node_labels(self.node or {})
             await self._read_node()
-            if _labels(self.node) != before:
+            if node_labels(self.node or {}) != before:
                 self._changed.set()
 
     def _sink(self, _change: Change) -> None:
+        self._configmap_changed = True
         self._changed.set()
 
     async def wait_synced(self, timeout_s: float) -> None:
@@ -138,7 +134,9 @@ class NodeConfigWatch:
         """The configuration the ConfigMap gives the node now; ``CodecError`` when it cannot
         be read (module doc)."""
         configmap = self._configmaps.get(self.name)
-        return node_config(configmap, self.node_name, _labels(self.node), load=yaml_document)
+        return node_config(
+            configmap, self.node_name, node_labels(self.node or {}), load=yaml_document
+        )
 
     async def run(self) -> None:
         """Watch until cancelled, calling back on every change (module doc)."""
@@ -150,10 +148,11 @@ class NodeConfigWatch:
         try:
             await self._configmaps.synced.wait()
             while True:
-                ours = self._changed.is_set() or not self._read_once.is_set()
+                reread = self._configmap_changed or not self._read_once.is_set()
                 self._changed.clear()
-                if ours:  # a ConfigMap change (or the start): read the labels again too
-                    await self._read_node()
+                self._configmap_changed = False
+                if reread:  # a ConfigMap change (or the start): read the labels again too;
+                    await self._read_node()  # a label change was read by _poll_node already
                 await self._apply()
                 self._read_once.set()
                 await self._changed.wait()

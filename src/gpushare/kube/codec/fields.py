@@ -1,6 +1,6 @@
 """Plain fields of Kubernetes objects that every component reads: an object's name and
 namespace, a pod's UID, node, phase, whether it is finished or being deleted, its container
-IDs and an annotation; a node's label and InternalIP. Pure; no I/O.
+IDs and an annotation; a node's labels and InternalIP. Pure; no I/O.
 
 These readers are lenient: a field that is missing, or of the wrong JSON type, reads as empty
 (``""``, ``None``, ``False``, ``{}``) and nothing raises, because they serve caches, watches and
@@ -20,6 +20,7 @@ __all__ = [
     "TERMINAL_PHASES",
     "is_gpushare_node",
     "node_internal_ip",
+    "node_labels",
     "object_name",
     "object_namespace",
     "pod_annotation",
@@ -116,10 +117,15 @@ def pod_container_names(pod: Json) -> dict[str, str]:
     return names
 
 
+def node_labels(node: Json) -> Mapping[str, str]:
+    """A node's ``metadata.labels`` (``{}`` when missing or not an object)."""
+    labels = _dig(node, "metadata", "labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
 def is_gpushare_node(node: Json) -> bool:
     """Whether a node carries the label ``gpushare=true`` (design.md, "Node modes")."""
-    labels = _dig(node, "metadata", "labels")
-    return isinstance(labels, Mapping) and labels.get(GPUSHARE_LABEL) == "true"
+    return node_labels(node).get(GPUSHARE_LABEL) == "true"
 
 
 def node_internal_ip(node: Json) -> str | None:
