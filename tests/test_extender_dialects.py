@@ -227,17 +227,23 @@ def test_an_invalid_dialect_request_is_refused_at_filter_with_its_rule(
     assert rule in result["Error"]
 
 
-def test_nothing_shared_lands_on_a_gpu_held_whole_and_a_used_gpu_is_not_taken_whole() -> None:
+def test_a_whole_gpu_counts_its_whole_memory_and_a_used_gpu_is_not_taken_whole() -> None:
+    """A GPU held whole is recorded at its capacity, so memory alone turns shared pods away
+    from it. (That nothing shared lands on a GPU held whole even with memory to spare, the
+    flag rule, cannot be reached through a dialect: none yields a shared request of 0 memory;
+    test_core_fit and test_core_ledger prove it.)"""
     state, binder = state_of(Node("g", [16, 16, 16])), RecordingBinder()
     with TestClient(create_app(state, binder=binder, expire_interval_s=None)) as client:
         shared = pod_json("shared", 1, namespace="ns")
         assert schedule(client, shared, ["g"])[1] == ""  # binpack: GPU 0
+        # GPU 0 holds 1 GiB: the two whole GPUs are 1 and 2.
         assert schedule(client, gpu_manager_readme_pod_2("whole", "ns"), ["g"])[1] == ""
         assert state.recorded_state("g").gpu_whole == (False, True, True)
-        big = pod_json("big", 16, namespace="ns")  # fits no GPU: 15 free on 0, 1 and 2 held
+        assert state.recorded_state("g").gpu_used == (1, 16, 16)  # whole: all their memory
+        big = pod_json("big", 16, namespace="ns")  # fits no GPU: 15 free on 0, none on 1 and 2
         result, _ = schedule(client, big, ["g"])
         assert result["FailedNodes"]["g"].startswith("gpushare: no GPU has enough free")
-        small = pod_json("small", 2, namespace="ns")
+        small = pod_json("small", 2, namespace="ns")  # GPU 0, the only one with memory free
         assert schedule(client, small, ["g"])[1] == ""
     small_call = binder.calls[-1]
     assert json.loads(small_call.annotations[ALLOCATION])["containers"][0]["gpus"] == [0]
