@@ -6,11 +6,15 @@ GiB node and one MiB node of two GPUs each, and the problems expected (empty: a 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import pytest
 
+from gpushare.core.fit import FitResult, FitStatus, check_fit
+from gpushare.core.model import NodeState, PodRequest
 from gpushare.kube.codec import ALLOCATION, MemoryUnit
+from gpushare.testing import outcome2d
 from gpushare.testing.outcome2d import (
     Basis,
     DialectAsk,
@@ -23,6 +27,7 @@ from gpushare.testing.outcome2d import (
 )
 
 NODES = {"g": NodeGpus(MemoryUnit.GIB, (16, 16)), "m": NodeGpus(MemoryUnit.MIB, (24576, 24576))}
+UNEVEN = {"u": NodeGpus(MemoryUnit.GIB, (8, 16))}
 TENCENT = DialectAsk("main", 1, 5 * 256, Basis.MIB, 500)  # vcuda-core 50, vcuda-memory 5
 HAMI_PERCENT = DialectAsk("main", 1, 10, Basis.PERCENT, 300)
 WHOLE = DialectAsk("main", 1, 0, whole=True)
@@ -46,6 +51,7 @@ class Case:
     bound: tuple[Bound, ...]
     expected: list[str]
     pending: tuple[tuple[str, DialectAsk], ...] = field(default=())
+    nodes: Mapping[str, NodeGpus] = field(default_factory=lambda: NODES)
 
 
 def entry(gpus: list[int], share: int, compute: int = 0, whole: bool = False) -> dict[str, object]:
@@ -64,15 +70,15 @@ def judge(case: Case) -> list[str]:
     for b in case.bound:
         annotations = {}
         if b.record is not None:
-            unit = b.unit or NODES[b.node].unit
+            unit = b.unit or case.nodes[b.node].unit
             document = {"node": b.node, "unit": unit, "containers": b.record}
             annotations[ALLOCATION] = json.dumps(document)
         outcome.bound[b.name] = b.node
-        holds, problem = records_of(specs[b.name], b.node, annotations, NODES)
+        holds, problem = records_of(specs[b.name], b.node, annotations, case.nodes)
         if problem:
             outcome.problems.append(f"{b.name}: {problem}")
         outcome.holds.extend(holds)
-    return judge_dialects(outcome, specs, NODES)
+    return judge_dialects(outcome, specs, case.nodes)
 
 
 CASES = [
@@ -128,12 +134,54 @@ CASES = [
           Bound("t3", DialectAsk("main", 1, 1024, Basis.MIB, 600), "m", [entry([1], 1024, 600)])),
          [],
          pending=(("p", WHOLE), ("q", TENCENT))),
+    Case("a whole GPU records its own capacity: 8 on the 8 GiB GPU of a node of 8 and 16",
+         (Bound("w", WHOLE, "u", [entry([0], 8, 1000, whole=True)]),),
+         [], nodes=UNEVEN),
+    Case("a whole GPU recorded at the largest GPU's capacity does not match",
+         (Bound("w", WHOLE, "u", [entry([0], 16, 1000, whole=True)]),),
+         ["w: record {'name': 'main', 'gpus': [0], 'share': 16, 'compute': 1000, 'whole': True} "
+          "does not match the request {'gpus': 1, 'share': 8, 'compute': 1000, 'whole': True}"],
+         nodes=UNEVEN),
+    Case("a Pending share that fits only the larger GPU of an uneven node",
+         (Bound("a", DialectAsk("main", 1, 2), "u", [entry([1], 2)]),),
+         ["p (k) is Pending but fits on u"],
+         pending=(("p", DialectAsk("main", 1, 10)),), nodes=UNEVEN),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_the_judge_finds_each_violation_from_the_records(case: Case) -> None:
     assert judge(case) == case.expected
+
+
+def refusing_check_fit(state: NodeState, pod: PodRequest) -> FitResult:
+    """The core's fit, but saying no wherever it said yes: a core that wrongly refuses."""
+    result = check_fit(state, pod)
+    if result.status is FitStatus.FITS:
+        return replace(result, status=FitStatus.DOES_NOT_FIT_NOW)
+    return result
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.pending], ids=[c.id for c in CASES if c.pending]
+)
+def test_a_one_container_pod_is_judged_without_the_core(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A core that wrongly refuses a Pending pod would leave it Pending and, if asked, agree
+    with itself: the judge counts the GPUs that qualify instead."""
+    monkeypatch.setattr(outcome2d, "check_fit", refusing_check_fit)
+    assert judge(case) == case.expected
+
+
+def test_a_pod_of_two_gpu_containers_falls_back_to_the_cores_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    two = DialectSpec("p", "k", {}, (ALIBABA_8, DialectAsk("side", 1, 8)))
+    outcome = DialectOutcome(pending=["p"])
+    assert judge_dialects(outcome, {"p": two}, NODES) == ["p (k) is Pending but fits on g"]
+    monkeypatch.setattr(outcome2d, "check_fit", refusing_check_fit)
+    assert judge_dialects(outcome, {"p": two}, NODES) == []  # the fallback trusts the core
 
 
 def test_the_workload_is_seeded_and_mixes_every_kind() -> None:

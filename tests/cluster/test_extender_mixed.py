@@ -16,8 +16,8 @@ the API server. When every pod is bound or fits nowhere, the pods' annotations a
 the extender's state: ``gpushare.testing.outcome2d``) prove: every bound pod has one record,
 for its node and unit, matching its request resolved into that unit (compute and ``whole``
 included); no GPU above capacity in memory or above 1000 in compute; no GPU held whole holds
-anything else; and every Pending pod fits no node it may use by the core's own ``check_fit``
-against the state rebuilt from those records.
+anything else; and every Pending pod fits no node it may use in what those records leave free
+(``outcome2d.fits_by_count``, a count that does not ask the core).
 """
 
 from __future__ import annotations
