@@ -6,7 +6,8 @@ pod is a :class:`DialectSpec` (its containers' limits and annotations as written
 GPU container asks, :class:`DialectAsk`, in the dialect's own terms), each node a
 :class:`NodeGpus` (unit and per-GPU capacity). :func:`read_dialect_outcome` reads every pod of a
 namespace back through the API and keeps only what ``gpushare.io/allocation`` records (never the
-extender's state, never the codec's decoder); :func:`judge_dialects` lists what is wrong:
+extender's state, never the codec's decoder; :func:`dialect_outcome` does the keeping, for pods
+already read); :func:`judge_dialects` lists what is wrong:
 
 * a bound pod without a record, a record for another node or unit, a GPU container placed twice
   or not at all (so no pod has two allocations), on the wrong number of distinct GPUs, on a GPU
@@ -47,7 +48,7 @@ from gpushare.core.model import (
     PodRequest,
 )
 from gpushare.kube.codec import ALLOCATION, MemoryUnit
-from gpushare.testing.outcome import read_pods
+from gpushare.testing.outcome import ReadBack, read_pods
 
 __all__ = [
     "Basis",
@@ -57,6 +58,7 @@ __all__ = [
     "Held",
     "Hold",
     "NodeGpus",
+    "dialect_outcome",
     "dialect_workload",
     "fits_by_count",
     "gpu_problems",
@@ -201,8 +203,15 @@ def read_dialect_outcome(
     kube: Client, namespace: str, specs: Mapping[str, DialectSpec], nodes: Mapping[str, NodeGpus]
 ) -> DialectOutcome:
     """Every pod of ``namespace`` read back through the API (module doc)."""
-    found = read_pods(kube, namespace)
-    outcome = DialectOutcome(pending=found.pending, problems=found.problems)
+    return dialect_outcome(read_pods(kube, namespace), specs, nodes)
+
+
+def dialect_outcome(
+    found: ReadBack, specs: Mapping[str, DialectSpec], nodes: Mapping[str, NodeGpus]
+) -> DialectOutcome:
+    """What the pods ``found`` record (:func:`records_of` for each bound pod; its problems as
+    ``"<pod> (<kind>) on <node>: <problem>"``)."""
+    outcome = DialectOutcome(pending=list(found.pending), problems=list(found.problems))
     for name, node, notes in found.bound:
         outcome.bound[name] = node
         holds, problem = records_of(specs[name], node, notes, nodes)
