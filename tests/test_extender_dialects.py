@@ -81,7 +81,7 @@ class Placed:
     node: Node
     pod: dict[str, Any]
     containers: list[dict[str, Any]]
-    event: str = ""
+    event: str  # in the Scheduled event's message
 
 
 def _pod(containers: dict[str, dict[str, str | int]], **annotations: str) -> dict[str, Any]:
@@ -100,31 +100,36 @@ PLACED = [
     Placed("the fork's MiB on a MiB node, as written",
            Node("m", [16384], MIB),
            _pod({"main": {"nvidia.com/vcuda-core": 25, "nvidia.com/vcuda-memory": 4097}}),
-           [{"name": "main", "gpus": [0], "share": 4097, "compute": 250}]),
+           [{"name": "main", "gpus": [0], "share": 4097, "compute": 250}],
+           "container main on GPU 0 (4097 MiB, 25% compute each)"),
     Placed("HAMi: two GPUs of 3,000 MiB and 30 %, rounded up to 3 GiB each",
            Node("g", [16, 16]),
            _pod({"main": {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000,
                           "nvidia.com/gpucores": 30}}),
-           [{"name": "main", "gpus": [0, 1], "share": 3, "compute": 300}]),
+           [{"name": "main", "gpus": [0, 1], "share": 3, "compute": 300}],
+           "container main on GPU 0,1 (3 GiB, 30% compute each)"),
     Placed("HAMi: nvidia.com/gpu alone takes all the memory of a GPU",
            Node("g", [16, 16], used=[1]), _pod({"main": {"nvidia.com/gpu": 1}}),
            [{"name": "main", "gpus": [1], "share": 16}], "container main on GPU 1 (16 GiB each)"),
     Placed("HAMi: a quarter of the GPU's memory",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25}}),
-           [{"name": "main", "gpus": [0], "share": 4}]),
+           [{"name": "main", "gpus": [0], "share": 4}], "container main on GPU 0 (4 GiB each)"),
     Placed("HAMi: gpucores 100 is a whole GPU",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}}),
-           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}]),
+           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}],
+           "container main on GPU 1 (whole)"),
     Placed("Alibaba's cloud: gpu-core.percentage next to gpu-mem",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"aliyun.com/gpu-mem": 4, "aliyun.com/gpu-core.percentage": 50}}),
-           [{"name": "main", "gpus": [0], "share": 4, "compute": 500}]),
+           [{"name": "main", "gpus": [0], "share": 4, "compute": 500}],
+           "container main on GPU 0 (4 GiB, 50% compute each)"),
     Placed("gpushare.io/exclusive: an Alibaba pod takes a whole GPU",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"aliyun.com/gpu-mem": 16}}, **{"gpushare.io/exclusive": "true"}),
-           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}]),
+           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}],
+           "container main on GPU 1 (whole)"),
 ]  # fmt: skip
 
 
