@@ -15,10 +15,10 @@ from starlette.testclient import TestClient
 from gpushare.extender import ExtenderState, create_app
 from gpushare.kube.codec import ALLOCATION, MemoryUnit
 from gpushare.testing.dialects import (
-    dialect_pod_json,
     gpu_manager_readme_pod_1,
     gpu_manager_readme_pod_2,
 )
+from gpushare.testing.dialects import table_pod as _pod
 from gpushare.testing.extender import (
     RecordingBinder,
     RecordingEvents,
@@ -84,10 +84,6 @@ class Placed:
     event: str  # in the Scheduled event's message
 
 
-def _pod(containers: dict[str, dict[str, str | int]], **annotations: str) -> dict[str, Any]:
-    return dialect_pod_json("p", containers, namespace="ns", annotations=annotations or None)
-
-
 PLACED = [
     Placed("gpu-manager README pod 1 on a GiB node: 7,680 MiB is 8 GiB, with 500 compute",
            Node("g", [16, 16], used=[12]), gpu_manager_readme_pod_1("p", "ns"),
@@ -127,7 +123,8 @@ PLACED = [
            "container main on GPU 0 (4 GiB, 50% compute each)"),
     Placed("gpushare.io/exclusive: an Alibaba pod takes a whole GPU",
            Node("g", [16, 16], used=[1]),
-           _pod({"main": {"aliyun.com/gpu-mem": 16}}, **{"gpushare.io/exclusive": "true"}),
+           _pod({"main": {"aliyun.com/gpu-mem": 16}},
+                annotations={"gpushare.io/exclusive": "true"}),
            [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}],
            "container main on GPU 1 (whole)"),
 ]  # fmt: skip
