@@ -509,7 +509,7 @@ TWO_D = [
          state((16, 16)), pod(whole("w", 3)), FitStatus.CAN_NEVER_FIT, Reason.TOO_FEW_GPUS,
          requested=3),
     Case("a GPU held whole takes no memory pod, even one that would fit its numbers",
-         state((16, 16), (0, 12), whole=(True, False)), pod(("c", 4, 1)),
+         state((16, 16), whole=(True, False)), pod(("c", 4, 1)),
          FitStatus.FITS, Reason.FITS, allocations=(ContainerAllocation("c", (1,), 4),)),
     Case("a GPU held whole takes no compute-only pod",
          state((16, 16), (0, 0), compute_used=(0, 900), whole=(True, False)),

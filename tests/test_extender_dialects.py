@@ -15,10 +15,10 @@ from starlette.testclient import TestClient
 from gpushare.extender import ExtenderState, create_app
 from gpushare.kube.codec import ALLOCATION, MemoryUnit
 from gpushare.testing.dialects import (
-    dialect_pod_json,
     gpu_manager_readme_pod_1,
     gpu_manager_readme_pod_2,
 )
+from gpushare.testing.dialects import table_pod as _pod
 from gpushare.testing.extender import (
     RecordingBinder,
     RecordingEvents,
@@ -81,11 +81,7 @@ class Placed:
     node: Node
     pod: dict[str, Any]
     containers: list[dict[str, Any]]
-    event: str = ""
-
-
-def _pod(containers: dict[str, dict[str, str | int]], **annotations: str) -> dict[str, Any]:
-    return dialect_pod_json("p", containers, namespace="ns", annotations=annotations or None)
+    event: str  # in the Scheduled event's message
 
 
 PLACED = [
@@ -100,31 +96,37 @@ PLACED = [
     Placed("the fork's MiB on a MiB node, as written",
            Node("m", [16384], MIB),
            _pod({"main": {"nvidia.com/vcuda-core": 25, "nvidia.com/vcuda-memory": 4097}}),
-           [{"name": "main", "gpus": [0], "share": 4097, "compute": 250}]),
+           [{"name": "main", "gpus": [0], "share": 4097, "compute": 250}],
+           "container main on GPU 0 (4097 MiB, 25% compute each)"),
     Placed("HAMi: two GPUs of 3,000 MiB and 30 %, rounded up to 3 GiB each",
            Node("g", [16, 16]),
            _pod({"main": {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000,
                           "nvidia.com/gpucores": 30}}),
-           [{"name": "main", "gpus": [0, 1], "share": 3, "compute": 300}]),
+           [{"name": "main", "gpus": [0, 1], "share": 3, "compute": 300}],
+           "container main on GPU 0,1 (3 GiB, 30% compute each)"),
     Placed("HAMi: nvidia.com/gpu alone takes all the memory of a GPU",
            Node("g", [16, 16], used=[1]), _pod({"main": {"nvidia.com/gpu": 1}}),
            [{"name": "main", "gpus": [1], "share": 16}], "container main on GPU 1 (16 GiB each)"),
     Placed("HAMi: a quarter of the GPU's memory",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25}}),
-           [{"name": "main", "gpus": [0], "share": 4}]),
+           [{"name": "main", "gpus": [0], "share": 4}], "container main on GPU 0 (4 GiB each)"),
     Placed("HAMi: gpucores 100 is a whole GPU",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}}),
-           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}]),
+           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}],
+           "container main on GPU 1 (whole)"),
     Placed("Alibaba's cloud: gpu-core.percentage next to gpu-mem",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"aliyun.com/gpu-mem": 4, "aliyun.com/gpu-core.percentage": 50}}),
-           [{"name": "main", "gpus": [0], "share": 4, "compute": 500}]),
+           [{"name": "main", "gpus": [0], "share": 4, "compute": 500}],
+           "container main on GPU 0 (4 GiB, 50% compute each)"),
     Placed("gpushare.io/exclusive: an Alibaba pod takes a whole GPU",
            Node("g", [16, 16], used=[1]),
-           _pod({"main": {"aliyun.com/gpu-mem": 16}}, **{"gpushare.io/exclusive": "true"}),
-           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}]),
+           _pod({"main": {"aliyun.com/gpu-mem": 16}},
+                annotations={"gpushare.io/exclusive": "true"}),
+           [{"name": "main", "gpus": [1], "share": 16, "compute": 1000, "whole": True}],
+           "container main on GPU 1 (whole)"),
 ]  # fmt: skip
 
 
@@ -227,17 +229,23 @@ def test_an_invalid_dialect_request_is_refused_at_filter_with_its_rule(
     assert rule in result["Error"]
 
 
-def test_nothing_shared_lands_on_a_gpu_held_whole_and_a_used_gpu_is_not_taken_whole() -> None:
+def test_a_whole_gpu_counts_its_whole_memory_and_a_used_gpu_is_not_taken_whole() -> None:
+    """A GPU held whole is recorded at its capacity, so memory alone turns shared pods away
+    from it. (That nothing shared lands on a GPU held whole even with memory to spare, the
+    flag rule, cannot be reached through a dialect: none yields a shared request of 0 memory;
+    test_core_fit and test_core_ledger prove it.)"""
     state, binder = state_of(Node("g", [16, 16, 16])), RecordingBinder()
     with TestClient(create_app(state, binder=binder, expire_interval_s=None)) as client:
         shared = pod_json("shared", 1, namespace="ns")
         assert schedule(client, shared, ["g"])[1] == ""  # binpack: GPU 0
+        # GPU 0 holds 1 GiB: the two whole GPUs are 1 and 2.
         assert schedule(client, gpu_manager_readme_pod_2("whole", "ns"), ["g"])[1] == ""
         assert state.recorded_state("g").gpu_whole == (False, True, True)
-        big = pod_json("big", 16, namespace="ns")  # fits no GPU: 15 free on 0, 1 and 2 held
+        assert state.recorded_state("g").gpu_used == (1, 16, 16)  # whole: all their memory
+        big = pod_json("big", 16, namespace="ns")  # fits no GPU: 15 free on 0, none on 1 and 2
         result, _ = schedule(client, big, ["g"])
         assert result["FailedNodes"]["g"].startswith("gpushare: no GPU has enough free")
-        small = pod_json("small", 2, namespace="ns")
+        small = pod_json("small", 2, namespace="ns")  # GPU 0, the only one with memory free
         assert schedule(client, small, ["g"])[1] == ""
     small_call = binder.calls[-1]
     assert json.loads(small_call.annotations[ALLOCATION])["containers"][0]["gpus"] == [0]

@@ -23,19 +23,19 @@ from gpushare.kube.codec import (
     ALLOCATION,
     CodecError,
     MemoryUnit,
-    allocation_annotations,
     pod_allocation,
     pod_request,
 )
 from gpushare.kube.codec.pods import INIT_CONTAINER_REFUSAL
-from gpushare.kube.codec.record import pod_record
+from gpushare.kube.codec.record import fast_pod_record
 from gpushare.kube.codec.resolve import MIB_BASIS, PERCENT_BASIS, resolve
 from gpushare.testing.core import gpu_node
 from gpushare.testing.dialects import (
-    dialect_pod_json,
+    bound_dialect_pod,
     gpu_manager_readme_pod_1,
     gpu_manager_readme_pod_2,
 )
+from gpushare.testing.dialects import table_pod as _pod
 from gpushare.testing.extender import pod_json
 
 ANY: frozenset[str] = frozenset()
@@ -46,12 +46,6 @@ class Read:
     id: str
     pod: dict[str, Any]
     containers: tuple[ContainerRequest, ...]
-
-
-def _pod(containers: dict[str, dict[str, str | int]], **annotations: str) -> dict[str, Any]:
-    keyed = {"gpushare.io/" + k.removeprefix("gpushare_io__").replace("_", "-"): v
-             for k, v in annotations.items()}  # fmt: skip
-    return dialect_pod_json("p", containers, namespace="ns", annotations=keyed)
 
 
 READS = [
@@ -78,19 +72,19 @@ READS = [
          _pod({"main": {"aliyun.com/gpu-mem": 8, "aliyun.com/gpu-core.percentage": 40}}),
          (ContainerRequest("main", 8, 1, ANY, 400),)),
     Read("gpushare.io/exclusive: gpu-mem's container takes a whole GPU",
-         _pod({"main": {"aliyun.com/gpu-mem": 16}}, gpushare_io__exclusive="true"),
+         _pod({"main": {"aliyun.com/gpu-mem": 16}}, annotations={"gpushare.io/exclusive": "true"}),
          (ContainerRequest("main", 0, 1, ANY, exclusive=True),)),
     Read("gpushare.io/exclusive with gpushare.io/gpu-count: two whole GPUs",
-         _pod({"main": {"aliyun.com/gpu-mem": 16}}, gpushare_io__exclusive="true",
-              gpushare_io__gpu_count="2"),
+         _pod({"main": {"aliyun.com/gpu-mem": 16}},
+              annotations={"gpushare.io/exclusive": "true", "gpushare.io/gpu-count": "2"}),
          (ContainerRequest("main", 0, 2, ANY, exclusive=True),)),
     Read("gpushare.io/exclusive by container: only the one named",
          _pod({"a": {"aliyun.com/gpu-mem": 4}, "b": {"aliyun.com/gpu-mem": 4}},
-              gpushare_io__exclusive='{"b": true}'),
+              annotations={"gpushare.io/exclusive": '{"b": true}'}),
          (ContainerRequest("a", 4, 1), ContainerRequest("b", 0, 1, ANY, exclusive=True))),
     Read("gpushare.io/gpu-models applies to a dialect container too",
          _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
-              gpushare_io__gpu_models="A100"),
+              annotations={"gpushare.io/gpu-models": "A100"}),
          (ContainerRequest("main", 1000, 1, frozenset({"A100"}), memory_basis=MIB_BASIS),)),
     Read("a CPU-only sidecar next to a Tencent container is not a second dialect",
          _pod({"main": {"tencent.com/vcuda-core": 10, "tencent.com/vcuda-memory": 4},
@@ -104,7 +98,9 @@ READS = [
 def test_a_dialect_pod_is_read_into_a_request(case: Read) -> None:
     request = pod_request(case.pod)
     assert request.containers == case.containers
-    assert pod_record(case.pod).request == request  # the fast path reads it alike
+    record = fast_pod_record(case.pod)  # the fast path reads it alike
+    assert record is not None
+    assert record.request == request
 
 
 def test_an_alibaba_pod_reads_exactly_as_before() -> None:
@@ -112,6 +108,12 @@ def test_an_alibaba_pod_reads_exactly_as_before() -> None:
     assert request == PodRequest("ns/p", (ContainerRequest("main", 8, 1),))
     assert request.in_node_units
     assert not request.two_dimensional
+
+
+def with_init_container(pod: dict[str, Any], limits: dict[str, str]) -> dict[str, Any]:
+    """``pod`` with an init container ``init`` of ``limits``."""
+    pod["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": limits}}]
+    return pod
 
 
 @dataclass(frozen=True)
@@ -141,14 +143,11 @@ REFUSALS = [
                   "b": {"nvidia.com/vcuda-core": 50, "nvidia.com/vcuda-memory": 4}}),
             "GPU containers in two dialects"),
     Refused("an init container asking vcuda-core",
-            {**_pod({"main": {"aliyun.com/gpu-mem": 4}}),
-             "spec": {"containers": _pod({"main": {"aliyun.com/gpu-mem": 4}})["spec"]
-                      ["containers"],
-                      "initContainers": [{"name": "init", "resources": {"limits": {
-                          "tencent.com/vcuda-core": "100"}}}]}},
+            with_init_container(_pod({"main": {"aliyun.com/gpu-mem": 4}}),
+                                {"tencent.com/vcuda-core": "100"}),
             INIT_CONTAINER_REFUSAL),
     Refused("gpushare.io/exclusive not a flag",
-            _pod({"main": {"aliyun.com/gpu-mem": 4}}, gpushare_io__exclusive="yes"),
+            _pod({"main": {"aliyun.com/gpu-mem": 4}}, annotations={"gpushare.io/exclusive": "yes"}),
             "annotation gpushare.io/exclusive='yes': invalid value"),
 ]  # fmt: skip
 
@@ -228,14 +227,6 @@ def test_a_request_in_node_units_is_returned_as_it_is() -> None:
 # -- allocations with compute and whole GPUs --------------------------------------------------
 
 
-def _bound(pod: dict[str, Any], allocation: Allocation, unit: MemoryUnit) -> dict[str, Any]:
-    node = gpu_node([16, 16, 16], name="n1")
-    annotations = allocation_annotations(allocation, node, now_ns=1, unit=unit)
-    pod["metadata"].setdefault("annotations", {}).update(annotations)
-    pod["spec"]["nodeName"] = "n1"
-    return pod
-
-
 @dataclass(frozen=True)
 class Record:
     id: str
@@ -262,11 +253,14 @@ RECORDS = [
 
 @pytest.mark.parametrize("case", RECORDS, ids=[c.id for c in RECORDS])
 def test_an_allocation_is_recorded_and_read_back(case: Record) -> None:
-    pod = _bound(case.pod, Allocation("ns/p", "n1", case.containers), GIB)
+    node = gpu_node([16, 16, 16], name="n1")
+    pod = bound_dialect_pod(case.pod, node, case.containers, unit=GIB, assigned=False)
     document = json.loads(pod["metadata"]["annotations"][ALLOCATION])
     assert document["containers"] == case.document
     assert pod_allocation(pod) == Allocation("ns/p", "n1", case.containers)
-    assert pod_record(pod).allocation == pod_allocation(pod)
+    record = fast_pod_record(pod)  # the fast path reads it alike
+    assert record is not None
+    assert record.allocation == pod_allocation(pod)
 
 
 def test_a_record_without_compute_or_whole_reads_as_none_asked() -> None:

@@ -11,10 +11,12 @@ Proved here, in order, on one node of four 16 GiB GPUs whose GPU 0 holds 4 GiB:
 
 * gpu-manager's README pod 1 (vcuda-core 50, 30 × 256 MiB) binds to GPU 0, recorded as 8 GiB
   with 500 compute_milli; a HAMi pod (2,048 MiB, 30 % cores) binds to GPU 0 beside it;
-* README pod 2 (vcuda-core 200) takes GPUs 1 and 2 whole; an Alibaba pod of 12 GiB then finds
-  fits GPU 3 only (GPU 0 has 2 GiB free, 1 and 2 are held whole); a HAMi whole-GPU pod
-  (gpucores 100) then stays Pending with "not enough GPUs that hold nothing", and a 3 GiB
-  Alibaba pod lands on GPU 3, never on a GPU held whole;
+* README pod 2 (vcuda-core 200) takes GPUs 1 and 2 whole (GPU 0, in use, is not taken whole),
+  each recorded at its whole memory; an Alibaba pod of 12 GiB then fits GPU 3 only (GPU 0 has
+  2 GiB free, 1 and 2 none); a HAMi whole-GPU pod (gpucores 100) then stays Pending with "not
+  enough GPUs that hold nothing", and a 3 GiB Alibaba pod lands on GPU 3, the only GPU with
+  3 GiB free (that a GPU held whole takes nothing shared even with memory to spare cannot be
+  reached through a dialect, none asks 0 memory: test_core_fit and test_core_ledger prove it);
 * ``tencent.com/vcuda-core: 150`` stays Pending, its FailedScheduling event giving
   gpu-manager's rule;
 * ``kubectl-inspect-gpushare -d`` (the plugin kubectl runs) shows each pod's compute next to
@@ -171,20 +173,20 @@ def test_shares_in_gpu_manager_and_hami_dialects_land_beside_an_alibaba_pod(
     assert cluster.containers(hami) == [{"name": "main", "gpus": [0], "share": 2, "compute": 300}]
 
 
-def test_whole_gpus_take_only_unused_gpus_and_nothing_shares_them(cluster: Cluster) -> None:
+def test_whole_gpus_take_only_unused_gpus_and_count_their_whole_memory(cluster: Cluster) -> None:
     whole = cluster.create(
         gpu_manager_readme_pod_2("readme-2", NAMESPACE, scheduler=SCHEDULER_NAME)
     )
     assert cluster.containers(whole) == [
         {"name": "nvidia", "gpus": [1, 2], "share": 16, "compute": 1000, "whole": True}
     ]
-    # GPU 0 has 2 GiB free, 1 and 2 are held whole: 12 GiB fits only GPU 3.
+    # GPU 0 has 2 GiB free, 1 and 2 none (held whole, recorded at 16): 12 GiB fits only GPU 3.
     big = cluster.create(pod("alibaba-12", {"aliyun.com/gpu-mem": 12}))
     assert cluster.containers(big) == [{"name": "main", "gpus": [3], "share": 12}]
     # No GPU holds nothing now: a HAMi whole GPU waits, with the reason.
     waiting = cluster.create(pod("hami-whole", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}))
     cluster.failed_scheduling(waiting, "not enough GPUs that hold nothing for whole GPUs")
-    # And nothing shared lands on the GPUs held whole: 3 GiB fits GPU 0 (2) or 3 (4) only.
+    # GPU 0 has 2 GiB free, 1 and 2 none, 3 has 4: 3 GiB fits GPU 3 only.
     small = cluster.create(pod("alibaba-3", {"aliyun.com/gpu-mem": 3}))
     assert cluster.containers(small) == [{"name": "main", "gpus": [3], "share": 3}]
     assert cluster.pending(waiting)

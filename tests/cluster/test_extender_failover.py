@@ -56,5 +56,6 @@ def test_the_leader_was_killed_mid_burst_and_a_successor_bound_within_15_s(
     assert len(result.kills) == PLAN.kills
     for kill in result.kills:
         assert kill.bound_before < len(result.outcome.bound), "the kill came after the burst"
+        assert kill.mid_burst, "the burst had created every pod before the kill"
         assert kill.failover_s is not None, f"no bind after killing {kill.identity}"
         assert kill.failover_s <= FAILOVER_BUDGET_S, kill

@@ -16,28 +16,26 @@ the API server. When every pod is bound or fits nowhere, the pods' annotations a
 the extender's state: ``gpushare.testing.outcome2d``) prove: every bound pod has one record,
 for its node and unit, matching its request resolved into that unit (compute and ``whole``
 included); no GPU above capacity in memory or above 1000 in compute; no GPU held whole holds
-anything else; and every Pending pod fits no node it may use by the core's own ``check_fit``
-against the state rebuilt from those records.
+anything else; and every Pending pod fits no node it may use in what those records leave free
+(``outcome2d.fits_by_count``, a count that does not ask the core).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Namespace
 
 from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.controlplane import ControlPlane, free_ports, gpushare_extender, wait_for
 from gpushare.testing.dialects import dialect_pod_json
-from gpushare.testing.failover import EXTENDER_RULES, Replica
+from gpushare.testing.failover import EXTENDER_RULES, Replica, bound_count, start_burst
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome2d import (
     DialectOutcome,
@@ -86,11 +84,8 @@ class Run:
     outcome: DialectOutcome
     problems: list[str]
     bound_at_kill: int
+    burst_running_at_kill: bool
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def _bound(kube: Client) -> int:
-    return sum(1 for p in kube.list(Pod, namespace=NAMESPACE) if p.spec and p.spec.nodeName)
 
 
 @pytest.fixture(scope="module")
@@ -133,27 +128,22 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
 
         t0 = time.monotonic()
         bodies = [pod_body(spec) for spec in SPECS]
-        path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-        failures: list[str] = []
+        burst = start_burst(control_plane, NAMESPACE, bodies, name="mixed-burst")
 
-        def create_all() -> None:  # plain HTTP: lightkube is not safe in two threads at once
-            for body in bodies:
-                status, answer = control_plane.api_request("POST", path, body)
-                if status != 201:
-                    failures.append(f"HTTP {status}: {answer}")
-            timings[f"create {PODS}"] = time.monotonic() - t0
+        def enough() -> bool | None:
+            return bound_count(kube, NAMESPACE) >= KILL_AFTER or None
 
-        creator = threading.Thread(target=create_all, name="mixed-burst", daemon=True)
-        creator.start()
-        wait_for(f"{KILL_AFTER} pods bound", lambda: _bound(kube) >= KILL_AFTER or None, 90)
+        wait_for(f"{KILL_AFTER} pods bound", enough, 90)
         extender.kill()
-        bound_at_kill = _bound(kube)
+        burst_running_at_kill = burst.running()
+        bound_at_kill = bound_count(kube, NAMESPACE)
         timings["kill"] = time.monotonic() - t0
         extender.start()  # as the kubelet would restart the container
         wait_for("restarted extender /readyz", lambda: extender.ready() or None, 60)
         timings["restarted"] = time.monotonic() - t0
-        creator.join()
-        assert failures == []
+        burst.join()
+        timings[f"create {PODS}"] = burst.took_s or 0.0
+        assert burst.failures == []
 
         def settled() -> bool | None:
             outcome = read_dialect_outcome(kube, NAMESPACE, BY_NAME, NODES)
@@ -170,7 +160,7 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
         problems = judge_dialects(outcome, BY_NAME, NODES)
         timings["total"] = time.monotonic() - start
         print("timings (s):", {k: round(v, 2) for k, v in timings.items()})
-        yield Run(outcome, problems, bound_at_kill, timings)
+        yield Run(outcome, problems, bound_at_kill, burst_running_at_kill, timings)
 
 
 def test_annotations_show_no_overcommit_in_either_dimension_and_no_pod_left_that_fits(
@@ -195,3 +185,4 @@ def test_every_dialect_and_whole_gpus_landed_on_both_units(run: Run) -> None:
 def test_the_extender_was_killed_mid_burst(run: Run) -> None:
     print(f"bound at the kill: {run.bound_at_kill}, at the end: {len(run.outcome.bound)}")
     assert KILL_AFTER <= run.bound_at_kill < len(run.outcome.bound)
+    assert run.burst_running_at_kill, "the burst had created every pod before the kill"

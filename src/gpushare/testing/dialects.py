@@ -8,6 +8,7 @@ unquoted number, which the API server does not keep: docs/compute.md)."""
 from __future__ import annotations
 
 import copy
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
     "dialect_pod_json",
     "gpu_manager_readme_pod_1",
     "gpu_manager_readme_pod_2",
+    "table_pod",
 ]
 
 IMAGE = "registry.invalid/gpushare/test:0"
@@ -61,6 +63,11 @@ def dialect_pod_json(
     if annotations:
         metadata["annotations"] = dict(annotations)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+table_pod = functools.partial(dialect_pod_json, "p", namespace="ns")
+"""``table_pod(containers, annotations=...)``: :func:`dialect_pod_json` for pod ``ns/p``, the
+one pod of a table-driven test's row."""
 
 
 def gpu_manager_readme_pod_1(

@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,11 +59,14 @@ from gpushare.testing.service_proxy import ServiceProxy
 
 __all__ = [
     "EXTENDER_RULES",
+    "Burst",
     "FailoverPlan",
     "FailoverResult",
     "Replica",
+    "bound_count",
     "replicated_extenders",
     "run_failover",
+    "start_burst",
     "workload",
 ]
 
@@ -104,12 +107,14 @@ class FailoverPlan:
 
 @dataclass
 class Kill:
-    """One SIGKILL: when (wall clock, ns), whom, how many pods were bound then, and the time
-    to the next successful bind (seconds; ``None`` if none came)."""
+    """One SIGKILL: when (wall clock, ns), whom, how many pods were bound then, whether the
+    burst was still creating pods then, and the time to the next successful bind (seconds;
+    ``None`` if none came)."""
 
     at_ns: int
     identity: str
     bound_before: int
+    mid_burst: bool = False
     failover_s: float | None = None
 
 
@@ -220,8 +225,56 @@ def _holder(kube: Client, lease: str) -> str:
     return (obj.spec.holderIdentity if obj.spec is not None else None) or ""
 
 
-def _bound(kube: Client, namespace: str) -> int:
+def bound_count(kube: Client, namespace: str) -> int:
+    """How many pods of ``namespace`` are bound (``spec.nodeName`` set)."""
     return sum(1 for p in kube.list(Pod, namespace=namespace) if p.spec and p.spec.nodeName)
+
+
+@dataclass
+class Burst:
+    """Pods being created in a thread (:func:`start_burst`): the creations the API server
+    refused (``"HTTP <status>: <answer>"``) and, once done, how long the burst took (seconds
+    from its start)."""
+
+    thread: threading.Thread
+    failures: list[str] = field(default_factory=list)
+    took_s: float | None = None
+
+    def running(self) -> bool:
+        """Whether pods are still being created."""
+        return self.thread.is_alive()
+
+    def join(self) -> None:
+        self.thread.join()
+
+
+def start_burst(
+    plane: ControlPlane,
+    namespace: str,
+    bodies: Sequence[Mapping[str, object]],
+    *,
+    interval_s: float = 0.0,
+    name: str = "burst",
+) -> Burst:
+    """Create the pods ``bodies`` (pod JSON) in ``namespace`` one after the other, ``interval_s``
+    apart (0: as fast as the API server takes them), in a daemon thread ``name``, so that the
+    burst goes on while a test kills an extender. Plain HTTP (``ControlPlane.api_request``):
+    lightkube's decoding is not safe in two threads at once."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def create_all() -> None:
+        start = time.monotonic()
+        for body in bodies:
+            status, answer = plane.api_request("POST", path, body)
+            if status != 201:
+                burst.failures.append(f"HTTP {status}: {answer}")
+            if interval_s:
+                time.sleep(interval_s)
+        burst.took_s = time.monotonic() - start
+
+    burst = Burst(threading.Thread(target=create_all, name=name, daemon=True))
+    burst.thread.start()
+    return burst
 
 
 def _next_bind_after(outcome: Outcome, at_ns: int) -> int | None:
@@ -297,7 +350,6 @@ def run_failover(
         capacity_pods = min(plan.pods, plan.nodes * plan.gpus_per_node * plan.gpu_gib // 8)
         span = range(max(1, capacity_pods // 10), max(2, capacity_pods * 2 // 3))
         thresholds = sorted(rng.sample(span, plan.kills))
-        t0 = time.monotonic()
         scheduler_name = f"gpushare-{plan.name}"
         selector = {"gpushare.io/test-group": plan.name}
 
@@ -307,25 +359,14 @@ def run_failover(
             ).to_dict()
             for spec in specs
         ]
-        path = f"/api/v1/namespaces/{namespace}/pods"
-
-        def create_all() -> None:  # the burst goes on while replicas are killed
-            # Plain HTTP here: lightkube's decoding is not safe in two threads at once.
-            for body in bodies:
-                status, answer = plane.api_request("POST", path, body)
-                if status != 201:
-                    log(f"creating a pod failed: HTTP {status}: {answer}")
-                if plan.create_interval_s:
-                    time.sleep(plan.create_interval_s)
-            timings[f"create {plan.pods}"] = time.monotonic() - t0
-
-        creator = threading.Thread(target=create_all, name="failover-burst", daemon=True)
-        creator.start()
+        burst = start_burst(  # the burst goes on while replicas are killed
+            plane, namespace, bodies, interval_s=plan.create_interval_s, name="failover-burst"
+        )
         kills: list[Kill] = []
         for threshold in thresholds:
 
             def enough(t: int = threshold) -> bool | None:
-                return _bound(kube, namespace) >= t or None
+                return bound_count(kube, namespace) >= t or None
 
             wait_for(f"{threshold} pods bound", enough, plan.settle_s)
             time.sleep(rng.uniform(0.0, 1.0))
@@ -333,10 +374,10 @@ def run_failover(
             victim = next((r for r in replicas if r.identity == holder), None)
             if victim is None:
                 raise ControlPlaneError(f"the Lease holder {holder!r} is none of the replicas")
-            bound = _bound(kube, namespace)
-            kill = Kill(victim.kill(), holder, bound)
+            bound = bound_count(kube, namespace)
+            kill = Kill(victim.kill(), holder, bound, mid_burst=burst.running())
             kills.append(kill)
-            log(f"SIGKILL {holder} with {bound} pods bound")
+            log(f"SIGKILL {holder} with {bound} pods bound, burst running: {kill.mid_burst}")
             victim.start(plan.lease_args)  # the kubelet restarts the container
 
             def next_bind(k: Kill = kill) -> int | None:
@@ -350,7 +391,10 @@ def run_failover(
             kill.failover_s = (first - kill.at_ns) / 1e9
             log(f"  next bind {kill.failover_s:.2f}s later, leader now {_holder(kube, lease)}")
 
-        creator.join()
+        burst.join()
+        for failure in burst.failures:
+            log(f"creating a pod failed: {failure}")
+        timings[f"create {plan.pods}"] = burst.took_s or 0.0
         t1 = time.monotonic()
 
         def settled() -> bool | None:

@@ -6,18 +6,23 @@ pod is a :class:`DialectSpec` (its containers' limits and annotations as written
 GPU container asks, :class:`DialectAsk`, in the dialect's own terms), each node a
 :class:`NodeGpus` (unit and per-GPU capacity). :func:`read_dialect_outcome` reads every pod of a
 namespace back through the API and keeps only what ``gpushare.io/allocation`` records (never the
-extender's state, never the codec's decoder); :func:`judge_dialects` lists what is wrong:
+extender's state, never the codec's decoder; :func:`dialect_outcome` does the keeping, for pods
+already read); :func:`judge_dialects` lists what is wrong:
 
 * a bound pod without a record, a record for another node or unit, a GPU container placed twice
   or not at all (so no pod has two allocations), on the wrong number of distinct GPUs, on a GPU
   the node lacks, or with a record that does not match its request: the memory resolved into the
   node's unit as docs/compute.md says (MiB rounded up to whole GiB on a GiB node, a percentage
-  of the GPU rounded up), the compute asked (``compute``), and for whole GPUs the GPU's whole
-  memory, 1000 compute and ``whole``;
+  of the GPU rounded up), the compute asked (``compute``), and for whole GPUs each GPU's own
+  whole memory (a container over several GPUs records one share: the smallest of theirs, as
+  ``gpushare.core.fit`` records it), 1000 compute and ``whole``;
 * a GPU whose memory sums above its capacity (node unit), whose compute sums above 1000
   (``GPU_COMPUTE_MILLI``), or that is held whole and holds anything else;
-* a Pending pod that fits a node it may use, by the core's own fit (``check_fit``) against the
-  node state rebuilt from the records (memory, compute and whole flags per GPU).
+* a Pending pod that fits a node it may use, against what the records leave free there
+  (memory, compute and whole flags per GPU). A pod of one GPU container (every pod of
+  :func:`dialect_workload`) is judged without the core, by a count (:func:`fits_by_count`); a
+  pod of several falls back to the core's own ``check_fit`` on the state rebuilt from the
+  records (:meth:`DialectOutcome.states`), which cannot catch the core wrongly refusing it.
 
 :func:`dialect_workload` is the seeded mix of ``tests/cluster/test_extender_mixed.py``.
 """
@@ -43,16 +48,19 @@ from gpushare.core.model import (
     PodRequest,
 )
 from gpushare.kube.codec import ALLOCATION, MemoryUnit
-from gpushare.testing.outcome import read_pods
+from gpushare.testing.outcome import ReadBack, read_pods
 
 __all__ = [
     "Basis",
     "DialectAsk",
     "DialectOutcome",
     "DialectSpec",
+    "Held",
     "Hold",
     "NodeGpus",
+    "dialect_outcome",
     "dialect_workload",
+    "fits_by_count",
     "gpu_problems",
     "judge_dialects",
     "pending_that_fit",
@@ -91,12 +99,16 @@ class DialectAsk:
     compute_milli: int = 0
     whole: bool = False
 
-    def share_on(self, gpus: NodeGpus) -> int:
+    def share_on(self, gpus: NodeGpus, indices: tuple[int, ...] = ()) -> int:
         """The memory per GPU on a node of ``gpus``, in its unit (docs/compute.md, "Memory
-        basis"): whole GPUs their capacity, MiB rounded up to the unit, a percentage of the
-        largest GPU rounded up."""
+        basis"): MiB rounded up to the unit, a percentage of the largest GPU rounded up; whole
+        GPUs the capacity of the GPUs at ``indices`` (each GPU's own; the smallest of several,
+        the one share a record carries). ``ValueError`` for whole GPUs without ``indices``,
+        ``IndexError`` for an index the node lacks."""
         if self.whole:
-            return max(gpus.capacities)
+            if not indices:
+                raise ValueError(f"container {self.container}: a whole GPU's share needs its GPUs")
+            return min(gpus.capacities[i] for i in indices)
         if self.basis == Basis.MIB:
             return math.ceil(self.memory / gpus.unit.mib)
         if self.basis == Basis.PERCENT:
@@ -142,6 +154,15 @@ class Hold:
 
 
 @dataclass
+class Held:
+    """What the records put on one GPU: memory (node unit), compute_milli, held whole."""
+
+    memory: int = 0
+    compute_milli: int = 0
+    whole: bool = False
+
+
+@dataclass
 class DialectOutcome:
     """What the records say: every hold of the bound pods, the bound and Pending pods, and the
     problems found while reading."""
@@ -151,17 +172,26 @@ class DialectOutcome:
     pending: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    def held(self, node: str, gpus: NodeGpus) -> list[Held]:
+        """What the holds put on each GPU of ``node`` (index order)."""
+        held = [Held() for _ in gpus.capacities]
+        for hold in self.holds:
+            if hold.node == node:
+                gpu = held[hold.gpu]
+                gpu.memory += hold.share
+                gpu.compute_milli += hold.compute_milli
+                gpu.whole = gpu.whole or hold.whole
+        return held
+
     def states(self, nodes: Mapping[str, NodeGpus]) -> dict[str, NodeState]:
-        """Each node's state rebuilt from the holds (memory, compute, whole per GPU)."""
+        """Each node's state rebuilt from the holds (memory, compute, whole per GPU), for the
+        core's ``check_fit``."""
         states: dict[str, NodeState] = {}
         for name, gpus in nodes.items():
-            count = len(gpus.capacities)
-            used, compute, whole = [0] * count, [0] * count, [False] * count
-            for hold in self.holds:
-                if hold.node == name:
-                    used[hold.gpu] += hold.share
-                    compute[hold.gpu] += hold.compute_milli
-                    whole[hold.gpu] = whole[hold.gpu] or hold.whole
+            held = self.held(name, gpus)
+            used = [h.memory for h in held]
+            compute = [h.compute_milli for h in held]
+            whole = [h.whole for h in held]
             node = Node(name, tuple(Gpu(i, "", c) for i, c in enumerate(gpus.capacities)))
             states[name] = NodeState(
                 node, tuple(used), gpu_compute_used=tuple(compute), gpu_whole=tuple(whole)
@@ -173,8 +203,15 @@ def read_dialect_outcome(
     kube: Client, namespace: str, specs: Mapping[str, DialectSpec], nodes: Mapping[str, NodeGpus]
 ) -> DialectOutcome:
     """Every pod of ``namespace`` read back through the API (module doc)."""
-    found = read_pods(kube, namespace)
-    outcome = DialectOutcome(pending=found.pending, problems=found.problems)
+    return dialect_outcome(read_pods(kube, namespace), specs, nodes)
+
+
+def dialect_outcome(
+    found: ReadBack, specs: Mapping[str, DialectSpec], nodes: Mapping[str, NodeGpus]
+) -> DialectOutcome:
+    """What the pods ``found`` record (:func:`records_of` for each bound pod; its problems as
+    ``"<pod> (<kind>) on <node>: <problem>"``)."""
+    outcome = DialectOutcome(pending=list(found.pending), problems=list(found.problems))
     for name, node, notes in found.bound:
         outcome.bound[name] = node
         holds, problem = records_of(specs[name], node, notes, nodes)
@@ -206,12 +243,14 @@ def records_of(
     for entry in entries:
         ask = asks[entry["name"]]
         indices: list[int] = entry["gpus"]
-        expected = {
-            "gpus": ask.gpus,
-            "share": ask.share_on(gpus),
-            "compute": GPU_COMPUTE_MILLI if ask.whole else ask.compute_milli,
-            "whole": ask.whole,
-        }
+        if not indices:
+            return [], f"record {entry} names no GPU"
+        for index in indices:
+            if not 0 <= index < len(gpus.capacities):
+                return [], f"no GPU {index} on {node}"
+        share = ask.share_on(gpus, tuple(indices))
+        compute = GPU_COMPUTE_MILLI if ask.whole else ask.compute_milli
+        expected = {"gpus": ask.gpus, "share": share, "compute": compute, "whole": ask.whole}
         found = {
             "gpus": len(set(indices)) if len(set(indices)) == len(indices) else -1,
             "share": entry.get("share"),
@@ -220,11 +259,7 @@ def records_of(
         }
         if found != expected:
             return [], f"record {entry} does not match the request {expected}"
-        for index in indices:
-            if not 0 <= index < len(gpus.capacities):
-                return [], f"no GPU {index} on {node}"
-            share, compute = expected["share"], expected["compute"]
-            holds.append(Hold(spec.name, node, index, share, compute, ask.whole))
+        holds.extend(Hold(spec.name, node, i, share, compute, ask.whole) for i in indices)
     return holds, ""
 
 
@@ -265,20 +300,48 @@ def gpu_problems(outcome: DialectOutcome, nodes: Mapping[str, NodeGpus]) -> list
 def pending_that_fit(
     outcome: DialectOutcome, specs: Mapping[str, DialectSpec], nodes: Mapping[str, NodeGpus]
 ) -> list[str]:
-    """The Pending pods that the core's ``check_fit`` fits on a node they may use, against the
-    node states rebuilt from the records."""
+    """The Pending pods that fit on a node they may use, against what the records leave free
+    there: a pod of one GPU container by :func:`fits_by_count` (not the core), a pod of several
+    by the core's ``check_fit`` on the rebuilt state (a fallback: it trusts the code under
+    test, and no pod of :func:`dialect_workload` needs it)."""
     problems: list[str] = []
-    states = outcome.states(nodes)
+    held = {node: outcome.held(node, gpus) for node, gpus in nodes.items()}
+    states: dict[str, NodeState] | None = None
     for name in outcome.pending:
         spec = specs[name]
         for node, gpus in nodes.items():
             if not spec.may_use(gpus):
                 continue
-            request = PodRequest(name, tuple(a.request_on(gpus) for a in spec.asks))
-            if check_fit(states[node], request).status is FitStatus.FITS:
+            if len(spec.asks) == 1:
+                fits = fits_by_count(spec.asks[0], gpus, held[node])
+            else:
+                states = states or outcome.states(nodes)
+                request = PodRequest(name, tuple(a.request_on(gpus) for a in spec.asks))
+                fits = check_fit(states[node], request).status is FitStatus.FITS
+            if fits:
                 problems.append(f"{name} ({spec.kind}) is Pending but fits on {node}")
                 break
     return problems
+
+
+def fits_by_count(ask: DialectAsk, gpus: NodeGpus, held: list[Held]) -> bool:
+    """Whether one container's ``ask`` fits a node of ``gpus`` holding ``held`` (per GPU, index
+    order), independently of the core: it needs ``ask.gpus`` distinct GPUs, each taking it on
+    its own, so it fits when enough GPUs qualify. For whole GPUs a GPU qualifies when it holds
+    nothing (no memory, no compute, not held whole); for a share when it is not held whole
+    and has the share resolved on that node free in memory and ``compute_milli`` free in
+    compute (docs/compute.md)."""
+    if ask.whole:
+        qualifying = [h.memory == 0 and h.compute_milli == 0 and not h.whole for h in held]
+    else:
+        share = ask.share_on(gpus)
+        qualifying = [
+            not h.whole
+            and capacity - h.memory >= share
+            and GPU_COMPUTE_MILLI - h.compute_milli >= ask.compute_milli
+            for h, capacity in zip(held, gpus.capacities, strict=True)
+        ]
+    return sum(qualifying) >= ask.gpus
 
 
 # -- the mixed workload ------------------------------------------------------------------------
