@@ -4,6 +4,7 @@ pod the extender decided for, and the placement rule that makes the match exact.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from gpushare.core.handshake import (
     forced_fit,
     handshake_fit,
     match_allocate,
+    pending_pod_of,
     pin,
     steps_of,
 )
@@ -193,13 +195,52 @@ def test_steps_follow_spec_order() -> None:
     allocation = Allocation(
         "ns/p", "n", (ContainerAllocation("b", (1,), 2), ContainerAllocation("a", (0, 1), 3))
     )
-    assert [s.container for s in steps_of(allocation, ["a", "b"])] == ["a", "b"]
-    assert [s.units for s in steps_of(allocation, ["a", "b"])] == [6, 2]
+    spec = [ContainerRequest("a", 3, 2), ContainerRequest("b", 2, 1)]
+    assert [s.container for s in steps_of(allocation, spec)] == ["a", "b"]
+    assert [s.units for s in steps_of(allocation, spec)] == [6, 2]
     with pytest.raises(ValueError, match="do not match"):
-        steps_of(allocation, ["a"])
+        steps_of(allocation, spec[:1])
+
+
+def test_steps_carry_the_units_kubelet_passes_on_the_pods_allocate_resource() -> None:
+    """A Tencent pod is matched by its vcuda-core, an exclusive Alibaba pod by the gpu-mem its
+    spec names (not the whole GPU's memory it is given)."""
+    allocation = Allocation("ns/p", "n", (ContainerAllocation("a", (0,), 16, 1000, True),))
+    whole = ContainerRequest(
+        "a", 0, 1, exclusive=True, allocate_resource="aliyun.com/gpu-mem", kubelet_units=4
+    )
+    pod = pending_pod_of(allocation, PodRequest("ns/p", (whole,)), 7)
+    assert (pod.resource, pod.first_units, pod.steps[0].given_units) == (
+        "aliyun.com/gpu-mem", 4, 16,
+    )  # fmt: skip
+    assert match_allocate(4, [pod]).status is MatchStatus.MATCHED
+    assert match_allocate(16, [pod]).status is MatchStatus.NO_CANDIDATE
 
 
 # -- the property: bind under the rule, admit in any order, every container gets its own GPUs --
+
+
+def bind_under_the_rule(pods: Iterable[PodRequest]) -> list[PendingPod]:
+    """``pods`` bound one by one to a node of four 8-unit GPUs as the extender binds them
+    (the rule, then greedy GPUs when free to choose); the pending pods, assumed in order."""
+    state = NodeState.empty(Node("n", tuple(Gpu(i, "T4", 8) for i in range(4))))
+    books: list[PendingPod] = []
+    for i, pod in enumerate(pods):
+        rule = pin(pod, books)
+        if rule.status is PinStatus.WAIT:
+            continue
+        fit = (
+            forced_fit(state, pod, rule.assignment)
+            if rule.status is PinStatus.FORCED
+            else check_fit(state, pod)
+        )
+        if not fit.fits:
+            continue
+        allocation = Allocation(pod.key, "n", fit.assignment)
+        state = state.with_allocation(allocation)
+        books.append(pending_pod_of(allocation, pod, i))
+    return books
+
 
 SHAPES = st.lists(
     st.lists(st.tuples(st.integers(1, 4), st.integers(1, 2)), min_size=1, max_size=3),
@@ -216,25 +257,10 @@ def test_any_admission_order_gives_each_container_its_own_pods_gpus(
     """The extender binds pods one by one under the rule (greedy GPUs when free to choose);
     kubelet then admits the bound pods in a random order, one Allocate per GPU container. Every
     Allocate matches, and answers exactly what was recorded for the pod being admitted."""
-    node = Node("n", tuple(Gpu(i, "T4", 8) for i in range(4)))
-    state = NodeState.empty(node)
-    books: list[PendingPod] = []
-    for i, shape in enumerate(shapes):
-        pod = request(f"ns/p{i}", *((f"c{j}", s, c) for j, (s, c) in enumerate(shape)))
-        rule = pin(pod, books)
-        if rule.status is PinStatus.WAIT:
-            continue
-        fit = (
-            forced_fit(state, pod, rule.assignment)
-            if rule.status is PinStatus.FORCED
-            else check_fit(state, pod)
-        )
-        if not fit.fits:
-            continue
-        allocation = Allocation(pod.key, "n", fit.assignment)
-        state = state.with_allocation(allocation)
-        order_names = [c.name for c in pod.gpu_containers]
-        books.append(PendingPod(pod.key, steps_of(allocation, order_names), i))
+    books = bind_under_the_rule(
+        request(f"ns/p{i}", *((f"c{j}", s, c) for j, (s, c) in enumerate(shape)))
+        for i, shape in enumerate(shapes)
+    )
     admission = list(books)
     order.shuffle(admission)  # type: ignore[attr-defined]
     live = {p.key: p for p in books}
@@ -251,4 +277,84 @@ def test_any_admission_order_gives_each_container_its_own_pods_gpus(
                 del live[matched.key]
             else:
                 live[matched.key] = done
+    assert not live
+
+
+CORE = "tencent.com/vcuda-core"
+
+
+def vcuda(key: str, core: int, memory_units: int) -> PodRequest:
+    """A Tencent-like pod: matched at Allocate by its ``core`` alone, whatever its memory."""
+    container = ContainerRequest(
+        "main", memory_units, 1, compute_milli=core * 10, allocate_resource=CORE,
+        kubelet_units=core,
+    )  # fmt: skip
+    return PodRequest(key, (container,))
+
+
+def core_pending(key: str, gpu: int, core: int, memory_units: int, t: int) -> PendingPod:
+    step = Step("main", (gpu,), memory_units, core * 10, kubelet_units=core)
+    return PendingPod(key, (step,), t, 0, CORE)
+
+
+CORE_A = core_pending("ns/a", 0, 50, 4, 1)
+MEM_A = pending("ns/m", ("main", (0,), 4), t=1)
+
+
+@pytest.mark.parametrize(
+    ("pod", "pods", "status"),
+    [
+        pytest.param(vcuda("ns/c", 50, 8), [CORE_A], PinStatus.WAIT,
+                     id="equal-vcuda-core-other-memory-waits-the-plugin-could-not-tell-them-apart"),
+        pytest.param(vcuda("ns/c", 50, 4), [CORE_A], PinStatus.FORCED,
+                     id="equal-in-every-dimension-takes-the-pending-pods-gpu"),
+        pytest.param(vcuda("ns/c", 30, 4), [CORE_A], PinStatus.FREE,
+                     id="other-vcuda-core-same-memory-is-free"),
+        pytest.param(vcuda("ns/c", 4, 4), [MEM_A], PinStatus.FREE,
+                     id="as-many-units-of-another-resource-is-free"),
+        pytest.param(request("ns/c", ("main", 4, 1)), [CORE_A], PinStatus.FREE,
+                     id="a-memory-pod-is-never-pinned-by-a-vcuda-pod"),
+    ],
+)  # fmt: skip
+def test_the_pin_rule_keys_pods_by_their_allocate_resource_and_units(
+    pod: PodRequest, pods: list[PendingPod], status: PinStatus
+) -> None:
+    """The rule keeps apart exactly the pods the device plugin cannot tell apart: same Allocate
+    resource, same units there (design.md, "the handshake")."""
+    assert pin(pod, pods).status is status
+
+
+DIALECT_SHAPES = st.lists(
+    st.tuples(st.booleans(), st.sampled_from([10, 20, 50]), st.integers(1, 4)),
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=DIALECT_SHAPES, order=st.randoms(use_true_random=False))
+def test_any_admission_order_matches_each_pod_on_its_own_resource(
+    shapes: list[tuple[bool, int, int]], order: object
+) -> None:
+    """Pods matched by memory units and pods matched by vcuda-core (compute, whatever their
+    memory) bound under the rule on one node: kubelet admits them in any order, calling
+    Allocate on each pod's resource, and every call matches the pod's own GPUs."""
+    books = bind_under_the_rule(
+        vcuda(f"ns/p{i}", core, memory_units)
+        if by_core
+        else request(f"ns/p{i}", ("main", memory_units, 1))
+        for i, (by_core, core, memory_units) in enumerate(shapes)
+    )
+    admission = list(books)
+    order.shuffle(admission)  # type: ignore[attr-defined]
+    live = {p.key: p for p in books}
+    for admitted in admission:
+        step = admitted.steps[0]
+        on_resource = [p for p in live.values() if p.resource == admitted.resource]
+        match = match_allocate(step.units, on_resource)
+        assert match.status is MatchStatus.MATCHED, match.describe()
+        assert match.step is not None
+        assert match.pod is not None
+        assert match.step.answer == step.answer
+        del live[match.pod.key]
     assert not live

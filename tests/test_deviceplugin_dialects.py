@@ -337,6 +337,20 @@ CASES = {
                 [ContainerAllocation("main", (0,), 8, 200)]),),
         GPU_MEM, 8, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20"}, mps=True,
     ),
+    "gpushare-exclusive-is-matched-by-the-gpu-mem-its-spec-names": AllocateCase(
+        (_bound(dialect_pod_json("ali", {"main": {GPU_MEM: 4}},
+                                 annotations={"gpushare.io/exclusive": "true"}),
+                [_whole("main", (1,))]),),
+        GPU_MEM, 4,
+        {"NVIDIA_VISIBLE_DEVICES": UUID[1], "ALIYUN_COM_GPU_MEM_IDX": "1",
+         "ALIYUN_COM_GPU_MEM_CONTAINER": "16", "ALIYUN_COM_GPU_MEM_POD": "16"},
+    ),
+    "gpushare-exclusive-is-not-matched-by-the-whole-gpus-memory": AllocateCase(
+        (_bound(dialect_pod_json("ali", {"main": {GPU_MEM: 4}},
+                                 annotations={"gpushare.io/exclusive": "true"}),
+                [_whole("main", (1,))]),),
+        GPU_MEM, 16, refused="no pending pod asks 16 unit(s) next",
+    ),
     "mps-alibaba-memory-only-stays-derived-from-memory": AllocateCase(
         (_bound(dialect_pod_json("ali", {"main": {GPU_MEM: 4}}),
                 [ContainerAllocation("main", (0,), 4)]),),

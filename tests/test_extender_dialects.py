@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 from gpushare.extender import ExtenderState, create_app
 from gpushare.kube.codec import ALLOCATION, MemoryUnit
 from gpushare.testing.dialects import (
+    dialect_pod_json,
     gpu_manager_readme_pod_1,
     gpu_manager_readme_pod_2,
 )
@@ -285,3 +286,43 @@ def test_prioritize_scores_a_dialect_pod_on_each_node_in_that_nodes_unit() -> No
     scores = {entry["Host"]: entry["Score"] for entry in answer.json()}
     assert scores["fuller"] > scores["empty"]  # binpack: 8 GiB fills fuller's GPU 0
     assert scores["unknown-unit"] == 0  # MiB cannot be resolved there
+
+
+def _vcuda(name: str, core: int, blocks: int) -> dict[str, Any]:
+    limits = {"tencent.com/vcuda-core": core, "tencent.com/vcuda-memory": blocks}
+    return dialect_pod_json(name, {"main": limits}, namespace="ns")
+
+
+@pytest.mark.parametrize(
+    ("pod", "placed"),
+    [
+        pytest.param(_vcuda("b", 50, 16), None,
+                     id="equal-vcuda-core-other-memory-waits-for-the-pending-pods-start"),
+        pytest.param(_vcuda("c", 50, 8), [0],
+                     id="equal-in-every-dimension-takes-the-pending-pods-gpu"),
+        pytest.param(_vcuda("d", 30, 16), [0],
+                     id="other-vcuda-core-is-placed"),
+        pytest.param(_pod({"main": {"aliyun.com/gpu-mem": 2}}), [0],
+                     id="a-gpu-mem-pod-of-the-same-memory-is-not-held"),
+    ],
+)  # fmt: skip
+def test_the_handshake_rule_keeps_apart_the_pods_the_device_plugin_cannot_tell_apart(
+    pod: dict[str, Any], placed: list[int] | None
+) -> None:
+    """gpu-manager's device plugin tells pods apart by their vcuda-core alone (docs/compute.md):
+    while pod ``a`` (vcuda-core 50, 2 GiB) is bound to GPU 0 and not yet started, another pod
+    asking vcuda-core 50 either takes GPU 0 too, equal in every dimension, or waits."""
+    state, binder = state_of(Node("g", [16, 16], used=[8])), RecordingBinder()
+    app = create_app(state, binder=binder, events=RecordingEvents(), expire_interval_s=None)
+    with TestClient(app) as client:
+        first, error = schedule(client, _vcuda("a", 50, 8), ["g"])
+        assert error == "", first
+        result, error = schedule(client, pod, ["g"])
+    if placed is None:
+        assert result["NodeNames"] == []
+        why = result["FailedNodes"]["g"]
+        assert "an equal pod bound here awaits its device-plugin start" in why
+        return
+    assert error == "", result
+    gpus = [json.loads(c.annotations[ALLOCATION])["containers"][0]["gpus"] for c in binder.calls]
+    assert gpus == [[0], placed]

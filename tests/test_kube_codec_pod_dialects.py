@@ -39,6 +39,12 @@ from gpushare.testing.dialects import table_pod as _pod
 from gpushare.testing.extender import pod_json
 
 ANY: frozenset[str] = frozenset()
+TC, FC, HG = "tencent.com/vcuda-core", "nvidia.com/vcuda-core", "nvidia.com/gpu"
+
+
+def on(resource: str, units: int) -> dict[str, Any]:
+    """The Allocate resource of a dialect container and the units kubelet passes there."""
+    return {"allocate_resource": resource, "kubelet_units": units}
 
 
 @dataclass(frozen=True)
@@ -51,45 +57,48 @@ class Read:
 READS = [
     Read("gpu-manager README pod 1: a share, 7,680 MiB and 500 compute_milli",
          gpu_manager_readme_pod_1("p", "ns"),
-         (ContainerRequest("nvidia", 7680, 1, ANY, 500, memory_basis=MIB_BASIS),)),
+         (ContainerRequest("nvidia", 7680, 1, ANY, 500, memory_basis=MIB_BASIS, **on(TC, 50)),)),
     Read("gpu-manager README pod 2: two whole GPUs",
          gpu_manager_readme_pod_2("p", "ns"),
-         (ContainerRequest("nvidia", 0, 2, ANY, exclusive=True),)),
+         (ContainerRequest("nvidia", 0, 2, ANY, exclusive=True, **on(TC, 200)),)),
     Read("the fork: nvidia.com/vcuda-memory in MiB",
          _pod({"main": {"nvidia.com/vcuda-core": 25, "nvidia.com/vcuda-memory": 4096}}),
-         (ContainerRequest("main", 4096, 1, ANY, 250, memory_basis=MIB_BASIS),)),
+         (ContainerRequest("main", 4096, 1, ANY, 250, memory_basis=MIB_BASIS, **on(FC, 25)),)),
     Read("HAMi: two GPUs of 3,000 MiB and 30 % each",
          _pod({"main": {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000,
                         "nvidia.com/gpucores": 30}}),
-         (ContainerRequest("main", 3000, 2, ANY, 300, memory_basis=MIB_BASIS),)),
+         (ContainerRequest("main", 3000, 2, ANY, 300, memory_basis=MIB_BASIS, **on(HG, 2)),)),
     Read("HAMi: nvidia.com/gpu alone is all the memory of one GPU",
          _pod({"main": {"nvidia.com/gpu": 1}}),
-         (ContainerRequest("main", 100, 1, ANY, memory_basis=PERCENT_BASIS),)),
+         (ContainerRequest("main", 100, 1, ANY, memory_basis=PERCENT_BASIS, **on(HG, 1)),)),
     Read("HAMi: gpucores 100 is a whole GPU",
          _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}}),
-         (ContainerRequest("main", 0, 1, ANY, exclusive=True),)),
+         (ContainerRequest("main", 0, 1, ANY, exclusive=True, **on(HG, 1)),)),
     Read("Alibaba's cloud: gpu-core.percentage next to gpu-mem, memory in node units",
          _pod({"main": {"aliyun.com/gpu-mem": 8, "aliyun.com/gpu-core.percentage": 40}}),
          (ContainerRequest("main", 8, 1, ANY, 400),)),
-    Read("gpushare.io/exclusive: gpu-mem's container takes a whole GPU",
-         _pod({"main": {"aliyun.com/gpu-mem": 16}}, annotations={"gpushare.io/exclusive": "true"}),
-         (ContainerRequest("main", 0, 1, ANY, exclusive=True),)),
+    Read("gpushare.io/exclusive: gpu-mem's container takes a whole GPU; kubelet passes its "
+         "gpu-mem", _pod({"main": {"aliyun.com/gpu-mem": 4}},
+                          annotations={"gpushare.io/exclusive": "true"}),
+         (ContainerRequest("main", 0, 1, ANY, exclusive=True, kubelet_units=4),)),
     Read("gpushare.io/exclusive with gpushare.io/gpu-count: two whole GPUs",
          _pod({"main": {"aliyun.com/gpu-mem": 16}},
               annotations={"gpushare.io/exclusive": "true", "gpushare.io/gpu-count": "2"}),
-         (ContainerRequest("main", 0, 2, ANY, exclusive=True),)),
+         (ContainerRequest("main", 0, 2, ANY, exclusive=True, kubelet_units=16),)),
     Read("gpushare.io/exclusive by container: only the one named",
          _pod({"a": {"aliyun.com/gpu-mem": 4}, "b": {"aliyun.com/gpu-mem": 4}},
               annotations={"gpushare.io/exclusive": '{"b": true}'}),
-         (ContainerRequest("a", 4, 1), ContainerRequest("b", 0, 1, ANY, exclusive=True))),
+         (ContainerRequest("a", 4, 1),
+          ContainerRequest("b", 0, 1, ANY, exclusive=True, kubelet_units=4))),
     Read("gpushare.io/gpu-models applies to a dialect container too",
          _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
               annotations={"gpushare.io/gpu-models": "A100"}),
-         (ContainerRequest("main", 1000, 1, frozenset({"A100"}), memory_basis=MIB_BASIS),)),
+         (ContainerRequest("main", 1000, 1, frozenset({"A100"}), memory_basis=MIB_BASIS,
+                           **on(HG, 1)),)),
     Read("a CPU-only sidecar next to a Tencent container is not a second dialect",
          _pod({"main": {"tencent.com/vcuda-core": 10, "tencent.com/vcuda-memory": 4},
                "side": {"cpu": "100m"}}),
-         (ContainerRequest("main", 1024, 1, ANY, 100, memory_basis=MIB_BASIS),
+         (ContainerRequest("main", 1024, 1, ANY, 100, memory_basis=MIB_BASIS, **on(TC, 10)),
           ContainerRequest("side", 0, 0))),
 ]  # fmt: skip
 

@@ -1,19 +1,25 @@
 """The device-plugin handshake (design.md, "the handshake"): which pod a kubelet Allocate call
 is for, and the placement rule that makes the answer exact in any admission order.
 
-kubelet admits a pod by calling Allocate once per GPU container, in ``spec.containers`` order,
-each call with the device IDs it chose and nothing else: no pod, no container (spec 2.5,
-pitfall 13). All the device plugin learns is how many units the container asks. An Allocate
-*step* is one such call: a GPU container, the units kubelet passes (share × GPU count) and the
-answer the extender decided (the GPU indices and the share on each).
+kubelet admits a pod by calling Allocate once per GPU container and extended resource, in
+``spec.containers`` order, each call with the device IDs it chose and nothing else: no pod, no
+container (spec 2.5, pitfall 13). All the device plugin learns is which resource is called and
+how many units the container asks of it. A pod is matched on one resource, its *Allocate
+resource* (``PendingPod.resource``: ``aliyun.com/gpu-mem`` for Alibaba's pods, a dialect's
+own for the others, ``gpushare.kube.codec.dialects``). An Allocate *step* is one call on it: a
+GPU container, the units kubelet passes (``Step.units``: the container's amount of that
+resource, e.g. share × GPU count of memory units, or ``tencent.com/vcuda-core``) and the answer
+the extender decided (the GPU indices and the share on each).
 
 **The rule** (the extender keeps it; :func:`pin`). On one node, among the *pending* pods (bound
 by the extender, not yet started by the device plugin), two pods whose first step asks the same
-number of units get the same answers, step for step: same shares, same GPUs. A new pod whose
-first step asks as many units as a pending pod's either takes exactly that pod's GPUs (when
-they still fit) or waits until that pod has started. Equal pending pods are then
+number of units of the same Allocate resource get the same answers, step for step: same
+shares, same GPUs. A new pod whose first step asks as many units of the same resource as a
+pending pod's either takes exactly that pod's GPUs (when it asks the same in every dimension
+and they still fit) or waits until that pod has started. Equal pending pods are then
 interchangeable, so whichever of them kubelet admits first, the answer is the one the extender
-recorded for it.
+recorded for it. Pods on different resources never pin each other: the device plugin tells
+them apart by the resource called.
 
 **Matching** (the device plugin; :func:`match_allocate`), for a call asking ``units``:
 
@@ -33,14 +39,15 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.model import (
     GPU_COMPUTE_MILLI,
     Allocation,
     ContainerAllocation,
+    ContainerRequest,
     NodeState,
     PodRequest,
 )
@@ -57,7 +64,7 @@ __all__ = [
     "handshake_fit",
     "handshake_verdict",
     "match_allocate",
-    "memory_units",
+    "pending_pod_of",
     "pin",
     "steps_of",
     "waiting",
@@ -66,21 +73,28 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One Allocate call of a pod: GPU container ``container`` gets ``share`` units on each of
-    ``gpu_indices``; kubelet passes ``units`` = share × number of GPUs device IDs.
-    ``compute_milli`` (thousandths of each GPU, 0: not asked) and ``exclusive`` (the GPUs are
-    held whole) are the recorded compute, for the dialects' Allocate (whose kubelet units are
-    not memory: ``match_allocate``'s ``units_of``) and the MPS limits."""
+    """One Allocate call of a pod: GPU container ``container`` gets ``share`` memory units on
+    each of ``gpu_indices``; kubelet passes ``kubelet_units`` device IDs of the pod's Allocate
+    resource (``None``: share × number of GPUs, memory units). ``compute_milli`` (thousandths
+    of each GPU, 0: not asked) and ``exclusive`` (the GPUs are held whole) are the recorded
+    compute, for the MPS limits."""
 
     container: str
     gpu_indices: tuple[int, ...]
     share: int
     compute_milli: int = 0
     exclusive: bool = False
+    kubelet_units: int | None = None
 
     @property
     def units(self) -> int:
-        """Device IDs (units) kubelet passes for this container."""
+        """Device IDs (units) kubelet passes for this container: ``kubelet_units``, else
+        ``given_units``."""
+        return self.given_units if self.kubelet_units is None else self.kubelet_units
+
+    @property
+    def given_units(self) -> int:
+        """Memory units the container is given: share × number of GPUs."""
         return self.share * len(self.gpu_indices)
 
     @property
@@ -94,13 +108,15 @@ class PendingPod:
     """A pod bound to the node whose GPU containers are not all started yet.
 
     ``steps`` in Allocate order; ``done`` of them already answered; ``assume_time_ns`` the
-    extender's ``ALIYUN_COM_GPU_MEM_ASSUME_TIME`` (nanoseconds since the Unix epoch).
+    extender's ``ALIYUN_COM_GPU_MEM_ASSUME_TIME`` (nanoseconds since the Unix epoch);
+    ``resource`` the pod's Allocate resource (module doc; empty: the node's memory resource).
     """
 
     key: str
     steps: tuple[Step, ...]
     assume_time_ns: int = 0
     done: int = 0
+    resource: str = ""
 
     @property
     def next_step(self) -> Step | None:
@@ -118,30 +134,42 @@ class PendingPod:
         return self.steps[0].units if self.steps else 0
 
 
-def steps_of(allocation: Allocation, order: Sequence[str]) -> tuple[Step, ...]:
-    """The steps of ``allocation`` with GPU containers in ``order`` (their spec order).
-    ``ValueError`` when ``order`` and the allocation's containers differ."""
+def steps_of(allocation: Allocation, containers: Sequence[ContainerRequest]) -> tuple[Step, ...]:
+    """The steps of ``allocation`` for the pod's GPU ``containers`` (``PodRequest.
+    gpu_containers``, in spec order), each with the units kubelet passes for it
+    (``ContainerRequest.allocate_units``). ``ValueError`` when the containers' names and the
+    allocation's differ."""
     by_name = {c.container: c for c in allocation.containers}
+    order = [c.name for c in containers]
     if sorted(by_name) != sorted(order) or len(order) != len(set(order)):
         raise ValueError(
-            f"pod {allocation.pod}: GPU containers {list(order)} do not match the allocation's "
+            f"pod {allocation.pod}: GPU containers {order} do not match the allocation's "
             f"{sorted(by_name)}"
         )
     return tuple(
         Step(
-            name,
-            by_name[name].gpu_indices,
-            by_name[name].gpu_share,
-            by_name[name].compute_milli,
-            by_name[name].exclusive,
+            c.name,
+            by_name[c.name].gpu_indices,
+            by_name[c.name].gpu_share,
+            by_name[c.name].compute_milli,
+            by_name[c.name].exclusive,
+            c.allocate_units,
         )
-        for name in order
+        for c in containers
     )
 
 
-def memory_units(step: Step) -> int:
-    """The device IDs kubelet passes for ``step`` on ``aliyun.com/gpu-mem``: ``Step.units``."""
-    return step.units
+def pending_pod_of(
+    allocation: Allocation, request: PodRequest, assume_time_ns: int, done: int = 0
+) -> PendingPod:
+    """The pending pod of ``request`` with ``allocation`` (``steps_of``), ``done`` steps
+    answered; its ``resource`` is the first GPU container's Allocate resource (a pod asks in
+    one dialect). ``ValueError`` as ``steps_of``."""
+    containers = request.gpu_containers
+    resource = containers[0].allocate_resource if containers else ""
+    return PendingPod(
+        allocation.pod, steps_of(allocation, containers), assume_time_ns, done, resource
+    )
 
 
 class MatchStatus(enum.StrEnum):
@@ -162,7 +190,6 @@ class Match:
     pod: PendingPod | None = None
     step: Step | None = None
     candidates: tuple[PendingPod, ...] = ()
-    units_of: Callable[[Step], int] = field(default=memory_units, compare=False, repr=False)
 
     def describe(self) -> str:
         """One line for people: what was asked and what was pending."""
@@ -171,9 +198,7 @@ class Match:
                 f"{self.units} unit(s) matched pod {self.pod.key} container "
                 f"{self.step.container} (GPU {','.join(map(str, self.step.gpu_indices))})"
             )
-        pending = (
-            "; ".join(_describe_pending(pod, self.units_of) for pod in self.candidates) or "none"
-        )
+        pending = "; ".join(_describe_pending(pod) for pod in self.candidates) or "none"
         if self.status is MatchStatus.AMBIGUOUS:
             return (
                 f"{self.units} unit(s) asked, and several pending pods ask that many with "
@@ -182,12 +207,12 @@ class Match:
         return f"no pending pod asks {self.units} unit(s) next; pending: {pending}"
 
 
-def _describe_pending(pod: PendingPod, units_of: Callable[[Step], int]) -> str:
+def _describe_pending(pod: PendingPod) -> str:
     step = pod.next_step
     if step is None:
         return f"{pod.key} (all started)"
     return (
-        f"{pod.key} container {step.container} asks {units_of(step)} on GPU "
+        f"{pod.key} container {step.container} asks {step.units} on GPU "
         f"{','.join(map(str, step.gpu_indices))}"
     )
 
@@ -196,27 +221,24 @@ def _age_order(pod: PendingPod) -> tuple[int, str]:
     return pod.assume_time_ns, pod.key
 
 
-def match_allocate(
-    units: int, pending: Sequence[PendingPod], units_of: Callable[[Step], int] = memory_units
-) -> Match:
+def match_allocate(units: int, pending: Sequence[PendingPod]) -> Match:
     """The pod and step an Allocate asking ``units`` device IDs is for (module doc, "Matching").
 
-    ``pending``: the node's pods with unanswered steps; ``units_of``: the device IDs kubelet
-    passes for a step on the resource called (memory units by default; a dialect's resource
-    counts otherwise, ``gpushare.deviceplugin.dialects``). Deterministic: the same inputs in
-    any order give the same match.
+    ``pending``: the node's pods with unanswered steps whose Allocate resource is the one
+    called (the caller keeps the others out). Deterministic: the same inputs in any order give
+    the same match.
     """
     candidates = tuple(sorted((p for p in pending if p.next_step is not None), key=_age_order))
-    started = [p for p in candidates if p.done and units_of(p.steps[p.done]) == units]
+    started = [p for p in candidates if p.done and p.steps[p.done].units == units]
     if started:
         pod = started[0]
-        return Match(MatchStatus.MATCHED, units, pod, pod.steps[pod.done], candidates, units_of)
-    fresh = [p for p in candidates if not p.done and units_of(p.steps[0]) == units]
+        return Match(MatchStatus.MATCHED, units, pod, pod.steps[pod.done], candidates)
+    fresh = [p for p in candidates if not p.done and p.steps[0].units == units]
     if not fresh:
-        return Match(MatchStatus.NO_CANDIDATE, units, candidates=candidates, units_of=units_of)
+        return Match(MatchStatus.NO_CANDIDATE, units, candidates=candidates)
     if len({p.answers for p in fresh}) > 1:
-        return Match(MatchStatus.AMBIGUOUS, units, candidates=tuple(fresh), units_of=units_of)
-    return Match(MatchStatus.MATCHED, units, fresh[0], fresh[0].steps[0], candidates, units_of)
+        return Match(MatchStatus.AMBIGUOUS, units, candidates=tuple(fresh))
+    return Match(MatchStatus.MATCHED, units, fresh[0], fresh[0].steps[0], candidates)
 
 
 class PinStatus(enum.StrEnum):
@@ -255,27 +277,43 @@ def pin(pod: PodRequest, pending: Sequence[PendingPod]) -> Pin:
     containers = pod.gpu_containers
     if not containers:
         return Pin(PinStatus.FREE)
-    first = containers[0].total
+    resource, first = containers[0].allocate_resource, containers[0].allocate_units
     blockers = sorted(
-        (p for p in pending if not p.done and p.key != pod.key and p.first_units == first),
+        (
+            p
+            for p in pending
+            if not p.done and p.key != pod.key and p.resource == resource
+            and p.first_units == first
+        ),
         key=_age_order,
-    )
+    )  # fmt: skip
     if not blockers:
         return Pin(PinStatus.FREE)
     blocker = blockers[0]
-    # Equal means equal in every dimension: a pod asking other compute (or whole GPUs) than the
-    # blocker's recorded steps waits; one asking the same takes its GPUs with that compute.
-    asked = tuple((c.gpu_share, c.gpu_count, c.compute_milli, c.exclusive) for c in containers)
-    given = tuple(
-        (s.share, len(s.gpu_indices), s.compute_milli, s.exclusive) for s in blocker.steps
-    )
+    # Equal means equal in every dimension: a pod asking other memory, compute, GPUs or whole
+    # GPUs than the blocker's recorded steps waits; one asking the same takes its GPUs.
+    asked = tuple(_asked(c) for c in containers)
+    given = tuple(_given(s) for s in blocker.steps)
     if asked != given or any(b.answers != blocker.answers for b in blockers):
         return Pin(PinStatus.WAIT, blocker=blocker)
     assignment = tuple(
-        ContainerAllocation(c.name, step.gpu_indices, c.gpu_share, c.compute_milli, c.exclusive)
-        for c, step in zip(containers, blocker.steps, strict=True)
+        ContainerAllocation(c.name, s.gpu_indices, s.share, s.compute_milli, s.exclusive)
+        for c, s in zip(containers, blocker.steps, strict=True)
     )
     return Pin(PinStatus.FORCED, assignment, blocker)
+
+
+def _asked(c: ContainerRequest) -> tuple[int, int, int, bool, int]:
+    """A container's ask, as ``_given`` writes a step's: whole GPUs by count alone."""
+    if c.exclusive:
+        return 0, c.gpu_count, 0, True, c.allocate_units
+    return c.gpu_share, c.gpu_count, c.compute_milli, False, c.allocate_units
+
+
+def _given(s: Step) -> tuple[int, int, int, bool, int]:
+    if s.exclusive:  # the step records the GPUs' capacity and all their compute
+        return 0, len(s.gpu_indices), 0, True, s.units
+    return s.share, len(s.gpu_indices), s.compute_milli, False, s.units
 
 
 def waiting(state: NodeState, pod: PodRequest) -> FitResult:

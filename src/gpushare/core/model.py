@@ -89,6 +89,12 @@ class ContainerRequest:
     only once the adapter has resolved it into the node's unit for one node
     (``gpushare.kube.codec.resolve``); ``check_fit`` refuses it before that
     (``PodRequest.in_node_units``).
+
+    ``allocate_resource`` and ``kubelet_units``: the extended resource kubelet's Allocate for
+    this container comes on and the device IDs it passes there (the container's amount of that
+    resource in its spec), what the device plugin tells pods apart by
+    (``gpushare.core.handshake``). Empty and ``None`` (the defaults, and the simulator's): the
+    node's memory resource, ``gpu_share × gpu_count`` units.
     ``ValueError`` for anything else.
     """
 
@@ -99,6 +105,8 @@ class ContainerRequest:
     compute_milli: int = 0
     exclusive: bool = False
     memory_basis: str = ""
+    allocate_resource: str = ""
+    kubelet_units: int | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0 or self.gpu_share < 0:
@@ -134,6 +142,12 @@ class ContainerRequest:
         """GPU memory units the container takes in all: share × count (0 for whole GPUs: their
         amount is the capacity of the GPUs chosen)."""
         return self.gpu_share * self.gpu_count
+
+    @property
+    def allocate_units(self) -> int:
+        """Device IDs kubelet passes to Allocate for this container: ``kubelet_units``, else
+        ``total``."""
+        return self.total if self.kubelet_units is None else self.kubelet_units
 
     def allows(self, model: str) -> bool:
         """Whether a GPU of ``model`` is acceptable to this container."""
@@ -183,9 +197,11 @@ class PodRequest:
             total += share * count
             if c.memory_basis:
                 in_node_units = False
-                shapes.append((share, count, c.allowed_models, c.compute_milli, c.memory_basis))
-            else:
-                shapes.append((share, count, c.allowed_models, c.compute_milli, c.exclusive))
+            kind = c.memory_basis or c.exclusive  # a memory basis never comes with exclusive
+            shapes.append((
+                share, count, c.allowed_models, c.compute_milli, kind, c.allocate_resource,
+                c.kubelet_units,
+            ))  # fmt: skip
             two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
         setattr_ = object.__setattr__
         setattr_(self, "gpu_containers", tuple(gpu))

@@ -45,6 +45,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import grpc
@@ -280,8 +281,8 @@ class HandshakeAllocator:
 
     def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
         """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""
-        units_of, unit = self.dialect.units_of, self._unit()
-        envs = self.dialect.envs(step, sum(units_of(s) for s in pod.steps), chosen, unit)
+        unit = self._unit()
+        envs = self.dialect.envs(step, sum(s.given_units for s in pod.steps), chosen, unit)
         if self._mps:
             read_ceiling = self.dialect.ceiling
             pod_json = self._pod_json.get(pod.key, {})
@@ -348,7 +349,7 @@ class HandshakeAllocator:
         self._uids, self._pod_json, self._left_out = uids, by_key, left_out
         for answered in [k for k in self._done if k[0] not in present]:
             del self._done[answered]  # the pod is gone
-        return match_allocate(units, pending, self.dialect.units_of)
+        return match_allocate(units, pending)
 
     def _pending(self, pod: Json) -> PendingPod | None:
         if pod_deleting(pod) or pod_finished(pod):
@@ -363,7 +364,7 @@ class HandshakeAllocator:
         done = max(found.done, self._done.get((found.key, found.assume_time_ns), 0))
         if done >= len(found.steps):
             return None
-        return PendingPod(found.key, found.steps, found.assume_time_ns, done)
+        return replace(found, done=done)
 
     async def _record(self, pod: PendingPod, done: int) -> None:
         namespace, name = pod.key.split("/", 1)

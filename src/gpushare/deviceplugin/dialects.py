@@ -5,12 +5,17 @@ Allocate on that resource is matched to a pending pod, and what the container ge
 One process, one socket per resource (spec 2.7), each registered with kubelet:
 
 * ``tencent``: ``tencent.com/vcuda-core``, 100 devices per GPU (gpu-manager: 100 = one GPU),
-  Allocate matched by the vcuda-core count (compute share in hundredths, ``compute_milli / 10``;
-  100·k for k whole GPUs); and ``tencent.com/vcuda-memory``, one device per 256 MiB block
+  Allocate matched by the container's vcuda-core (compute share in hundredths; 100·k for k
+  whole GPUs); and ``tencent.com/vcuda-memory``, one device per 256 MiB block
   (gpu-manager's ``MemoryBlockSize``), Allocate answered empty as gpu-manager's
   ``vmemory.sock`` answers (``pkg/server/vmemory.go``).
 * ``hami``: ``nvidia.com/gpu``, the split count of devices per GPU (HAMi's
-  ``deviceSplitCount``, default 10), Allocate matched by the GPU count.
+  ``deviceSplitCount``, default 10), Allocate matched by the container's GPU count.
+
+Each pod is matched on its dialect's Allocate resource (``kube.codec.dialects.
+ALLOCATE_RESOURCE``) by the units its spec names there (``Step.units``, read by ``pod_request``
+as the extender reads them), so the extender's handshake rule keeps apart exactly the pods
+this plugin could not tell apart.
 
 Not served: the gpu-manager fork's ``nvidia.com/vcuda-memory`` counts 1 MiB blocks, one
 kubelet device each (81,920 per 80 GiB card): one GPU of 80 GiB alone needs about 5 MB of
@@ -43,7 +48,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpushare.core.handshake import Step, memory_units
+from gpushare.core.handshake import Step
 from gpushare.deviceplugin.inventory import DevicesPerGpu, PhysicalGpu
 from gpushare.kube.codec import GPU_MEM, CodecError, Json, MemoryUnit
 from gpushare.kube.codec.dialects import (
@@ -119,26 +124,25 @@ def _containers_naming(pod: Json, resource: str) -> list[str]:
 
 
 EnvsOf = Callable[[Step, int, Sequence[PhysicalGpu], MemoryUnit], dict[str, str]]
-"""The environment of a matched step: (step, the pod's units in all on this resource, the
+"""The environment of a matched step: (step, the memory units the pod is given in all, the
 step's GPUs in its order, the node's unit) → variables."""
 
 
 @dataclass(frozen=True, slots=True)
 class AllocateDialect:
-    """How Allocate on ``resource`` is matched and answered (``HandshakeAllocator``).
+    """How Allocate on ``resource`` is matched and answered (``HandshakeAllocator``); the
+    device IDs kubelet passes for a step are ``Step.units``.
 
-    ``units_of``: the device IDs kubelet passes for a step; ``envs``: the step's variables
-    besides the MPS ones; ``belongs``: whether a pod is matched on this resource (the pods
-    of the other resources never are); ``every_container``: a pod counts only when all its
-    GPU containers name ``resource`` (else its steps could not be told from kubelet's calls);
-    ``in_memory_units``: kubelet's device IDs count memory units of the node (an error names
-    the unit);
+    ``envs``: the step's variables besides the MPS ones; ``belongs``: whether a pod is
+    matched on this resource (the pods of the other resources never are);
+    ``every_container``: a pod counts only when all its GPU containers name ``resource`` (else
+    its steps could not be told from kubelet's calls); ``in_memory_units``: kubelet's device
+    IDs count memory units of the node (an error names the unit);
     ``ceiling``: the MPS cap in % a pod may burst to, read from the pod (Tencent's
     ``tencent.com/vcuda-core-limit``, ``soft_limit_percent``), ``None``: no ceiling.
     """
 
     resource: str
-    units_of: Callable[[Step], int]
     envs: EnvsOf
     every_container: bool = False
     in_memory_units: bool = False
@@ -157,17 +161,6 @@ class AllocateDialect:
         return [name for name in gpu_containers if name not in naming]
 
 
-def vcuda_core_units(step: Step) -> int:
-    """``tencent.com/vcuda-core`` kubelet passes for ``step``: the compute share per GPU in
-    hundredths × GPUs (50 for half a GPU, 200 for two whole ones)."""
-    return step.compute_milli * len(step.gpu_indices) // 10
-
-
-def gpu_count_units(step: Step) -> int:
-    """``nvidia.com/gpu`` kubelet passes for ``step``: its GPU count (HAMi)."""
-    return len(step.gpu_indices)
-
-
 def visible_devices(gpus: Sequence[PhysicalGpu]) -> dict[str, str]:
     """``NVIDIA_VISIBLE_DEVICES``: the UUIDs of the step's GPUs ``gpus``."""
     return {"NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)}
@@ -182,7 +175,7 @@ def alibaba_envs(
         "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in chosen),
         "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in chosen),
         "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
-        "ALIYUN_COM_GPU_MEM_CONTAINER": str(step.units),
+        "ALIYUN_COM_GPU_MEM_CONTAINER": str(step.given_units),
         "ALIYUN_COM_GPU_MEM_DEV": str(chosen[0].units(unit)),
     }
 
@@ -222,13 +215,11 @@ def soft_limit_percent(pod: Json) -> int | None:
         return None
 
 
-GPU_MEM_DIALECT = AllocateDialect(GPU_MEM, memory_units, alibaba_envs, in_memory_units=True)
+GPU_MEM_DIALECT = AllocateDialect(GPU_MEM, alibaba_envs, in_memory_units=True)
 """Alibaba's ``aliyun.com/gpu-mem``: memory units, the Alibaba variables (the default of
 ``HandshakeAllocator``)."""
-TENCENT_CORE_DIALECT = AllocateDialect(
-    TENCENT_CORE, vcuda_core_units, tencent_envs, ceiling=soft_limit_percent
-)
-HAMI_GPU_DIALECT = AllocateDialect(HAMI_GPU, gpu_count_units, hami_envs, every_container=True)
+TENCENT_CORE_DIALECT = AllocateDialect(TENCENT_CORE, tencent_envs, ceiling=soft_limit_percent)
+HAMI_GPU_DIALECT = AllocateDialect(HAMI_GPU, hami_envs, every_container=True)
 
 
 @dataclass(frozen=True, slots=True)

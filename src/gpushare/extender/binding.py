@@ -147,7 +147,7 @@ class BindVerb:
             if own is not None:
                 self._state.assume(own)
             return f"gpushare: {result.describe()}"
-        self._state.note_pending(allocation, [c.name for c in pod.gpu_containers], now_ns)
+        self._state.note_pending(allocation, pod, now_ns)
         return allocation, info
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:

@@ -42,9 +42,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpushare.core.handshake import PendingPod, steps_of
+from gpushare.core.handshake import PendingPod, pending_pod_of
 from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult, Violation
-from gpushare.core.model import Allocation, Node, NodeState
+from gpushare.core.model import Allocation, Node, NodeState, PodRequest
 from gpushare.core.skipped import SkipKind, SkippedPod, charged, held, refused, unreadable
 from gpushare.extender.pending import PendingBook
 from gpushare.kube.codec import (
@@ -460,10 +460,12 @@ class ExtenderState:
 
     # -- the device-plugin handshake ---------------------------------------------------------
 
-    def note_pending(self, allocation: Allocation, order: list[str], assume_time_ns: int) -> None:
-        """``allocation`` was just assumed at bind: its pod is pending on its node (GPU
-        containers in spec ``order``, assumed at ``assume_time_ns``)."""
-        pod = PendingPod(allocation.pod, steps_of(allocation, order), assume_time_ns)
+    def note_pending(
+        self, allocation: Allocation, request: PodRequest, assume_time_ns: int
+    ) -> None:
+        """``allocation`` of ``request`` was just assumed at bind (at ``assume_time_ns``): its
+        pod is pending on its node."""
+        pod = pending_pod_of(allocation, request, assume_time_ns)
         for node in self._pending.put(allocation.node, pod, allocation.pod):
             self._bump(node)
 

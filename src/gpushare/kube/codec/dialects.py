@@ -80,11 +80,26 @@ DIALECT_NAMES: frozenset[str] = frozenset().union(*DIALECT_RESOURCES.values()) -
 a container naming one of them is read here."""
 
 
+ALLOCATE_RESOURCE: Mapping[Dialect, str] = {
+    Dialect.ALIBABA: "",
+    Dialect.TENCENT: TENCENT_CORE,
+    Dialect.TENCENT_FORK: FORK_CORE,
+    Dialect.HAMI: HAMI_GPU,
+}
+"""The resource whose kubelet Allocate call a dialect's device plugin tells pods apart by
+(``gpushare.core.handshake``; ``ContainerRequest.allocate_resource``): Alibaba's and
+gpushare's ``aliyun.com/gpu-mem`` by memory units (empty: the core's default), gpu-manager's by
+``vcuda-core`` (its ``vcore`` server picks the GPUs; ``vmemory`` answers empty), HAMi's by
+``nvidia.com/gpu``."""
+
+
 @dataclass(frozen=True, slots=True)
 class GpuAsk:
     """What one container asks, whatever its dialect: on each of ``gpu_count`` GPUs,
     ``memory`` (in ``memory_basis``) and ``compute_milli`` (thousandths of the GPU; 0: not
-    bounded), or with ``exclusive`` whole GPUs (``memory`` and ``compute_milli`` then 0)."""
+    bounded), or with ``exclusive`` whole GPUs (``memory`` and ``compute_milli`` then 0);
+    ``kubelet_units``: the container's amount of its dialect's ``ALLOCATE_RESOURCE`` (what
+    kubelet passes to Allocate there; 0 when the container does not name it)."""
 
     dialect: Dialect
     gpu_count: int
@@ -92,6 +107,12 @@ class GpuAsk:
     memory_basis: MemoryBasis
     compute_milli: int = 0
     exclusive: bool = False
+    kubelet_units: int = 0
+
+    @property
+    def allocate_resource(self) -> str:
+        """The dialect's ``ALLOCATE_RESOURCE``."""
+        return ALLOCATE_RESOURCE[self.dialect]
 
 
 def container_ask(asked: Mapping[str, int], subject: str) -> GpuAsk | None:
@@ -151,12 +172,14 @@ def _tencent(asked: Mapping[str, int], subject: str, names: _VcudaNames) -> GpuA
                 subject, core_name, core, f"a share (below 100) needs {memory_name} > 0 "
                 "(cores or memory zero is not permitted in share mode)", share_rule,
             )  # fmt: skip
-        return GpuAsk(dialect, 1, memory * names.block_mib, MemoryBasis.MIB, core * 10)
+        return GpuAsk(
+            dialect, 1, memory * names.block_mib, MemoryBasis.MIB, core * 10, kubelet_units=core
+        )
     if core % 100:
         raise CodecError(
             subject, core_name, core, "above 100 only multiples of 100 (whole GPUs)", share_rule
         )
-    return GpuAsk(dialect, core // 100, 0, MemoryBasis.MIB, exclusive=True)
+    return GpuAsk(dialect, core // 100, 0, MemoryBasis.MIB, exclusive=True, kubelet_units=core)
 
 
 def _hami(asked: Mapping[str, int], subject: str) -> GpuAsk | None:
@@ -178,12 +201,15 @@ def _hami(asked: Mapping[str, int], subject: str) -> GpuAsk | None:
     if cores > 100:
         raise CodecError(subject, HAMI_CORES, cores, "above 100 %", "0-100 (% of each GPU)")
     gpus = count if count is not None else 1
+    named = count or 0  # kubelet calls nvidia.com/gpu's Allocate only when the spec names it
     if cores == 100:  # HAMi: "it will use an entire GPU card exclusively"
-        return GpuAsk(Dialect.HAMI, gpus, 0, MemoryBasis.MIB, exclusive=True)
+        return GpuAsk(Dialect.HAMI, gpus, 0, MemoryBasis.MIB, exclusive=True, kubelet_units=named)
     compute_milli = cores * GPU_COMPUTE_MILLI // 100
     if memory_mib:  # HAMi reads the MiB first
-        return GpuAsk(Dialect.HAMI, gpus, memory_mib, MemoryBasis.MIB, compute_milli)
-    return GpuAsk(Dialect.HAMI, gpus, percent or 100, MemoryBasis.PERCENT, compute_milli)
+        return GpuAsk(Dialect.HAMI, gpus, memory_mib, MemoryBasis.MIB, compute_milli, False, named)
+    return GpuAsk(
+        Dialect.HAMI, gpus, percent or 100, MemoryBasis.PERCENT, compute_milli, False, named
+    )
 
 
 def _alibaba_core(asked: Mapping[str, int], subject: str) -> GpuAsk | None:
@@ -195,7 +221,10 @@ def _alibaba_core(asked: Mapping[str, int], subject: str) -> GpuAsk | None:
         raise CodecError(subject, ALIYUN_CORE_PERCENT, percent, "not 1-100", rule)
     if not asked.get(GPU_MEM):
         raise CodecError(subject, ALIYUN_CORE_PERCENT, percent, f"without {GPU_MEM}", rule)
-    return GpuAsk(Dialect.ALIBABA, 1, asked[GPU_MEM], MemoryBasis.NODE_UNITS, percent * 10)
+    return GpuAsk(
+        Dialect.ALIBABA, 1, asked[GPU_MEM], MemoryBasis.NODE_UNITS, percent * 10,
+        kubelet_units=asked[GPU_MEM],
+    )  # fmt: skip
 
 
 def vcuda_core_limit(annotations: Mapping[str, str], subject: str) -> int | None:

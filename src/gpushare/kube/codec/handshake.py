@@ -15,17 +15,21 @@ A pod with a recorded allocation and ``ASSIGNED`` not ``"true"`` is *pending*: a
 
 from __future__ import annotations
 
-from gpushare.core.handshake import PendingPod, Step, steps_of
-from gpushare.core.model import Allocation
+from gpushare.core.handshake import PendingPod, pending_pod_of
+from gpushare.core.model import Allocation, PodRequest
 from gpushare.kube.codec.common import (
     ALIYUN_ASSIGNED,
     CodecError,
     Json,
     annotations_of,
-    mapping,
     pod_key,
 )
-from gpushare.kube.codec.pods import AlibabaAnnotations, alibaba_annotations, pod_allocation
+from gpushare.kube.codec.pods import (
+    AlibabaAnnotations,
+    alibaba_annotations,
+    pod_allocation,
+    pod_request,
+)
 
 __all__ = ["ASSIGNED_CONTAINERS", "handshake_annotations", "pending_of", "pending_pod"]
 
@@ -42,7 +46,9 @@ UNREAD = _Unread()
 def pending_pod(pod: Json, allocation: Allocation | _Unread | None = UNREAD) -> PendingPod | None:
     """The handshake state of ``pod`` (module doc), or ``None`` when it records no allocation
     or every GPU container has been given its GPUs. ``allocation`` is ``pod_allocation(pod)``
-    when the caller has it already (it is not read again). ``CodecError`` on garbage."""
+    when the caller has it already (it is not read again). The steps' units and the Allocate
+    resource come from the pod's request (``pod_request``), as the extender's do at bind.
+    ``CodecError`` on garbage."""
     alibaba = alibaba_annotations(pod)
     if alibaba.assigned:
         return None
@@ -51,48 +57,46 @@ def pending_pod(pod: Json, allocation: Allocation | _Unread | None = UNREAD) -> 
     if allocation is None or not allocation.containers:
         return None
     key = pod_key(pod)
-    steps = _steps(key, mapping(pod.get("spec"), f"pod {key}", "spec"), allocation)
-    return _pending(key, steps, annotations_of(pod, f"pod {key}"), alibaba)
+    return _pending(key, pod_request(pod), annotations_of(pod, f"pod {key}"), allocation, alibaba)
 
 
 def pending_of(
     key: str,
-    spec: Json,
+    request: PodRequest,
     annotations: Json,
     allocation: Allocation | None,
     alibaba: AlibabaAnnotations,
 ) -> PendingPod | None:
-    """``pending_pod`` of the pod ``key`` from what the caller has read: its ``spec``,
-    ``metadata.annotations`` (values checked to be strings), ``allocation``
-    (``pod_allocation``) and ``alibaba`` annotations. ``CodecError`` on garbage."""
+    """``pending_pod`` of the pod ``key`` from what the caller has read: its ``request``
+    (``pod_request``), ``metadata.annotations`` (values checked to be strings),
+    ``allocation`` (``pod_allocation``) and ``alibaba`` annotations. ``CodecError`` on
+    garbage."""
     if alibaba.assigned or allocation is None or not allocation.containers:
         return None
-    return _pending(key, _steps(key, spec, allocation), annotations, alibaba)
-
-
-def _steps(key: str, spec: Json, allocation: Allocation) -> tuple[Step, ...]:
-    """The allocation's containers in ``spec.containers`` order (``steps_of``)."""
-    placed = {c.container for c in allocation.containers}
-    containers = spec.get("containers") or []
-    names = [c.get("name") for c in containers if isinstance(c, dict)]
-    order = [name for name in names if isinstance(name, str) and name in placed]
-    try:
-        return steps_of(allocation, order)
-    except ValueError as error:  # pod_allocation checks names; kept for a clear message
-        raise CodecError(f"pod {key}", "containers", order, str(error), "") from None
+    return _pending(key, request, annotations, allocation, alibaba)
 
 
 def _pending(
-    key: str, steps: tuple[Step, ...], annotations: Json, alibaba: AlibabaAnnotations
+    key: str,
+    request: PodRequest,
+    annotations: Json,
+    allocation: Allocation,
+    alibaba: AlibabaAnnotations,
 ) -> PendingPod:
-    """The pending pod with ``steps``, its progress read from ``annotations``."""
+    """The pending pod of ``request`` with ``allocation``, its progress read from
+    ``annotations``."""
     raw = annotations.get(ASSIGNED_CONTAINERS, "0")
-    if not (raw.isascii() and raw.isdigit() and int(raw) <= len(steps)):
+    steps = len(request.gpu_containers)
+    if not (raw.isascii() and raw.isdigit() and int(raw) <= steps):
         raise CodecError(
             f"pod {key}", f"annotation {ASSIGNED_CONTAINERS}", raw, "not a count of its GPU "
-            "containers", f"a decimal integer 0..{len(steps)}",
+            "containers", f"a decimal integer 0..{steps}",
         )  # fmt: skip
-    return PendingPod(key, steps, alibaba.assume_time_ns or 0, int(raw))
+    try:
+        return pending_pod_of(allocation, request, alibaba.assume_time_ns or 0, int(raw))
+    except ValueError as error:  # pod_allocation checks names; kept for a clear message
+        names = [c.name for c in request.gpu_containers]
+        raise CodecError(f"pod {key}", "containers", names, str(error), "") from None
 
 
 def handshake_annotations(pod: PendingPod, done: int) -> dict[str, str]:

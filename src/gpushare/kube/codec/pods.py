@@ -276,27 +276,31 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
                 f"not divisible by the GPU count {count}", "the total over all its GPUs",
             )  # fmt: skip
         allowed = models.get(name, _ANY)
-        if exclusive.get(name):
-            containers.append(ContainerRequest(name, 0, count, allowed, exclusive=True))
-        elif ask is not None:  # Alibaba's cloud: aliyun.com/gpu-core.percentage
+        if not total:
+            containers.append(ContainerRequest(name, 0, 0, allowed))
+        elif exclusive.get(name):  # kubelet still passes the gpu-mem the spec names
             containers.append(
-                ContainerRequest(name, total // count, count, allowed, ask.compute_milli)
+                ContainerRequest(name, 0, count, allowed, exclusive=True, kubelet_units=total)
             )
-        else:
-            containers.append(
-                ContainerRequest(name, total // count, count if total else 0, allowed)
-            )
+        else:  # with aliyun.com/gpu-core.percentage, Alibaba's cloud: a compute share
+            compute_milli = ask.compute_milli if ask is not None else 0
+            containers.append(ContainerRequest(name, total // count, count, allowed, compute_milli))
     return PodRequest(key, tuple(containers))
 
 
 def _dialect_container(name: str, ask: GpuAsk, allowed: frozenset[str]) -> ContainerRequest:
     """The ``ContainerRequest`` of a gpu-manager or HAMi ask: whole GPUs, or memory in MiB or
-    percent (``memory_basis``, resolved per node by ``gpushare.kube.codec.resolve``)."""
+    percent (``memory_basis``, resolved per node by ``gpushare.kube.codec.resolve``), with the
+    dialect's Allocate resource and the units kubelet passes there."""
     if ask.exclusive:
-        return ContainerRequest(name, 0, ask.gpu_count, allowed, exclusive=True)
+        return ContainerRequest(
+            name, 0, ask.gpu_count, allowed, exclusive=True,
+            allocate_resource=ask.allocate_resource, kubelet_units=ask.kubelet_units,
+        )  # fmt: skip
     return ContainerRequest(
-        name, ask.memory, ask.gpu_count, allowed, ask.compute_milli, memory_basis=ask.memory_basis
-    )
+        name, ask.memory, ask.gpu_count, allowed, ask.compute_milli, memory_basis=ask.memory_basis,
+        allocate_resource=ask.allocate_resource, kubelet_units=ask.kubelet_units,
+    )  # fmt: skip
 
 
 def _refuse_mixed(subject: str, asked: list[tuple[str, int, int | None, GpuAsk | None]]) -> None:

@@ -96,7 +96,9 @@ def fast_pod_record(pod: object) -> PodRecord | None:
         request = request_of(key, spec, annotations)
         alibaba = alibaba_of(key, annotations)
         allocation = allocation_of(key, annotations, bound, request, alibaba)
-        pending = None if bound is None else pending_of(key, spec, annotations, allocation, alibaba)
+        pending = (
+            None if bound is None else pending_of(key, request, annotations, allocation, alibaba)
+        )
     except CodecError:
         return None
     return PodRecord(key, bound, request, alibaba, allocation, pending)

@@ -26,6 +26,7 @@ so they refuse the same pods with the same sentence.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from gpushare.core.model import ContainerRequest, Node, PodRequest
@@ -99,7 +100,5 @@ def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequ
             if not sizes:
                 return "node has no GPUs"
             share = -(-max(sizes) * c.gpu_share // 100)
-        containers.append(
-            ContainerRequest(c.name, share, c.gpu_count, c.allowed_models, c.compute_milli)
-        )
+        containers.append(replace(c, gpu_share=share, memory_basis=""))
     return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
