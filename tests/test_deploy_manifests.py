@@ -322,7 +322,9 @@ def test_default_scheduler_config_has_gpushare_extender(default_objects: list[Ob
     assert config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]
 
 
-def test_dialect_resources_join_the_extender_entry_ignored_by_kube_scheduler(helm: Path) -> None:
+def test_dialect_resources_join_the_extender_entry_advertised_ones_checked_by_kube_scheduler(
+    helm: Path,
+) -> None:
     values = {"scheduler": {"dialectResources": sorted(DIALECT_NAMES)}}
     objects = render_objects(values, helm=helm)
     config = scheduler_config(find(objects, "ConfigMap", "gpushare-default-scheduler-config"))

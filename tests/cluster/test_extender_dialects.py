@@ -2,10 +2,12 @@
 extender (``LiveExtender`` in a thread) onto kwok nodes with the ``gpushare.io/gpu-inventory``
 annotation (GiB), next to an Alibaba pod already placed (docs/compute.md).
 
-kube-scheduler's extender entry lists the dialects' resources in ``managedResources`` with
-``ignoredByScheduler: true`` (``gpushare_extender(..., dialects=True)``): kube-scheduler sends
-those pods to the extender and leaves their amounts to it, so the nodes need not advertise
-``tencent.com/vcuda-core`` and the others for scheduling.
+kube-scheduler's extender entry lists the dialects' resources in ``managedResources``
+(``gpushare_extender(..., dialects=True)``): kube-scheduler sends those pods to the extender,
+checks the node totals of the resources the device plugin advertises (``tencent.com/vcuda-*``,
+``nvidia.com/gpu``: ``ignoredByScheduler: false``, as kubelet counts them) and leaves the
+others' amounts to the extender; the nodes advertise what ``gpushare device-plugin
+--dialects tencent,hami`` would.
 
 Proved here, in order, on one node of four 16 GiB GPUs whose GPU 0 holds 4 GiB:
 
@@ -23,7 +25,10 @@ Proved here, in order, on one node of four 16 GiB GPUs whose GPU 0 holds 4 GiB:
   its memory (``8,50%``, ``16,whole``), the waiting whole-GPU pod with its reason and the
   invalid pod as a problem with gpu-manager's rule;
 * a second extender started on the same cluster rebuilds the same ledger from the pods'
-  annotations alone, and neither ledger has a violation.
+  annotations alone, and neither ledger has a violation;
+* on a node whose device plugin runs ``--split-count 2``, a third HAMi pod on its one GPU stays
+  Pending with kube-scheduler's "Insufficient nvidia.com/gpu" while memory is left, and an
+  Alibaba pod still takes that memory.
 """
 
 from __future__ import annotations
@@ -39,12 +44,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from lightkube import Client
+from lightkube import ApiError, Client
+from lightkube.models.core_v1 import Taint
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from gpushare.extender.live import LiveOptions
-from gpushare.kube.codec import ALLOCATION, MemoryUnit
+from gpushare.kube.codec import ALLOCATION
 from gpushare.kube.watch import Backoff
 from gpushare.testing import core
 from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
@@ -138,7 +144,7 @@ def pod(name: str, limits: dict[str, str | int], **annotations: str) -> dict[str
 def cluster(control_plane: ControlPlane) -> Iterator[Cluster]:
     with contextlib.ExitStack() as stack:
         kube = stack.enter_context(control_plane.client())
-        create_nodes(kube, [gpu_node(NODE, [16] * 4, unit=MemoryUnit.GIB)])
+        create_nodes(kube, [gpu_node(NODE, [16] * 4, dialects=["tencent", "hami"])])
         stack.callback(delete_nodes, kube, [NODE])
         kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
         stack.callback(delete_namespace, kube, NAMESPACE)
@@ -233,3 +239,42 @@ def test_a_restarted_extender_rebuilds_the_same_ledger(cluster: Cluster) -> None
             status, report = extender.get("/gpushare-scheduler/inspect")
             assert status == 200
             assert report["violations"] == []
+
+
+SPLIT_NODE = "dialects-split"
+SPLIT_TAINT = Taint(key="gpushare.io/test-split", value="true", effect="NoSchedule")
+
+
+def on_split_node(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` pinned to ``SPLIT_NODE`` (its node selector and the taint's toleration)."""
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": SPLIT_NODE}
+    body["spec"]["tolerations"] = [
+        {"key": SPLIT_TAINT.key, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+    ]
+    return body
+
+
+def test_hami_pods_per_gpu_stop_at_the_device_plugins_split_count(cluster: Cluster) -> None:
+    """kube-scheduler counts ``nvidia.com/gpu`` against the node's allocatable (GPUs ×
+    ``--split-count``), as kubelet will at admission: the extender need not know the split
+    count, and never binds a pod that kubelet would refuse for want of devices."""
+    create_nodes(
+        cluster.kube,
+        [gpu_node(SPLIT_NODE, [16], dialects=["hami"], split_count=2, taints=[SPLIT_TAINT])],
+    )
+    try:
+        asked: dict[str, str | int] = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}
+        for name in ("split-1", "split-2"):
+            cluster.create(on_split_node(pod(name, asked)))
+            assert cluster.bound(name).spec.nodeName == SPLIT_NODE  # type: ignore[union-attr]
+        third = cluster.create(on_split_node(pod("split-3", asked)))
+        cluster.failed_scheduling(third, "Insufficient nvidia.com/gpu")
+        # 14 GiB are still free on the GPU: memory is not what holds the third pod back.
+        memory = cluster.create(on_split_node(pod("split-alibaba", {"aliyun.com/gpu-mem": 8})))
+        assert cluster.bound(memory).spec.nodeName == SPLIT_NODE  # type: ignore[union-attr]
+        assert cluster.pending(third)
+    finally:
+        for name in ("split-1", "split-2", "split-3", "split-alibaba"):
+            with contextlib.suppress(ApiError):  # one not created when a step failed
+                cluster.kube.delete(Pod, name, namespace=NAMESPACE, grace_period=0)
+        delete_nodes(cluster.kube, [SPLIT_NODE])

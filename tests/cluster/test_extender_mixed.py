@@ -98,7 +98,8 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
             kube,
             [
                 gpu_node(name, list(gpus.capacities), unit=gpus.unit,
-                         labels={GROUP: NAMESPACE, UNIT_LABEL: gpus.unit})
+                         labels={GROUP: NAMESPACE, UNIT_LABEL: gpus.unit},
+                         dialects=["tencent", "hami"])
                 for name, gpus in NODES.items()
             ],
         )  # fmt: skip

@@ -9,11 +9,11 @@ the extender recorded on its pod, with the variables of its own system.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node
 
 from gpushare.kube.codec import node_info, pod_allocation
 from gpushare.testing.dialects import (
@@ -21,22 +21,10 @@ from gpushare.testing.dialects import (
     gpu_manager_readme_pod_1,
     gpu_manager_readme_pod_2,
 )
-from gpushare.testing.node.gpu import PRINT_ENV, SCHEDULER_NAME, GpuStack, container_env
-from gpushare.testing.node.images import TEST_IMAGE
+from gpushare.testing.node.gpu import SCHEDULER_NAME, GpuStack, container_env, runnable
 from gpushare.testing.node.waits import running
 
 pytestmark = pytest.mark.node
-
-
-def runnable(pod: dict[str, Any], namespace: str) -> Pod:
-    """``pod`` as written for its system, with only what this machine needs to run it: the
-    local test image (no registry) printing its env, and the namespace."""
-    pod["metadata"]["namespace"] = namespace
-    del pod["metadata"]["uid"]
-    pod["spec"]["terminationGracePeriodSeconds"] = 2
-    for container in pod["spec"]["containers"]:
-        container.update(image=TEST_IMAGE, imagePullPolicy="Never", command=["sh", "-c", PRINT_ENV])
-    return cast(Pod, Pod.from_dict(pod))
 
 
 CASES = {

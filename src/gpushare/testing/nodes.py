@@ -38,11 +38,13 @@ from dataclasses import dataclass
 
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
-from lightkube.models.core_v1 import NodeStatus
+from lightkube.models.core_v1 import NodeSpec, NodeStatus, Taint
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
 from gpushare.core.serves import Serves
+from gpushare.deviceplugin.dialects import DEFAULT_SPLIT_COUNT, resources_for
+from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.kube.codec import (
     GPU_COUNT,
     GPU_MEM,
@@ -118,6 +120,7 @@ def _kwok_node(
     allocatable: Mapping[str, str],
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
+    taints: Sequence[Taint] = (),
 ) -> Node:
     return Node(
         metadata=ObjectMeta(
@@ -125,6 +128,7 @@ def _kwok_node(
             labels={"type": "kwok", "kubernetes.io/hostname": name, **labels},
             annotations={KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE, **annotations},
         ),
+        spec=NodeSpec(taints=list(taints)) if taints else None,
         status=NodeStatus(capacity=dict(capacity), allocatable=dict(allocatable)),
     )
 
@@ -141,33 +145,57 @@ def gpu_node(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     serves: Serves = Serves.BOTH,
+    dialects: Sequence[str] = (),
+    split_count: int = DEFAULT_SPLIT_COUNT,
+    taints: Sequence[Taint] = (),
 ) -> Node:
     """A kwok GPU-share node; ``gpus`` are per-GPU memories in ``unit`` (or :class:`FakeGpu`);
-    ``serves`` the kinds of request its inventory says it serves.
+    ``serves`` the kinds of request its inventory says it serves; ``dialects`` (``tencent``,
+    ``hami``) adds the devices ``gpushare device-plugin --dialects ... --split-count
+    split_count`` advertises for them (``deviceplugin.dialects.resources_for``); ``taints``
+    keep pods without a toleration off the node.
 
     >>> gpu_node("n1", [16, 16]).status.capacity["aliyun.com/gpu-mem"]
     '32'
+    >>> gpu_node("n1", [16, 16], dialects=["hami"], split_count=4).status.allocatable[
+    ...     "nvidia.com/gpu"]
+    '8'
     """
     devices = _as_gpus(gpus, model)
     healthy = [g for g in devices if g.healthy]
     base = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+    served = resources_for(dialects, split_count)
+
+    def advertised(among: Sequence[FakeGpu]) -> dict[str, str]:
+        physical = [
+            PhysicalGpu(g.index, g.uuid, g.index, g.model, g.memory * unit.mib) for g in among
+        ]
+        return {
+            r.resource: str(sum(r.per_gpu(p) for p in physical))
+            for r in served
+            if r.per_gpu is not None
+        }
+
     return _kwok_node(
         name,
         capacity={
             **base,
             GPU_MEM: str(sum(g.memory for g in devices)),
             GPU_COUNT: str(len(devices)),
+            **advertised(devices),
         },
         allocatable={
             **base,
             GPU_MEM: str(sum(g.memory for g in healthy)),
             GPU_COUNT: str(len(healthy)),
+            **advertised(healthy),
         },
         labels={GPUSHARE_LABEL: "true", **(labels or {})},
         annotations={
             INVENTORY: inventory_annotation(name, devices, unit, serves),
             **(annotations or {}),
         },
+        taints=taints,
     )
 
 

@@ -144,8 +144,11 @@ It matches gpushare.testing.controlplane.gpushare_extender: tests/cluster/test_d
 {{- $ctx := index . 0 -}}
 {{- $tlsConfig := include "gpushare.scheduler.tlsConfig" (list $ctx (index . 2)) | fromJson -}}
 {{- $managed := list (dict "name" "aliyun.com/gpu-mem" "ignoredByScheduler" false) -}}
+{{- /* kube-scheduler checks the node total of what the device plugin advertises, as kubelet
+     does (ADVERTISED_NAMES in gpushare.kube.codec.dialects); the rest is the extender's. */ -}}
+{{- $advertised := list "nvidia.com/gpu" "tencent.com/vcuda-core" "tencent.com/vcuda-memory" -}}
 {{- range $ctx.Values.scheduler.dialectResources -}}
-{{- $managed = append $managed (dict "name" . "ignoredByScheduler" true) -}}
+{{- $managed = append $managed (dict "name" . "ignoredByScheduler" (not (has . $advertised))) -}}
 {{- end -}}
 {{- $entry := dict
   "urlPrefix" (index . 1)

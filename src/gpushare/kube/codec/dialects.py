@@ -78,6 +78,12 @@ DIALECT_RESOURCES: Mapping[Dialect, frozenset[str]] = {
 DIALECT_NAMES: frozenset[str] = frozenset().union(*DIALECT_RESOURCES.values()) - {GPU_MEM}
 """Every resource name this module reads that is not Alibaba's plain ``aliyun.com/gpu-mem``:
 a container naming one of them is read here."""
+ADVERTISED_NAMES: frozenset[str] = frozenset({TENCENT_CORE, TENCENT_MEMORY, HAMI_GPU})
+"""The dialect resources gpushare's device plugin advertises (``--dialects``): kubelet counts
+them per node, so kube-scheduler checks them against the node's allocatable as kubelet will
+(``ignoredByScheduler: false``), which also bounds HAMi's containers per GPU by the plugin's
+``--split-count``. The others (memory and compute written beside them) are the extender's
+alone (``ignoredByScheduler: true``): docs/compute.md, "What an operator configures"."""
 
 
 ALLOCATE_RESOURCE: Mapping[Dialect, str] = {

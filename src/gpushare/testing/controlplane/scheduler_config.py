@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.kube.codec import GPU_MEM
-from gpushare.kube.codec.dialects import DIALECT_NAMES
+from gpushare.kube.codec.dialects import ADVERTISED_NAMES, DIALECT_NAMES
 
 SCHEDULER_CONFIG_API_VERSION = "kubescheduler.config.k8s.io/v1"
 
@@ -18,12 +18,15 @@ def gpushare_extender(
     """The ``extenders`` entry that sends ``aliyun.com/gpu-mem`` pods to gpushare's extender at
     ``url_prefix``: filter, prioritize and bind verbs, ``nodeCacheCapable``, not ignorable, and
     kube-scheduler still checking the node total (``ignoredByScheduler: false``; spec 1.9).
-    ``dialects``: the dialects' resources too (``DIALECT_NAMES``), each
-    ``ignoredByScheduler: true`` (the extender alone checks them: docs/compute.md, "What an
-    operator configures")."""
+    ``dialects``: the dialects' resources too (``DIALECT_NAMES``), kube-scheduler checking the
+    node total of those the device plugin advertises (``ADVERTISED_NAMES``) and ignoring the
+    others (the extender alone checks them: docs/compute.md, "What an operator configures")."""
     managed = [{"name": GPU_MEM, "ignoredByScheduler": False}]
     if dialects:
-        managed += [{"name": n, "ignoredByScheduler": True} for n in sorted(DIALECT_NAMES)]
+        managed += [
+            {"name": n, "ignoredByScheduler": n not in ADVERTISED_NAMES}
+            for n in sorted(DIALECT_NAMES)
+        ]
     return {
         "urlPrefix": url_prefix,
         "filterVerb": "filter",

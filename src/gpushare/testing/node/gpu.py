@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
@@ -65,6 +65,19 @@ idle until SIGTERM (sh as PID 1 ignores it otherwise)."""
 
 
 # ---- pods -------------------------------------------------------------------------------
+
+
+def runnable(pod: Mapping[str, Any], namespace: str) -> Pod:
+    """``pod`` (JSON, e.g. a dialect's pod as its system's docs write it) with only what this
+    machine needs to run it: ``namespace``, no fixed UID, the local test image (no registry)
+    printing its env (:data:`PRINT_ENV`), a short grace period."""
+    body = json.loads(json.dumps(pod))
+    body["metadata"]["namespace"] = namespace
+    body["metadata"].pop("uid", None)
+    body["spec"]["terminationGracePeriodSeconds"] = 2
+    for container in body["spec"]["containers"]:
+        container.update(image=TEST_IMAGE, imagePullPolicy="Never", command=["sh", "-c", PRINT_ENV])
+    return cast(Pod, Pod.from_dict(body))
 
 
 def gpu_container(name: str, gpu_mem: int, *, command: str = PRINT_ENV) -> Container:
