@@ -9,7 +9,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpushare.core.model import Allocation, ContainerAllocation, NodeState
+from gpushare.core.fit import check_fit
+from gpushare.core.model import (
+    Allocation,
+    ContainerAllocation,
+    ContainerRequest,
+    NodeState,
+    PodRequest,
+)
 from gpushare.core.skipped import SkipKind, SkippedPod, charged, held, refused, unreadable
 from gpushare.testing.core import gpu_node, node_state
 
@@ -96,3 +103,43 @@ def test_charging_a_skipped_pod_keeps_the_compute_held_and_the_gpus_held_whole(
     assert result.gpu_compute_used == (700, 1000)
     assert result.gpu_whole == (False, True)
     assert result.gpu_compute_free == (300, 0)
+
+
+def with_compute(pod: str, index: int, units: int, compute_milli: int) -> Allocation:
+    """Pod ``default/<pod>`` on ``n1``: one container of ``units`` and ``compute_milli``."""
+    return Allocation(
+        f"default/{pod}", "n1", (ContainerAllocation("main", (index,), units, compute_milli),)
+    )
+
+
+@pytest.mark.parametrize(
+    ("skipped", "compute_used"),
+    [
+        pytest.param(refused(with_compute("big", 0, 20, 600), NODE, "requested 20"), (1300, 0),
+                     id="over-capacity-its-compute-on-the-gpu-it-names"),
+        pytest.param(refused(with_compute("ghost", 7, 4, 300), NODE, "GPU 7"), (1000, 300),
+                     id="a-gpu-the-node-lacks-its-compute-on-every-gpu"),
+        pytest.param(refused(on("plain", (0, 20)), NODE, "requested 20"), (700, 0),
+                     id="no-compute-recorded-none-charged"),
+    ],
+)  # fmt: skip
+def test_a_skipped_pod_is_charged_the_compute_it_records(
+    skipped: SkippedPod, compute_used: tuple[int, int]
+) -> None:
+    """GPU 0 holds 700 compute_milli: a skipped pod's recorded compute is added where it may
+    be, so no compute share is placed above 1000 beside it."""
+    state = NodeState(NODE, (4, 0), gpu_compute_used=(700, 0))
+    result = charged(state, [skipped])
+    assert result.gpu_compute_used == compute_used
+    # A 400-milli share now fits only where the charged compute leaves room for it.
+    share = PodRequest("default/new", (ContainerRequest("main", 1, 1, compute_milli=400),))
+    fit = check_fit(result, share)
+    room = [i for i, used in enumerate(compute_used) if used + 400 <= 1000]
+    assert [c.gpu_indices for c in fit.assignment] == [(room[0],)]
+
+
+def test_a_skipped_pods_compute_is_named() -> None:
+    ghost = refused(with_compute("ghost", 7, 4, 300), NODE, "GPU 7")
+    assert ghost.describe().endswith(
+        "counted as 4 on GPU 0, 4 on GPU 1, 300 compute_milli on GPU 0, 300 compute_milli on GPU 1"
+    )

@@ -20,6 +20,11 @@ does not fit (50 GiB on a 40 GiB       its amounts on the GPUs it names (``refus
 GPU, or a GPU already full)            then over capacity, free is negative and it takes no pods
 =====================================  ============================================================
 
+The compute a refused allocation records (``compute_milli``, 1000 for a GPU held whole) is
+charged the same way as its memory (``compute_charges``): on the GPUs it names, or on every GPU
+for an index the node lacks; so no compute share is placed above 1000 beside a skipped pod.
+A whole-node block needs no compute: no GPU of the node has memory free.
+
 Units a *recorded* allocation holds on a GPU index the node no longer has (the node shrank
 under it) are charged to every GPU too (``charged``). Amounts are in the node's unit.
 """
@@ -57,14 +62,19 @@ class SkippedPod:
     whole_node: bool = False
     missing: tuple[tuple[int, int], ...] = ()
     """(GPU index, units) the allocation names that the node does not have."""
+    compute_charges: tuple[tuple[int, int], ...] = ()
+    """(GPU index, compute_milli) it is counted with besides (module doc)."""
 
     def describe(self) -> str:
-        """``pod ns/p on node n: <kind>: <reason>; counted as <charges>``."""
-        held = (
-            "every GPU of the node blocked"
-            if self.whole_node
-            else ", ".join(f"{amount} on GPU {index}" for index, amount in self.charges)
-        )
+        """``pod ns/p on node n: <kind>: <reason>; counted as <charges>`` (with ``, <n>
+        compute_milli on GPU <i>`` for its compute)."""
+        if self.whole_node:
+            held = "every GPU of the node blocked"
+        else:
+            held = ", ".join(
+                [f"{amount} on GPU {index}" for index, amount in self.charges]
+                + [f"{milli} compute_milli on GPU {i}" for i, milli in self.compute_charges]
+            )
         return f"pod {self.pod} on node {self.node}: {self.kind}: {self.reason}; counted as {held}"
 
 
@@ -82,49 +92,62 @@ def refused(allocation: Allocation, node: Node, reason: str) -> SkippedPod:
     GPU of the node (``missing`` names them). ``kind`` is ``UNKNOWN_GPU`` when an index is
     missing, else ``OVER_CAPACITY``; ``reason`` says why, with the numbers."""
     indices = [gpu.index for gpu in node.gpus]
-    charges = dict.fromkeys(indices, 0)
     per_gpu = allocation.per_gpu()
-    missing = tuple(sorted((i, a) for i, a in per_gpu.items() if i not in charges))
-    for index, amount in per_gpu.items():
-        for target in [index] if index in charges else indices:  # unknown: any of them
-            charges[target] += amount
+    missing = tuple(sorted((i, a) for i, a in per_gpu.items() if i not in indices))
     kind = SkipKind.UNKNOWN_GPU if missing else SkipKind.OVER_CAPACITY
     return SkippedPod(
         allocation.pod,
         allocation.node,
         kind,
         reason,
-        tuple((i, a) for i, a in charges.items() if a),
+        _spread(per_gpu, indices),
         missing=missing,
+        compute_charges=_spread(allocation.per_gpu_compute(), indices),
     )
 
 
-def held(node: Node, skipped: Iterable[SkippedPod]) -> tuple[int, ...]:
-    """Units ``skipped`` pods are charged with on each GPU of ``node`` (position order);
-    whole-node blocks are left out (they are not memory: ``charged`` counts them)."""
-    charged_units = {gpu.index: 0 for gpu in node.gpus}
+def _spread(amounts: dict[int, int], indices: list[int]) -> tuple[tuple[int, int], ...]:
+    """``amounts`` by GPU index, charged on that GPU when the node has it, else on every GPU
+    of the node (``indices``: it may be on any); the non-zero charges in index order."""
+    charges = dict.fromkeys(indices, 0)
+    for index, amount in amounts.items():
+        for target in [index] if index in charges else indices:
+            charges[target] += amount
+    return tuple((i, a) for i, a in charges.items() if a)
+
+
+def held(node: Node, skipped: Iterable[SkippedPod], *, compute: bool = False) -> tuple[int, ...]:
+    """Units ``skipped`` pods are charged with on each GPU of ``node`` (position order), or
+    with ``compute`` their ``compute_milli``; whole-node blocks are left out (they are not
+    memory: ``charged`` counts them)."""
+    totals = {gpu.index: 0 for gpu in node.gpus}
     for pod in skipped:
-        for index, amount in pod.charges:
-            if index in charged_units:
-                charged_units[index] += amount
-    return tuple(charged_units[gpu.index] for gpu in node.gpus)
+        for index, amount in pod.compute_charges if compute else pod.charges:
+            if index in totals:
+                totals[index] += amount
+    return tuple(totals[gpu.index] for gpu in node.gpus)
 
 
 def charged(state: NodeState, skipped: Iterable[SkippedPod], units_off_node: int = 0) -> NodeState:
     """``state`` plus what the ``skipped`` pods of its node are charged with (module doc):
-    their ``charges``, the ``units_off_node`` that recorded allocations (those counted in
-    ``state``) hold on GPU indices the node lacks (``Ledger.units_off_node``) on every GPU,
-    and for a whole-node block the largest GPU capacity on every GPU; the compute held and the
-    GPUs held whole are kept as they are. ``state`` itself when nothing is charged."""
+    their ``charges`` and ``compute_charges``, the ``units_off_node`` that recorded
+    allocations (those counted in ``state``) hold on GPU indices the node lacks
+    (``Ledger.units_off_node``) on every GPU, and for a whole-node block the largest GPU
+    capacity on every GPU; the compute held and the GPUs held whole stay counted. ``state``
+    itself when nothing is charged."""
     pods = list(skipped)
     if not pods and not units_off_node:
         return state  # the common case, on every node state rebuilt: nothing to add
     gpus = state.node.gpus
     extra = held(state.node, pods)
+    compute = held(state.node, pods, compute=True)
     everywhere = units_off_node
     if any(pod.whole_node for pod in pods):
         everywhere += max((gpu.capacity for gpu in gpus), default=0)
-    if not everywhere and not any(extra):
+    if not everywhere and not any(extra) and not any(compute):
         return state
     used = tuple(u + e + everywhere for u, e in zip(state.gpu_used, extra, strict=True))
-    return replace(state, gpu_used=used)  # every other field kept, whatever NodeState gains
+    if not any(compute):
+        return replace(state, gpu_used=used)  # every other field kept, whatever it gains
+    compute_used = tuple(u + c for u, c in zip(state.gpu_compute_used, compute, strict=True))
+    return replace(state, gpu_used=used, gpu_compute_used=compute_used)

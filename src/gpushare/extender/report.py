@@ -116,6 +116,11 @@ def skipped_json(pod: SkippedPod) -> dict[str, Any]:
         "reason": pod.reason,
         "wholeNode": pod.whole_node,
         "charges": [{"gpu": index, "amount": amount} for index, amount in pod.charges],
+        **(
+            {"compute": [{"gpu": i, "compute_milli": m} for i, m in pod.compute_charges]}
+            if pod.compute_charges
+            else {}
+        ),
         "text": pod.describe(),
     }
 
