@@ -155,6 +155,15 @@ REFUSALS = [
             with_init_container(_pod({"main": {"aliyun.com/gpu-mem": 4}}),
                                 {"tencent.com/vcuda-core": "100"}),
             INIT_CONTAINER_REFUSAL),
+    Refused("HAMi's nvidia.com/nouse-gputype is not read: refused, never ignored",
+            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}},
+                 annotations={"nvidia.com/nouse-gputype": "V100"}),
+            "annotation nvidia.com/nouse-gputype='V100': HAMi's GPU type and UUID selection is "
+            "not read by gpushare; accepted: no nvidia.com/use-gputype"),
+    Refused("HAMi's nvidia.com/use-gpuuuid on an Alibaba pod too",
+            _pod({"main": {"aliyun.com/gpu-mem": 4}},
+                 annotations={"nvidia.com/use-gpuuuid": "GPU-0"}),
+            "annotation nvidia.com/use-gpuuuid='GPU-0'"),
     Refused("gpushare.io/exclusive not a flag",
             _pod({"main": {"aliyun.com/gpu-mem": 4}}, annotations={"gpushare.io/exclusive": "yes"}),
             "annotation gpushare.io/exclusive='yes': invalid value"),
@@ -166,6 +175,17 @@ def test_a_pod_its_system_refuses_is_refused_with_the_rule(case: Refused) -> Non
     with pytest.raises(CodecError) as error:
         pod_request(case.pod)
     assert case.message in str(error.value)
+
+
+def test_hami_annotations_on_a_pod_without_gpu_and_hamis_policies_are_not_refused() -> None:
+    """A CPU pod may carry HAMi's annotations (it asks no GPU), and HAMi's scheduling-policy
+    preferences are read as no constraint (gpushare's policy places)."""
+    cpu = _pod({"main": {"cpu": "1"}}, annotations={"nvidia.com/use-gputype": "A100"})
+    assert pod_request(cpu).gpu_containers == ()
+    preference = _pod({"main": {"nvidia.com/gpu": 1}},
+                      annotations={"hami.io/gpu-scheduler-policy": "spread",
+                                   "hami.io/node-scheduler-policy": "binpack"})  # fmt: skip
+    assert len(pod_request(preference).gpu_containers) == 1
 
 
 # -- resolving memory into a node's unit ------------------------------------------------------

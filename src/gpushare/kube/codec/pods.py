@@ -42,6 +42,7 @@ from gpushare.kube.codec.common import (
 )
 from gpushare.kube.codec.dialects import (
     DIALECT_NAMES,
+    HAMI_SELECTION,
     Dialect,
     GpuAsk,
     container_ask,
@@ -238,6 +239,8 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         _refuse_init_containers(spec, subject)
     if dialects:
         _refuse_mixed(subject, asked)
+    if annotations and any(key in annotations for key in HAMI_SELECTION):
+        _refuse_hami_selection(subject, annotations, asked)
     counts: dict[str, int] = {}
     models: dict[str, frozenset[str]] = {}
     exclusive: dict[str, bool] = {}
@@ -318,6 +321,23 @@ def _refuse_mixed(subject: str, asked: list[tuple[str, int, int | None, GpuAsk |
             "GPU containers in two dialects", "one dialect per pod (all containers in one "
             "system's resources)",
         )  # fmt: skip
+
+
+def _refuse_hami_selection(
+    subject: str, annotations: Json, asked: list[tuple[str, int, int | None, GpuAsk | None]]
+) -> None:
+    """``CodecError`` for a GPU pod writing one of HAMi's GPU type or UUID annotations
+    (``HAMI_SELECTION``): not read yet, and ignoring one could place the pod on a GPU it
+    excludes."""
+    if not any(total or ask is not None for _, total, _, ask in asked):
+        return
+    key = next(key for key in HAMI_SELECTION if key in annotations)
+    raise CodecError(
+        subject, f"annotation {key}", annotations[key], "HAMi's GPU type and UUID "
+        "selection is not read by gpushare", f'no {", ".join(HAMI_SELECTION)}; choose GPU '
+        'models with gpushare.io/gpu-models: "<model>,<model>" (exact names, as kubectl '
+        "inspect gpushare shows them) or nodes with a nodeSelector",
+    )  # fmt: skip
 
 
 _ANY: frozenset[str] = frozenset()
