@@ -16,9 +16,12 @@ from gpushare.core.model import (
     Allocation,
     ContainerAllocation,
     ContainerRequest,
+    Gpu,
+    Node,
     NodeState,
     PodRequest,
 )
+from gpushare.core.serves import Serves
 from gpushare.kube.codec import (
     ALLOCATION,
     CodecError,
@@ -28,7 +31,14 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.codec.pods import INIT_CONTAINER_REFUSAL
 from gpushare.kube.codec.record import fast_pod_record
-from gpushare.kube.codec.resolve import MIB_BASIS, PERCENT_BASIS, resolve
+from gpushare.kube.codec.resolve import (
+    MIB_BASIS,
+    NO_GPU_TYPE,
+    PERCENT_BASIS,
+    NotOnNode,
+    on_node,
+    resolve,
+)
 from gpushare.testing.core import gpu_node
 from gpushare.testing.dialects import (
     bound_dialect_pod,
@@ -95,6 +105,13 @@ READS = [
               annotations={"gpushare.io/gpu-models": "A100"}),
          (ContainerRequest("main", 1000, 1, frozenset({"A100"}), memory_basis=MIB_BASIS,
                            **on(HG, 1)),)),
+    Read("HAMi's use-gputype and nouse-gputype: types for every GPU container",
+         _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, "side": {"cpu": "1"}},
+              annotations={"nvidia.com/use-gputype": "A100, H100",
+                           "nvidia.com/nouse-gputype": "PCIE"}),
+         (ContainerRequest("main", 1000, 1, ANY, memory_basis=MIB_BASIS, **on(HG, 1),
+                           gpu_types=("A100", "H100"), excluded_gpu_types=("PCIE",)),
+          ContainerRequest("side", 0, 0))),
     Read("a CPU-only sidecar next to a Tencent container is not a second dialect",
          _pod({"main": {"tencent.com/vcuda-core": 10, "tencent.com/vcuda-memory": 4},
                "side": {"cpu": "100m"}}),
@@ -155,11 +172,14 @@ REFUSALS = [
             with_init_container(_pod({"main": {"aliyun.com/gpu-mem": 4}}),
                                 {"tencent.com/vcuda-core": "100"}),
             INIT_CONTAINER_REFUSAL),
-    Refused("HAMi's nvidia.com/nouse-gputype is not read: refused, never ignored",
+    Refused("HAMi's nvidia.com/use-gpuuuid is not read: refused, never ignored",
             _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}},
-                 annotations={"nvidia.com/nouse-gputype": "V100"}),
-            "annotation nvidia.com/nouse-gputype='V100': HAMi's GPU type and UUID selection is "
-            "not read by gpushare; accepted: no nvidia.com/use-gputype"),
+                 annotations={"nvidia.com/nouse-gpuuuid": "GPU-1"}),
+            "annotation nvidia.com/nouse-gpuuuid='GPU-1': HAMi's GPU choice by UUID is not read "
+            "by gpushare; accepted: no nvidia.com/use-gpuuuid"),
+    Refused("HAMi's nvidia.com/use-gputype naming no type",
+            _pod({"main": {"nvidia.com/gpu": 1}}, annotations={"nvidia.com/use-gputype": " , "}),
+            "annotation nvidia.com/use-gputype=' , ': names no GPU type"),
     Refused("HAMi's nvidia.com/use-gpuuuid on an Alibaba pod too",
             _pod({"main": {"aliyun.com/gpu-mem": 4}},
                  annotations={"nvidia.com/use-gpuuuid": "GPU-0"}),
@@ -321,3 +341,45 @@ def test_the_core_refuses_a_request_not_resolved_into_the_node_unit() -> None:
     request = pod_request(gpu_manager_readme_pod_1("p", "ns"))
     result = check_fit(NodeState.empty(gpu_node([16])), request)
     assert (result.status, result.reason) == (FitStatus.CAN_NEVER_FIT, Reason.NOT_IN_NODE_UNITS)
+
+
+T4, A100_SXM, A100_PCIE = "Tesla-T4", "NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"
+MIXED = Node("n", (Gpu(0, T4, 16), Gpu(1, A100_SXM, 40), Gpu(2, A100_PCIE, 40)))
+
+
+def typed(use: tuple[str, ...] = (), avoid: tuple[str, ...] = (), **kw: Any) -> PodRequest:
+    container = ContainerRequest("main", 1, 1, gpu_types=use, excluded_gpu_types=avoid, **kw)
+    return PodRequest("ns/p", (container,))
+
+
+@pytest.mark.parametrize(
+    ("request_", "allowed"),
+    [
+        pytest.param(typed(("a100",)), {A100_SXM, A100_PCIE},
+                     id="use-gputype-is-a-substring-of-the-model-any-case"),
+        pytest.param(typed(("A100",), ("PCIE",)), {A100_SXM},
+                     id="nouse-gputype-takes-models-out"),
+        pytest.param(typed((), ("A100",)), {T4}, id="nouse-gputype-alone-leaves-the-rest"),
+        pytest.param(typed(("T4", "SXM")), {T4, A100_SXM}, id="several-types-any-of-them"),
+        pytest.param(typed(("A100",), allowed_models=frozenset({A100_PCIE})), {A100_PCIE},
+                     id="within-gpushare-io-gpu-models"),
+        pytest.param(typed(("V100",)), None, id="no-gpu-of-the-type-the-node-cannot-take-it"),
+    ],
+)  # fmt: skip
+def test_hamis_gpu_types_become_the_nodes_models(
+    request_: PodRequest, allowed: set[str] | None
+) -> None:
+    placed = on_node(request_, MemoryUnit.GIB, MIXED, Serves.BOTH)
+    if allowed is None:
+        assert isinstance(placed, NotOnNode)
+        assert placed.why == NO_GPU_TYPE
+        assert "asks GPUs of type V100" in placed.text
+        assert "Tesla-T4" in placed.text
+        return
+    assert isinstance(placed, PodRequest)
+    assert placed.in_node_units
+    (container,) = placed.containers
+    assert container.allowed_models == frozenset(allowed)
+    fit = check_fit(NodeState.empty(MIXED), placed)
+    assert fit.fits
+    assert {MIXED.gpu(i).model for c in fit.assignment for i in c.gpu_indices} <= allowed

@@ -95,6 +95,12 @@ class ContainerRequest:
     resource in its spec), what the device plugin tells pods apart by
     (``gpushare.core.handshake``). Empty and ``None`` (the defaults, and the simulator's): the
     node's memory resource, ``gpu_share × gpu_count`` units.
+
+    ``gpu_types`` and ``excluded_gpu_types``: GPU types the container may use or must avoid,
+    each a substring of the model, any case (HAMi's ``nvidia.com/use-gputype`` and
+    ``nouse-gputype``). Like ``memory_basis`` the core never reads them: the adapter turns them
+    into ``allowed_models`` for one node (``gpushare.kube.codec.resolve``), and ``check_fit``
+    refuses a request before that.
     ``ValueError`` for anything else.
     """
 
@@ -107,6 +113,8 @@ class ContainerRequest:
     memory_basis: str = ""
     allocate_resource: str = ""
     kubelet_units: int | None = None
+    gpu_types: tuple[str, ...] = ()
+    excluded_gpu_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0 or self.gpu_share < 0:
@@ -176,8 +184,9 @@ class PodRequest:
     """Whether a container asks compute or whole GPUs (derived): the fit follows the second
     dimension only then."""
     in_node_units: bool = field(init=False, repr=False, compare=False)
-    """Whether every container's memory is in the node's unit (derived; no ``memory_basis``):
-    only such a request can be placed."""
+    """Whether every container's memory is in the node's unit and its GPU models are exact
+    (derived; no ``memory_basis``, ``gpu_types`` or ``excluded_gpu_types``): only such a
+    request can be placed."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0:
@@ -195,12 +204,12 @@ class PodRequest:
             if count > 0:
                 gpu.append(c)
             total += share * count
-            if c.memory_basis:
+            if c.memory_basis or c.gpu_types or c.excluded_gpu_types:
                 in_node_units = False
             kind = c.memory_basis or c.exclusive  # a memory basis never comes with exclusive
             shapes.append((
                 share, count, c.allowed_models, c.compute_milli, kind, c.allocate_resource,
-                c.kubelet_units,
+                c.kubelet_units, c.gpu_types, c.excluded_gpu_types,
             ))  # fmt: skip
             two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
         setattr_ = object.__setattr__

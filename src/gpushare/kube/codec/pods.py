@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpushare.core.model import (
@@ -42,7 +42,9 @@ from gpushare.kube.codec.common import (
 )
 from gpushare.kube.codec.dialects import (
     DIALECT_NAMES,
+    HAMI_NOUSE_TYPE,
     HAMI_SELECTION,
+    HAMI_USE_TYPE,
     Dialect,
     GpuAsk,
     container_ask,
@@ -241,6 +243,12 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         _refuse_mixed(subject, asked)
     if annotations and any(key in annotations for key in HAMI_SELECTION):
         _refuse_hami_selection(subject, annotations, asked)
+    types: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    if annotations and (HAMI_USE_TYPE in annotations or HAMI_NOUSE_TYPE in annotations):
+        types = (
+            _gpu_types(annotations, HAMI_USE_TYPE, subject),
+            _gpu_types(annotations, HAMI_NOUSE_TYPE, subject),
+        )
     counts: dict[str, int] = {}
     models: dict[str, frozenset[str]] = {}
     exclusive: dict[str, bool] = {}
@@ -288,7 +296,27 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         else:  # with aliyun.com/gpu-core.percentage, Alibaba's cloud: a compute share
             compute_milli = ask.compute_milli if ask is not None else 0
             containers.append(ContainerRequest(name, total // count, count, allowed, compute_milli))
+    if types != ((), ()):
+        containers = [
+            replace(c, gpu_types=types[0], excluded_gpu_types=types[1]) if c.gpu_count else c
+            for c in containers
+        ]
     return PodRequest(key, tuple(containers))
+
+
+def _gpu_types(annotations: Json, key: str, subject: str) -> tuple[str, ...]:
+    """The GPU types of HAMi's annotation ``key`` (comma-separated, blanks dropped), ``()``
+    when absent; ``CodecError`` for one naming no type."""
+    raw = annotations.get(key)
+    if raw is None:
+        return ()
+    types = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not types:
+        raise CodecError(
+            subject, f"annotation {key}", raw, "names no GPU type",
+            'comma-separated parts of GPU model names, e.g. "A100,V100"',
+        )  # fmt: skip
+    return types
 
 
 def _dialect_container(name: str, ask: GpuAsk, allowed: frozenset[str]) -> ContainerRequest:
@@ -326,15 +354,15 @@ def _refuse_mixed(subject: str, asked: list[tuple[str, int, int | None, GpuAsk |
 def _refuse_hami_selection(
     subject: str, annotations: Json, asked: list[tuple[str, int, int | None, GpuAsk | None]]
 ) -> None:
-    """``CodecError`` for a GPU pod writing one of HAMi's GPU type or UUID annotations
+    """``CodecError`` for a GPU pod writing one of HAMi's GPU UUID annotations
     (``HAMI_SELECTION``): not read yet, and ignoring one could place the pod on a GPU it
     excludes."""
     if not any(total or ask is not None for _, total, _, ask in asked):
         return
     key = next(key for key in HAMI_SELECTION if key in annotations)
     raise CodecError(
-        subject, f"annotation {key}", annotations[key], "HAMi's GPU type and UUID "
-        "selection is not read by gpushare", f'no {", ".join(HAMI_SELECTION)}; choose GPU '
+        subject, f"annotation {key}", annotations[key], "HAMi's GPU choice by UUID "
+        "is not read by gpushare", f'no {", ".join(HAMI_SELECTION)}; choose GPU '
         'models with gpushare.io/gpu-models: "<model>,<model>" (exact names, as kubectl '
         "inspect gpushare shows them) or nodes with a nodeSelector",
     )  # fmt: skip

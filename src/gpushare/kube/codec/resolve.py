@@ -15,6 +15,11 @@ prioritize) and against the chosen node at bind:
   node whose GPUs differ in size a container may then fit only the larger ones: it never gets
   less than its share of the GPU it lands on.
 
+GPU types (HAMi's ``nvidia.com/use-gputype``/``nouse-gputype``, ``ContainerRequest.gpu_types``)
+are resolved first: the node's GPU models that contain one of the types asked (any case) and
+none of those excluded become the container's ``allowed_models`` (within any it had); a node
+with none of them cannot take the pod (``NO_GPU_TYPE``), as HAMi's filter says.
+
 A request already in the node's unit (every ``aliyun.com/gpu-mem`` pod) is returned as it is,
 the same object.
 
@@ -37,9 +42,11 @@ from gpushare.kube.codec.dialects import MemoryBasis
 __all__ = [
     "MIB_BASIS",
     "NOT_SERVED",
+    "NO_GPU_TYPE",
     "PERCENT_BASIS",
     "UNRESOLVED",
     "NotOnNode",
+    "gpu_types_on",
     "on_node",
     "resolve",
 ]
@@ -54,6 +61,11 @@ node (``gpushare.core.serves``)."""
 UNRESOLVED = "memory not resolvable into the node's unit"
 """``NotOnNode.why`` of a pod whose memory cannot be put in the node's unit (MiB on a node of
 unknown unit, percent on a node without GPUs)."""
+
+
+NO_GPU_TYPE = "no GPU of the types the pod asks"
+"""``NotOnNode.why`` of a pod whose ``nvidia.com/use-gputype``/``nouse-gputype`` leave it no GPU
+model of the node."""
 
 
 class NotOnNode(NamedTuple):
@@ -73,7 +85,12 @@ def on_node(
     refusal = serves_refusal(serves, request)
     if refusal:
         return NotOnNode(NOT_SERVED, refusal)
-    resolved = resolve(request, unit, node)
+    if request.in_node_units:  # the common case: nothing to resolve
+        return request
+    typed = gpu_types_on(request, node)
+    if isinstance(typed, str):
+        return NotOnNode(NO_GPU_TYPE, typed)
+    resolved = resolve(typed, unit, node)
     return NotOnNode(UNRESOLVED, resolved) if isinstance(resolved, str) else resolved
 
 
@@ -83,8 +100,11 @@ def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequ
     unknown)."""
     if request.in_node_units:
         return request
+    typed = gpu_types_on(request, node)
+    if isinstance(typed, str):
+        return typed
     containers: list[ContainerRequest] = []
-    for c in request.containers:
+    for c in typed.containers:
         if not c.memory_basis:
             containers.append(c)
             continue
@@ -102,3 +122,41 @@ def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequ
             share = -(-max(sizes) * c.gpu_share // 100)
         containers.append(replace(c, gpu_share=share, memory_basis=""))
     return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
+
+
+def gpu_types_on(request: PodRequest, node: Node) -> PodRequest | str:
+    """``request`` with each container's ``gpu_types``/``excluded_gpu_types`` turned into the
+    ``allowed_models`` of ``node`` (module doc), or why no GPU of the node will do (a
+    sentence). The same object when no container names a type."""
+    if not any(c.gpu_types or c.excluded_gpu_types for c in request.containers):
+        return request
+    models = sorted({gpu.model for gpu in node.gpus})
+    containers: list[ContainerRequest] = []
+    for c in request.containers:
+        if not (c.gpu_types or c.excluded_gpu_types):
+            containers.append(c)
+            continue
+        allowed = [
+            m for m in models
+            if c.allows(m) and _names_any(m, c.gpu_types or ("",))
+            and not _names_any(m, c.excluded_gpu_types)
+        ]  # fmt: skip
+        if not allowed:
+            asked = ", ".join(
+                [f"type {'/'.join(c.gpu_types)}"] * bool(c.gpu_types)
+                + [f"not {'/'.join(c.excluded_gpu_types)}"] * bool(c.excluded_gpu_types)
+            )
+            return (
+                f"container {c.name} asks GPUs of {asked} (nvidia.com/use-gputype, "
+                f"nouse-gputype) and the node's GPUs are {', '.join(models) or 'none'}"
+            )
+        containers.append(
+            replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
+        )
+    return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
+
+
+def _names_any(model: str, types: tuple[str, ...]) -> bool:
+    """Whether ``model`` contains one of ``types``, any case (HAMi's type match)."""
+    upper = model.upper()
+    return any(t.upper() in upper for t in types)
