@@ -62,7 +62,8 @@ ledger's ``compute_milli`` on the GPU over 1,000 (``GPU_COMPUTE_MILLI``): 0.5 fo
 ``gpushare_gpu_held_whole`` is 1 on a GPU a whole-GPU container holds (Tencent ``vcuda-core``
 ≥ 100, HAMi ``gpucores: 100``, ``gpushare.io/exclusive``); per node,
 ``sum by (node) (gpushare_gpu_held_whole)``. Such a GPU also reads its whole memory in
-``gpushare_gpu_memory_allocated_bytes``. Skipped pods are charged memory only, as before.
+``gpushare_gpu_memory_allocated_bytes``. The compute gauge is the ledger's: a skipped pod's
+compute charge (``gpushare.core.skipped``) is in the fit, not in the gauge.
 
 **Pending.** ``gpushare_gpu_memory_pending_bytes`` is Alibaba's "assumed, not assigned" state:
 the memory of the GPU containers of pods bound to the node that the device plugin has not
