@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-scale clean controlplane node-runtime helm image manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-scale clean controlplane node-runtime helm image manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,9 @@ bench-deviceplugin: $(STAMP) controlplane
 
 bench-inspect: $(STAMP)
 	$(BIN)/python bench/inspect_report.py
+
+bench-metrics: $(STAMP)
+	$(BIN)/python bench/metrics_scrape.py
 
 bench-scheduling: $(STAMP) controlplane
 	$(BIN)/python bench/scheduling.py

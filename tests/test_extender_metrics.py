@@ -400,3 +400,42 @@ def test_gpu_gauges(
 )
 def test_unit_bytes(unit: MemoryUnit | None, expected: int) -> None:
     assert unit_bytes(unit) == expected
+
+
+def allocated(content: bytes) -> dict[tuple[str, int], float]:
+    """``gpushare_gpu_memory_allocated_bytes`` by (node, gpu) in a scrape."""
+    return {
+        (s.labels["node"], int(s.labels["gpu"])): s.value
+        for family in text_string_to_metric_families(content.decode())
+        if family.name == "gpushare_gpu_memory_allocated_bytes"
+        for s in family.samples
+    }
+
+
+def test_the_gpu_gauges_follow_every_change_and_render_only_changed_nodes() -> None:
+    """A scrape re-renders only the nodes whose version changed (docs: "At scale"): a bind shows
+    at the next scrape, an untouched node's lines are the very ones kept, a removed node is
+    gone, and a model with a quote and a backslash is escaped as prometheus-client escapes it."""
+    state = metrics_state()
+    metrics = ExtenderMetrics(state)
+    first = allocated(metrics.exposition()[0])
+    assert first[(N3, 0)] == 0
+    assert metrics.gpus.renders == 3  # N1, N2, N3; the CPU node has no GPU series
+    state.assume(Allocation("ns/p", N3, (ContainerAllocation("main", (0,), POD_MEM),)))
+    second = allocated(metrics.exposition()[0])
+    assert second[(N3, 0)] == POD_MEM * MIB
+    assert {k: v for k, v in second.items() if k[0] != N3} == {
+        k: v for k, v in first.items() if k[0] != N3
+    }
+    assert metrics.gpus.renders == 4  # N3 alone rendered again
+    assert allocated(metrics.exposition()[0]) == second
+    assert metrics.gpus.renders == 4  # nothing changed, nothing rendered
+    state.remove_node(N2)
+    assert {node for node, _ in allocated(metrics.exposition()[0])} == {N1, N3}
+    odd = 'Tesla "X" \\ 16GB'
+    state.upsert_node(node_json("odd", [FakeGpu(0, GPU, odd)]))
+    families = text_string_to_metric_families(metrics.exposition()[0].decode())
+    models = {
+        s.labels["model"] for f in families for s in f.samples if s.labels.get("node") == "odd"
+    }
+    assert models == {odd}

@@ -74,30 +74,42 @@ answered yet (``ALIYUN_COM_GPU_MEM_ASSIGNED`` not ``"true"``), from
 watch), which lasts milliseconds and is not exported on its own.
 
 The per-GPU gauges and ``synced`` are computed at scrape time from the ``ExtenderState`` (its
-ledger) by ``StateCollector``, so nothing has to be kept in sync by hand. No global default
-registry is used: each ``ExtenderMetrics`` owns (or is given) its registry.
+ledger), so nothing has to be kept in sync by hand. No global default registry is used: each
+``ExtenderMetrics`` owns (or is given) its registry.
+
+**At scale** (issue 15: 5,000 nodes × 8 GPUs is 280,000 per-GPU samples) the per-GPU gauges are
+not built as prometheus-client metric objects on every scrape, which took 2.2–3.1 s on the event
+loop and stalled filter. ``GpuSeries`` keeps each node's sample lines, in prometheus-client's
+text format (labels sorted, values by its ``floatToGoString``), and renders a node again only
+when its ``ExtenderState.version`` changed; a scrape joins the kept lines. A pending pod past the
+handshake timeout leaves ``gpushare_gpu_memory_pending_bytes`` at the next ``expire`` (which
+bumps the node), not at the exact second. The request, sync and skipped-pod series stay
+prometheus-client's (``StateCollector``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from gpushare.core.model import GPU_COMPUTE_MILLI
+from gpushare.core.model import GPU_COMPUTE_MILLI, Gpu
 from gpushare.core.skipped import SkipKind
 from gpushare.extender.state import ExtenderState
-from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.codec import MemoryUnit, NodeInfo
 
 __all__ = [
     "DURATION_BUCKETS",
     "OUTCOMES",
     "VERBS",
     "ExtenderMetrics",
+    "GpuSeries",
     "StateCollector",
+    "gpu_samples",
     "unit_bytes",
 ]
 
@@ -121,7 +133,6 @@ DURATION_BUCKETS = (
     5.0,
     10.0,
 )
-_GPU_LABELS = ["node", "gpu", "model"]
 
 
 def unit_bytes(unit: MemoryUnit | None) -> int:
@@ -130,19 +141,131 @@ def unit_bytes(unit: MemoryUnit | None) -> int:
     return (unit or MemoryUnit.GIB).mib * 2**20
 
 
+GPU_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("gpushare_gpu_memory_capacity_bytes", "GPU memory of a shared GPU, in bytes."),
+    (
+        "gpushare_gpu_memory_allocated_bytes",
+        "GPU memory allocated on a shared GPU (committed and assumed), in bytes.",
+    ),
+    (
+        "gpushare_gpu_memory_pending_bytes",
+        "GPU memory of pods bound to a shared GPU and not yet started by the device plugin, "
+        "in bytes.",
+    ),
+    ("gpushare_gpu_healthy", "1 when a shared GPU is healthy, 0 when it takes no new pods."),
+    ("gpushare_gpu_pods", "Pods holding an allocation on a shared GPU."),
+    (
+        "gpushare_gpu_compute_allocated_ratio",
+        "Compute allocated on a shared GPU (committed and assumed), in GPUs (0 to 1).",
+    ),
+    ("gpushare_gpu_held_whole", "1 when a pod holds a shared GPU whole, else 0."),
+)
+"""The per-GPU gauges (name, help), labelled ``node``, ``gpu``, ``model``, in exposition order."""
+
+
+_value_text: Callable[[float], str] = floatToGoString
+"""A sample value as prometheus-client writes it (``+Inf``, Go's exponent form)."""
+
+
+def _label(value: str) -> str:
+    """A label value escaped as the text format wants it (backslash, quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class GpuSeries:
+    """The per-GPU gauges of ``GPU_FAMILIES`` as exposition text, each node's lines kept until
+    its ``ExtenderState.version`` changes (module doc, "At scale")."""
+
+    def __init__(self, state: ExtenderState) -> None:
+        self._state = state
+        self._lines: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self.renders = 0
+        """Node renders so far (a scrape renders only the nodes that changed)."""
+
+    def exposition(self) -> str:
+        """Every family's ``# HELP``/``# TYPE`` and the samples of every GPU-share node (in node
+        name order); nodes gone since the last call are forgotten."""
+        state = self._state
+        kept: dict[str, tuple[int, tuple[str, ...]]] = {}
+        parts: list[list[str]] = [[] for _ in GPU_FAMILIES]
+        for info in state.nodes():
+            if not info.gpushare:
+                continue
+            name = info.node.name
+            version = state.version(name)
+            lines = self._lines.get(name)
+            if lines is None or lines[0] != version:
+                lines = (version, self._render(info))
+                self.renders += 1
+            kept[name] = lines
+            for family, text in zip(parts, lines[1], strict=True):
+                family.append(text)
+        self._lines = kept
+        out: list[str] = []
+        for (name, text), samples in zip(GPU_FAMILIES, parts, strict=True):
+            out.append(f"# HELP {name} {text}\n# TYPE {name} gauge\n")
+            out.extend(samples)
+        return "".join(out)
+
+    def _render(self, info: NodeInfo) -> tuple[str, ...]:
+        """One node's sample lines, one string per family."""
+        lines: list[list[str]] = [[] for _ in GPU_FAMILIES]
+        node_label = _label(info.node.name)
+        for gpu, values in gpu_samples(self._state, info):
+            model = _label(gpu.model or "")
+            labels = f'{{gpu="{gpu.index}",model="{model}",node="{node_label}"}} '
+            for family, (name, _), value in zip(lines, GPU_FAMILIES, values, strict=True):
+                family.append(f"{name}{labels}{_value_text(value)}\n")
+        return tuple("".join(family) for family in lines)
+
+
+def gpu_samples(state: ExtenderState, info: NodeInfo) -> list[tuple[Gpu, tuple[float, ...]]]:
+    """Each GPU of node ``info`` with its values of ``GPU_FAMILIES``, in that order: capacity
+    and allocated bytes (the skipped pods' charges in), pending bytes, healthy, pods, compute
+    in GPUs, held whole (module doc)."""
+    node = info.node
+    scale = unit_bytes(info.unit)
+    used = state.counted_used(node.name)
+    held = state.recorded_state(node.name)
+    holders: dict[int, int] = {}
+    for allocation in state.allocations(node.name):
+        for index, amount in allocation.per_gpu().items():
+            if amount:
+                holders[index] = holders.get(index, 0) + 1
+    waiting: dict[int, int] = {}
+    for pod in state.pending(node.name):
+        for step in pod.steps[pod.done :]:
+            for index in step.gpu_indices:
+                waiting[index] = waiting.get(index, 0) + step.share
+    return [
+        (
+            gpu,
+            (
+                float(gpu.capacity * scale),
+                float(used[position] * scale),
+                float(waiting.get(gpu.index, 0) * scale),
+                1.0 if gpu.healthy else 0.0,
+                float(holders.get(gpu.index, 0)),
+                held.gpu_compute_used[position] / GPU_COMPUTE_MILLI,
+                1.0 if held.gpu_whole[position] else 0.0,
+            ),
+        )
+        for position, gpu in enumerate(node.gpus)
+    ]
+
+
 class StateCollector(Collector):
-    """Per-GPU memory, compute, whole-GPU flags, health and pod counts, and the sync flag, read
-    at scrape time."""
+    """The sync flag and the skipped pods, read at scrape time (the per-GPU gauges are
+    ``GpuSeries``)."""
 
     def __init__(self, state: ExtenderState) -> None:
         self._state = state
 
     def describe(self) -> Iterable[Metric]:
-        return list(self._families())
+        return [self._synced()]
 
     def collect(self) -> Iterable[Metric]:
-        families = self._families()
-        capacity, allocated, pending, healthy, pods, compute, whole, synced = families
+        synced = self._synced()
         synced.add_metric([], 1.0 if self._state.synced else 0.0)
         skipped = GaugeMetricFamily(
             "gpushare_extender_skipped_pods",
@@ -163,77 +286,13 @@ class StateCollector(Collector):
             recorded.add_metric(
                 [str(skip_kind)], float(self._state.skips_recorded.get(skip_kind, 0))
             )
-        for info in self._state.nodes():
-            if not info.gpushare:
-                continue
-            node = info.node
-            scale = unit_bytes(info.unit)
-            used = self._state.counted_used(node.name)
-            held = self._state.recorded_state(node.name)
-            holders: dict[int, int] = {}
-            for allocation in self._state.allocations(node.name):
-                for index, amount in allocation.per_gpu().items():
-                    if amount:
-                        holders[index] = holders.get(index, 0) + 1
-            waiting: dict[int, int] = {}
-            for pod in self._state.pending(node.name):
-                for step in pod.steps[pod.done :]:
-                    for index in step.gpu_indices:
-                        waiting[index] = waiting.get(index, 0) + step.share
-            for position, gpu in enumerate(node.gpus):
-                labels = [node.name, str(gpu.index), gpu.model or ""]
-                capacity.add_metric(labels, float(gpu.capacity * scale))
-                allocated.add_metric(labels, float(used[position] * scale))
-                pending.add_metric(labels, float(waiting.get(gpu.index, 0) * scale))
-                healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
-                pods.add_metric(labels, float(holders.get(gpu.index, 0)))
-                compute.add_metric(labels, held.gpu_compute_used[position] / GPU_COMPUTE_MILLI)
-                whole.add_metric(labels, 1.0 if held.gpu_whole[position] else 0.0)
-        return [*families, skipped, recorded]
+        return [synced, skipped, recorded]
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, ...]:
-        return (
-            GaugeMetricFamily(
-                "gpushare_gpu_memory_capacity_bytes",
-                "GPU memory of a shared GPU, in bytes.",
-                labels=_GPU_LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpushare_gpu_memory_allocated_bytes",
-                "GPU memory allocated on a shared GPU (committed and assumed), in bytes.",
-                labels=_GPU_LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpushare_gpu_memory_pending_bytes",
-                "GPU memory of pods bound to a shared GPU and not yet started by the device "
-                "plugin, in bytes.",
-                labels=_GPU_LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpushare_gpu_healthy",
-                "1 when a shared GPU is healthy, 0 when it takes no new pods.",
-                labels=_GPU_LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpushare_gpu_pods",
-                "Pods holding an allocation on a shared GPU.",
-                labels=_GPU_LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpushare_gpu_compute_allocated_ratio",
-                "Compute allocated on a shared GPU (committed and assumed), in GPUs (0 to 1).",
-                labels=_GPU_LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpushare_gpu_held_whole",
-                "1 when a pod holds a shared GPU whole, else 0.",
-                labels=_GPU_LABELS,
-            ),
-            GaugeMetricFamily(
-                "gpushare_extender_synced",
-                "1 once the extender's node and pod caches have synced, else 0.",
-            ),
+    def _synced() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "gpushare_extender_synced",
+            "1 once the extender's node and pod caches have synced, else 0.",
         )
 
 
@@ -260,6 +319,7 @@ class ExtenderMetrics:
             for outcome in OUTCOMES:
                 self.requests.labels(verb, outcome)
         self.registry.register(StateCollector(state))
+        self.gpus = GpuSeries(state)
 
     def observe(self, verb: str, outcome: str, seconds: float) -> None:
         """One handled request."""
@@ -267,5 +327,5 @@ class ExtenderMetrics:
         self.duration.labels(verb).observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
-        """The text exposition and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The text exposition (the registry's, then ``GpuSeries``') and its content type."""
+        return generate_latest(self.registry) + self.gpus.exposition().encode(), CONTENT_TYPE_LATEST
