@@ -200,7 +200,10 @@ def test_a_pod_its_system_refuses_is_refused_with_the_rule(case: Refused) -> Non
 def test_hami_annotations_on_a_pod_without_gpu_and_hamis_policies_are_not_refused() -> None:
     """A CPU pod may carry HAMi's annotations (it asks no GPU), and HAMi's scheduling-policy
     preferences are read as no constraint (gpushare's policy places)."""
-    cpu = _pod({"main": {"cpu": "1"}}, annotations={"nvidia.com/use-gputype": "A100"})
+    cpu = _pod(
+        {"main": {"cpu": "1"}},
+        annotations={"nvidia.com/use-gpuuuid": "GPU-0", "nvidia.com/use-gputype": " , "},
+    )
     assert pod_request(cpu).gpu_containers == ()
     preference = _pod({"main": {"nvidia.com/gpu": 1}},
                       annotations={"hami.io/gpu-scheduler-policy": "spread",

@@ -244,7 +244,11 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
     if annotations and any(key in annotations for key in HAMI_SELECTION):
         _refuse_hami_selection(subject, annotations, asked)
     types: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
-    if annotations and (HAMI_USE_TYPE in annotations or HAMI_NOUSE_TYPE in annotations):
+    if (
+        annotations
+        and (HAMI_USE_TYPE in annotations or HAMI_NOUSE_TYPE in annotations)
+        and any(total or ask is not None for _, total, _, ask in asked)
+    ):  # a CPU pod's annotations are not its own to read
         types = (
             _gpu_types(annotations, HAMI_USE_TYPE, subject),
             _gpu_types(annotations, HAMI_NOUSE_TYPE, subject),
