@@ -205,7 +205,7 @@ def assert_valid_assignment(
         assert len(set(allocation.gpu_indices)) == len(allocation.gpu_indices)
         assert len(allocation.gpu_indices) == container.gpu_count
         for index in allocation.gpu_indices:
-            assert container.allows(state.node.gpu(index).model)
+            assert container.allows_at(position[index], state.node.gpu(index).model)
             taken[position[index]] += container.gpu_share
     for p, amount in taken.items():
         assert amount <= state.gpu_free[p], f"GPU position {p}: took {amount}"
@@ -231,6 +231,19 @@ def test_integer_scores_are_integers_from_0_to_100(state: NodeState, request: Po
         score = make_policy(name, context).score(state, request)
         assert score == int(score), name
         assert 0 <= score <= 100, name
+
+
+@pytest.mark.parametrize("name", ALL_POLICIES)
+@pytest.mark.parametrize("count", [1, 2])
+def test_every_policy_keeps_to_the_positions_a_container_may_use(name: str, count: int) -> None:
+    """HAMi's GPU UUIDs resolve into ``allowed_positions`` (``kube.codec.resolve``): GPU 0 is
+    the fullest (binpack's pick), GPU 2 the emptiest (spread's), and only 1 and 3 may be used."""
+    state = node_state((8, 6, 0, 4), capacity=16)
+    container = ContainerRequest("main", 2, count, allowed_positions=frozenset({1, 3}))
+    request = PodRequest("ns/p", (container,))
+    chosen = policy(name).choose_gpus(state, request)
+    assert_valid_assignment(state, request, chosen)
+    assert {i for a in chosen for i in a.gpu_indices} <= {1, 3}
 
 
 @pytest.mark.parametrize("name", ALL_POLICIES)

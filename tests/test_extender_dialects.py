@@ -28,6 +28,7 @@ from gpushare.testing.extender import (
     pod_json,
     seed_bound_pods,
 )
+from gpushare.testing.nodes import fake_gpu_uuid
 
 PREFIX = "/gpushare-scheduler"
 GIB, MIB = MemoryUnit.GIB, MemoryUnit.MIB
@@ -122,6 +123,11 @@ PLACED = [
            _pod({"main": {"aliyun.com/gpu-mem": 4, "aliyun.com/gpu-core.percentage": 50}}),
            [{"name": "main", "gpus": [0], "share": 4, "compute": 500}],
            "container main on GPU 0 (4 GiB, 50% compute each)"),
+    Placed("HAMi's nvidia.com/use-gpuuuid: the GPU named, not the fuller one binpack prefers",
+           Node("g", [16, 16, 16], used=[4]),
+           _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2048}},
+                annotations={"nvidia.com/use-gpuuuid": fake_gpu_uuid("g", 2)}),
+           [{"name": "main", "gpus": [2], "share": 2}], "container main on GPU 2 (2 GiB each)"),
     Placed("gpushare.io/exclusive: an Alibaba pod takes a whole GPU",
            Node("g", [16, 16], used=[1]),
            _pod({"main": {"aliyun.com/gpu-mem": 16}},

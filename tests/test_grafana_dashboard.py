@@ -15,8 +15,8 @@ never run. What is checked instead:
   well-formed, every function called is a PromQL function, and every other identifier is a
   keyword or a series name.
 * **Series**: every series name (and every label in a matcher on it) is one that the extender's
-  or the device plugin's registry exposes: both are built for real here, with data, and their
-  samples collected. The panels the dashboard promises (allocation, pods, health, extender
+  or the device plugin's ``/metrics`` exposes: both are built for real here, with data, and
+  their scrapes parsed. The panels the dashboard promises (allocation, pods, health, extender
   rate/latency/errors, Allocate latency/failures, NVML memory and utilisation) use their series.
 
 Not checked: that Grafana renders the panels as intended, that the PromQL evaluates (types of
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.deviceplugin.metrics import DevicePluginMetrics
 from gpushare.deviceplugin.nvml import NvmlInventory
@@ -89,27 +90,28 @@ REQUIRED_SERIES = (
 )
 
 
-def registries() -> list[CollectorRegistry]:
-    """The extender's and the device plugin's registries, both with data in every series."""
+def expositions() -> list[str]:
+    """The extender's and the device plugin's ``/metrics`` text, both with data in every
+    series."""
     state = ExtenderState()
     state.upsert_node(node_json("n1", [16276, 16276]))
     seed_bound_pods(state, "n1", [4069])
     state.mark_synced()
-    extender = ExtenderMetrics(state).registry
+    extender, _ = ExtenderMetrics(state).exposition()
     fake = FakeNvml([FakeDevice("GPU-1", 0, "Tesla T4", 16 * 2**30)])
     fake.set_processes(0, [(1, 2**30)])
     gpus = NvmlInventory(fake).gpus()
     plugin = DevicePluginMetrics("n1", lambda: gpus, nvml=fake, proc_root=Path("/nonexistent-proc"))
     plugin.observe_allocate("ok", 0.01)
     plugin.observe_registration()
-    return [extender, plugin.registry]
+    return [extender.decode(), generate_latest(plugin.registry).decode()]
 
 
 def exposed_series() -> dict[str, set[str]]:
-    """Every series name the registries expose, with the label names of its samples."""
+    """Every series name the scrapes expose, with the label names of its samples."""
     series: dict[str, set[str]] = {}
-    for registry in registries():
-        for family in registry.collect():
+    for text in expositions():
+        for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 series.setdefault(sample.name, set()).update(sample.labels)
     return series

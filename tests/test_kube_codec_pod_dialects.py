@@ -34,6 +34,7 @@ from gpushare.kube.codec.record import fast_pod_record
 from gpushare.kube.codec.resolve import (
     MIB_BASIS,
     NO_GPU_TYPE,
+    NO_GPU_UUID,
     PERCENT_BASIS,
     NotOnNode,
     on_node,
@@ -112,6 +113,12 @@ READS = [
          (ContainerRequest("main", 1000, 1, ANY, memory_basis=MIB_BASIS, **on(HG, 1),
                            gpu_types=("A100", "H100"), excluded_gpu_types=("PCIE",)),
           ContainerRequest("side", 0, 0))),
+    Read("HAMi's use-gpuuuid and nouse-gpuuuid: UUIDs for every GPU container, Alibaba's too",
+         _pod({"main": {"aliyun.com/gpu-mem": 4}},
+              annotations={"nvidia.com/use-gpuuuid": "GPU-a,GPU-b",
+                           "nvidia.com/nouse-gpuuuid": "GPU-b"}),
+         (ContainerRequest("main", 4, 1, gpu_uuids=("GPU-a", "GPU-b"),
+                           excluded_gpu_uuids=("GPU-b",)),)),
     Read("a CPU-only sidecar next to a Tencent container is not a second dialect",
          _pod({"main": {"tencent.com/vcuda-core": 10, "tencent.com/vcuda-memory": 4},
                "side": {"cpu": "100m"}}),
@@ -172,18 +179,9 @@ REFUSALS = [
             with_init_container(_pod({"main": {"aliyun.com/gpu-mem": 4}}),
                                 {"tencent.com/vcuda-core": "100"}),
             INIT_CONTAINER_REFUSAL),
-    Refused("HAMi's nvidia.com/use-gpuuuid is not read: refused, never ignored",
-            _pod({"main": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}},
-                 annotations={"nvidia.com/nouse-gpuuuid": "GPU-1"}),
-            "annotation nvidia.com/nouse-gpuuuid='GPU-1': HAMi's GPU choice by UUID is not read "
-            "by gpushare; accepted: no nvidia.com/use-gpuuuid"),
     Refused("HAMi's nvidia.com/use-gputype naming no type",
             _pod({"main": {"nvidia.com/gpu": 1}}, annotations={"nvidia.com/use-gputype": " , "}),
-            "annotation nvidia.com/use-gputype=' , ': names no GPU type"),
-    Refused("HAMi's nvidia.com/use-gpuuuid on an Alibaba pod too",
-            _pod({"main": {"aliyun.com/gpu-mem": 4}},
-                 annotations={"nvidia.com/use-gpuuuid": "GPU-0"}),
-            "annotation nvidia.com/use-gpuuuid='GPU-0'"),
+            "annotation nvidia.com/use-gputype=' , ': names no GPU type or UUID"),
     Refused("gpushare.io/exclusive not a flag",
             _pod({"main": {"aliyun.com/gpu-mem": 4}}, annotations={"gpushare.io/exclusive": "yes"}),
             "annotation gpushare.io/exclusive='yes': invalid value"),
@@ -197,7 +195,7 @@ def test_a_pod_its_system_refuses_is_refused_with_the_rule(case: Refused) -> Non
     assert case.message in str(error.value)
 
 
-def test_hami_annotations_on_a_pod_without_gpu_and_hamis_policies_are_not_refused() -> None:
+def test_hamis_annotations_on_a_cpu_pod_and_hamis_policies_constrain_nothing() -> None:
     """A CPU pod may carry HAMi's annotations (it asks no GPU), and HAMi's scheduling-policy
     preferences are read as no constraint (gpushare's policy places)."""
     cpu = _pod(
@@ -386,3 +384,50 @@ def test_hamis_gpu_types_become_the_nodes_models(
     fit = check_fit(NodeState.empty(MIXED), placed)
     assert fit.fits
     assert {MIXED.gpu(i).model for c in fit.assignment for i in c.gpu_indices} <= allowed
+
+
+UUIDS = ("GPU-t4", "GPU-sxm", "GPU-pcie")
+
+
+def named(use: tuple[str, ...] = (), avoid: tuple[str, ...] = (), **kw: Any) -> PodRequest:
+    container = ContainerRequest("main", 1, 1, gpu_uuids=use, excluded_gpu_uuids=avoid, **kw)
+    return PodRequest("ns/p", (container,))
+
+
+@pytest.mark.parametrize(
+    ("request_", "uuids", "allowed"),
+    [
+        pytest.param(named(("GPU-pcie",)), UUIDS, {2}, id="use-gpuuuid-names-the-gpu"),
+        pytest.param(named(("GPU-t4", "GPU-pcie")), UUIDS, {0, 2}, id="several-uuids-any-of-them"),
+        pytest.param(named((), ("GPU-sxm",)), UUIDS, {0, 2}, id="nouse-gpuuuid-leaves-the-rest"),
+        pytest.param(named(("GPU-sxm",), gpu_types=("A100",)), UUIDS, {1},
+                     id="with-use-gputype-both-apply"),
+        pytest.param(named(("GPU-t4",), gpu_types=("A100",)), UUIDS, None,
+                     id="a-uuid-of-a-type-not-asked-leaves-nothing"),
+        pytest.param(named(("GPU-other",)), UUIDS, None, id="a-uuid-of-another-node"),
+        pytest.param(named(("GPU-t4",)), (), None, id="the-nodes-uuids-unknown"),
+    ],
+)  # fmt: skip
+def test_hamis_gpu_uuids_become_the_positions_the_container_may_use(
+    request_: PodRequest, uuids: tuple[str, ...], allowed: set[int] | None
+) -> None:
+    placed = on_node(request_, MemoryUnit.GIB, MIXED, Serves.BOTH, uuids)
+    if allowed is None:
+        assert isinstance(placed, NotOnNode)
+        assert placed.why in (NO_GPU_UUID, NO_GPU_TYPE)
+        return
+    assert isinstance(placed, PodRequest)
+    assert placed.in_node_units
+    (container,) = placed.containers
+    assert container.allowed_positions == frozenset(allowed)
+    # Every placement rule honours the positions: the fit, and each one-GPU picker.
+    state = NodeState.empty(MIXED)
+    for _ in range(100):  # fill the allowed GPUs one unit at a time: never another GPU
+        fit = check_fit(state, placed)
+        if not fit.fits:
+            break
+        (taken,) = fit.assignment
+        assert set(taken.gpu_indices) <= allowed
+        state = state.with_allocation(Allocation(f"ns/q{_}", "n", fit.assignment))
+    assert not check_fit(state, placed).fits
+    assert all(state.gpu_used[p] == 0 for p in range(3) if p not in allowed)

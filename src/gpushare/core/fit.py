@@ -124,11 +124,13 @@ def best_fit_positions(
     Returns ``None`` when fewer than ``gpu_count`` allowed GPUs have enough free.
     """
     share = container.gpu_share
-    allowed = container.allowed_models
+    allowed, positions = container.allowed_models, container.allowed_positions
     candidates = [
         (amount, position)
         for position, amount in enumerate(free)
-        if amount >= share and (not allowed or models[position] in allowed)
+        if amount >= share
+        and (not allowed or models[position] in allowed)
+        and (not positions or position in positions)
     ]
     if len(candidates) < container.gpu_count:
         return None
@@ -163,8 +165,8 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
         return fail(FitStatus.CAN_NEVER_FIT, Reason.NOT_IN_NODE_UNITS, pod.gpu_total)
     for container in gpu_containers:
         allowed_capacity = (
-            [gpu.capacity for gpu in gpus if gpu.model in container.allowed_models]
-            if container.allowed_models
+            [gpu.capacity for p, gpu in enumerate(gpus) if container.allows_at(p, gpu.model)]
+            if container.allowed_models or container.allowed_positions
             else capacity
         )
         if not allowed_capacity:
@@ -345,13 +347,15 @@ def _single_gpu_assignment(
 ) -> tuple[ContainerAllocation, ...] | ContainerRequest:
     """``greedy_assignment`` for the common case of one container on one GPU, without copies."""
     share = container.gpu_share
-    allowed = container.allowed_models
+    allowed, positions = container.allowed_models, container.allowed_positions
     models = state.node.models
     best_position = -1
     best_free = 0
     for position, amount in enumerate(state.gpu_free):
         if amount >= share and (best_position < 0 or amount < best_free):
-            if allowed and models[position] not in allowed:
+            if (allowed and models[position] not in allowed) or (
+                positions and position not in positions
+            ):
                 continue
             best_position, best_free = position, amount
     if best_position < 0:

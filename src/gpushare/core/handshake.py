@@ -345,7 +345,7 @@ def forced_fit(
         request = allows[container.container]
         for index in container.gpu_indices:
             p = position.get(index)
-            if p is None or not request.allows(state.node.gpus[p].model):
+            if p is None or not request.allows_at(p, state.node.gpus[p].model):
                 return FitResult(
                     FitStatus.DOES_NOT_FIT_NOW, Reason.MODEL_EXCLUDED, container.gpu_share,
                     state.gpu_free, state.node.capacities, container.container,

@@ -100,7 +100,10 @@ class ContainerRequest:
     each a substring of the model, any case (HAMi's ``nvidia.com/use-gputype`` and
     ``nouse-gputype``). Like ``memory_basis`` the core never reads them: the adapter turns them
     into ``allowed_models`` for one node (``gpushare.kube.codec.resolve``), and ``check_fit``
-    refuses a request before that.
+    refuses a request before that. ``gpu_uuids`` and ``excluded_gpu_uuids`` (HAMi's
+    ``nvidia.com/use-gpuuuid`` and ``nouse-gpuuuid``) are resolved the same way into
+    ``allowed_positions``: the positions in ``Node.gpus`` of the GPUs the container may use on
+    that node (empty: any).
     ``ValueError`` for anything else.
     """
 
@@ -115,6 +118,9 @@ class ContainerRequest:
     kubelet_units: int | None = None
     gpu_types: tuple[str, ...] = ()
     excluded_gpu_types: tuple[str, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    excluded_gpu_uuids: tuple[str, ...] = ()
+    allowed_positions: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0 or self.gpu_share < 0:
@@ -158,8 +164,15 @@ class ContainerRequest:
         return self.total if self.kubelet_units is None else self.kubelet_units
 
     def allows(self, model: str) -> bool:
-        """Whether a GPU of ``model`` is acceptable to this container."""
+        """Whether a GPU of ``model`` is acceptable to this container (by model alone:
+        ``allows_at`` also checks ``allowed_positions``)."""
         return not self.allowed_models or model in self.allowed_models
+
+    def allows_at(self, position: int, model: str) -> bool:
+        """Whether the GPU at ``position`` of the node, of ``model``, is acceptable."""
+        return (not self.allowed_models or model in self.allowed_models) and (
+            not self.allowed_positions or position in self.allowed_positions
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +217,19 @@ class PodRequest:
             if count > 0:
                 gpu.append(c)
             total += share * count
-            if c.memory_basis or c.gpu_types or c.excluded_gpu_types:
+            if (
+                c.memory_basis
+                or c.gpu_types
+                or c.excluded_gpu_types
+                or c.gpu_uuids
+                or c.excluded_gpu_uuids
+            ):
                 in_node_units = False
             kind = c.memory_basis or c.exclusive  # a memory basis never comes with exclusive
             shapes.append((
                 share, count, c.allowed_models, c.compute_milli, kind, c.allocate_resource,
-                c.kubelet_units, c.gpu_types, c.excluded_gpu_types,
+                c.kubelet_units, c.gpu_types, c.excluded_gpu_types, c.gpu_uuids,
+                c.excluded_gpu_uuids, c.allowed_positions,
             ))  # fmt: skip
             two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
         setattr_ = object.__setattr__

@@ -120,7 +120,7 @@ class BindVerb:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
-        placed = on_node(pod, info.unit, info.node, info.serves)
+        placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
         if isinstance(placed, NotOnNode):
             return f"gpushare: pod {key} cannot be on node {node}: {placed.text}"
         pod = placed

@@ -265,7 +265,7 @@ class Scheduler:
         reason (also for an unknown or non-GPU-share node)."""
         info = self.state.node(name)
         if info is not None and info.gpushare:
-            placed = on_node(pod, info.unit, info.node, info.serves)
+            placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
             if isinstance(placed, NotOnNode):
                 return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {placed.text}")
             pod = placed
@@ -283,7 +283,7 @@ class Scheduler:
         (or does not serve the pod's kind of request)."""
         info = self.state.node(name)
         if info is not None:
-            placed = on_node(pod, info.unit, info.node, info.serves)
+            placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
             if isinstance(placed, NotOnNode):
                 return None
             pod = placed

@@ -533,7 +533,7 @@ def _node_report(
         )  # fmt: skip
     unplaced = 0
     for asked in sorted(book.unplaced, key=lambda r: r.key) if pod_rows else book.unplaced:
-        resolved = resolve(asked, info.unit, info.node)
+        resolved = resolve(asked, info.unit, info.node, info.uuids)
         request = resolved if isinstance(resolved, PodRequest) else asked
         unplaced += request.gpu_total
         if not pod_rows:
@@ -587,7 +587,8 @@ def _pending_report(
             continue
         state = states[report.name]
         unit = None if report.unit is None else MemoryUnit(report.unit)
-        placed = on_node(request, unit, state.node, report.serves)  # the extender's rule
+        uuids = tuple(gpu.uuid for gpu in report.gpus)
+        placed = on_node(request, unit, state.node, report.serves, uuids)  # the extender's rule
         if isinstance(placed, NotOnNode):
             text = f"node {report.name}: {placed.text}"
             fits.append(NodeFit(report.name, report.unit, None, placed.text, text, placed.why))

@@ -178,11 +178,10 @@ def lowest_free_positions(
 ) -> list[int] | None:
     """The ``gpu_count`` lowest positions that hold ``gpu_share`` (the artifact's rule for
     whole-GPU pods: ``AllocateExclusiveGpuId``)."""
-    allowed = container.allowed_models
     positions = [
         p
         for p, amount in enumerate(free)
-        if amount >= container.gpu_share and (not allowed or models[p] in allowed)
+        if amount >= container.gpu_share and container.allows_at(p, models[p])
     ]
     if len(positions) < container.gpu_count:
         return None

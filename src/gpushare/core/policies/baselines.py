@@ -57,7 +57,7 @@ class RandomPolicy:
             candidates = [
                 p
                 for p, amount in enumerate(free)
-                if amount >= container.gpu_share and container.allows(models[p])
+                if amount >= container.gpu_share and container.allows_at(p, models[p])
             ]
             return [rng.choice(candidates)]
 

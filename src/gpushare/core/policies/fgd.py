@@ -225,7 +225,7 @@ class FgdPolicy:
                 best_position = -1
                 seen: set[tuple[object, ...]] = set()
                 for p, amount in enumerate(view):
-                    if amount < share or not container.allows(models[p]):
+                    if amount < share or not container.allows_at(p, models[p]):
                         continue
                     seen_key = (
                         (amount, models[p])

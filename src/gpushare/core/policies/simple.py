@@ -73,7 +73,7 @@ def _worst_fit_positions(
     candidates = [
         (-amount, p)
         for p, amount in enumerate(free)
-        if amount >= container.gpu_share and container.allows(models[p])
+        if amount >= container.gpu_share and container.allows_at(p, models[p])
     ]
     if len(candidates) < container.gpu_count:
         return None

@@ -47,15 +47,15 @@ HAMI_CORES = "nvidia.com/gpucores"
 ALIYUN_CORE_PERCENT = "aliyun.com/gpu-core.percentage"
 HAMI_USE_TYPE = "nvidia.com/use-gputype"
 HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
-"""HAMi's pod annotations choosing and avoiding GPU types: comma-separated substrings of the
-GPU model, any case (``"A100,V100"``), for every GPU container of the pod; read by
-``pod_request`` into ``ContainerRequest.gpu_types``/``excluded_gpu_types``."""
-HAMI_SELECTION = ("nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid")
-"""HAMi's pod annotations that choose or avoid single GPUs by UUID. gpushare does not read them
-yet (the core chooses GPUs by model, not by UUID); a GPU pod writing one is refused at filter
-(``pod_request``) rather than placed on a GPU it excludes. HAMi's
-``hami.io/gpu-scheduler-policy`` and ``hami.io/node-scheduler-policy`` are preferences and are
-ignored: gpushare's policy places."""
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+HAMI_SELECTION = (HAMI_USE_TYPE, HAMI_NOUSE_TYPE, HAMI_USE_UUID, HAMI_NOUSE_UUID)
+"""HAMi's pod annotations choosing and avoiding GPUs for every GPU container of the pod,
+comma-separated: types (substrings of the GPU model, any case: ``"A100,V100"``) and UUIDs
+(exact, ``"GPU-8a1e..."``); read by ``pod_request`` into ``ContainerRequest.gpu_types``,
+``excluded_gpu_types``, ``gpu_uuids`` and ``excluded_gpu_uuids``, resolved per node
+(``gpushare.kube.codec.resolve``). HAMi's ``hami.io/gpu-scheduler-policy`` and
+``hami.io/node-scheduler-policy`` are preferences and are ignored: gpushare's policy places."""
 TENCENT_BLOCK_MIB = 256
 """One ``tencent.com/vcuda-memory`` unit (gpu-manager's ``MemoryBlockSize``, 256 MiB)."""
 

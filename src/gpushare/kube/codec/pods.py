@@ -42,9 +42,7 @@ from gpushare.kube.codec.common import (
 )
 from gpushare.kube.codec.dialects import (
     DIALECT_NAMES,
-    HAMI_NOUSE_TYPE,
     HAMI_SELECTION,
-    HAMI_USE_TYPE,
     Dialect,
     GpuAsk,
     container_ask,
@@ -241,18 +239,13 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         _refuse_init_containers(spec, subject)
     if dialects:
         _refuse_mixed(subject, asked)
-    if annotations and any(key in annotations for key in HAMI_SELECTION):
-        _refuse_hami_selection(subject, annotations, asked)
-    types: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    selection: tuple[tuple[str, ...], ...] = ()
     if (
         annotations
-        and (HAMI_USE_TYPE in annotations or HAMI_NOUSE_TYPE in annotations)
+        and any(key in annotations for key in HAMI_SELECTION)
         and any(total or ask is not None for _, total, _, ask in asked)
     ):  # a CPU pod's annotations are not its own to read
-        types = (
-            _gpu_types(annotations, HAMI_USE_TYPE, subject),
-            _gpu_types(annotations, HAMI_NOUSE_TYPE, subject),
-        )
+        selection = tuple(_named_list(annotations, key, subject) for key in HAMI_SELECTION)
     counts: dict[str, int] = {}
     models: dict[str, frozenset[str]] = {}
     exclusive: dict[str, bool] = {}
@@ -300,27 +293,33 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
         else:  # with aliyun.com/gpu-core.percentage, Alibaba's cloud: a compute share
             compute_milli = ask.compute_milli if ask is not None else 0
             containers.append(ContainerRequest(name, total // count, count, allowed, compute_milli))
-    if types != ((), ()):
+    if selection:
+        use_types, avoid_types, use_uuids, avoid_uuids = selection
         containers = [
-            replace(c, gpu_types=types[0], excluded_gpu_types=types[1]) if c.gpu_count else c
+            replace(
+                c, gpu_types=use_types, excluded_gpu_types=avoid_types, gpu_uuids=use_uuids,
+                excluded_gpu_uuids=avoid_uuids,
+            )
+            if c.gpu_count
+            else c
             for c in containers
-        ]
+        ]  # fmt: skip
     return PodRequest(key, tuple(containers))
 
 
-def _gpu_types(annotations: Json, key: str, subject: str) -> tuple[str, ...]:
-    """The GPU types of HAMi's annotation ``key`` (comma-separated, blanks dropped), ``()``
-    when absent; ``CodecError`` for one naming no type."""
+def _named_list(annotations: Json, key: str, subject: str) -> tuple[str, ...]:
+    """The names of HAMi's annotation ``key`` (comma-separated, blanks dropped), ``()`` when
+    absent; ``CodecError`` for one naming nothing."""
     raw = annotations.get(key)
     if raw is None:
         return ()
-    types = tuple(part.strip() for part in raw.split(",") if part.strip())
-    if not types:
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not names:
         raise CodecError(
-            subject, f"annotation {key}", raw, "names no GPU type",
-            'comma-separated parts of GPU model names, e.g. "A100,V100"',
+            subject, f"annotation {key}", raw, "names no GPU type or UUID",
+            'comma-separated GPU types ("A100,V100") or UUIDs ("GPU-8a1e...,GPU-03f2...")',
         )  # fmt: skip
-    return types
+    return names
 
 
 def _dialect_container(name: str, ask: GpuAsk, allowed: frozenset[str]) -> ContainerRequest:
@@ -353,23 +352,6 @@ def _refuse_mixed(subject: str, asked: list[tuple[str, int, int | None, GpuAsk |
             "GPU containers in two dialects", "one dialect per pod (all containers in one "
             "system's resources)",
         )  # fmt: skip
-
-
-def _refuse_hami_selection(
-    subject: str, annotations: Json, asked: list[tuple[str, int, int | None, GpuAsk | None]]
-) -> None:
-    """``CodecError`` for a GPU pod writing one of HAMi's GPU UUID annotations
-    (``HAMI_SELECTION``): not read yet, and ignoring one could place the pod on a GPU it
-    excludes."""
-    if not any(total or ask is not None for _, total, _, ask in asked):
-        return
-    key = next(key for key in HAMI_SELECTION if key in annotations)
-    raise CodecError(
-        subject, f"annotation {key}", annotations[key], "HAMi's GPU choice by UUID "
-        "is not read by gpushare", f'no {", ".join(HAMI_SELECTION)}; choose GPU '
-        'models with gpushare.io/gpu-models: "<model>,<model>" (exact names, as kubectl '
-        "inspect gpushare shows them) or nodes with a nodeSelector",
-    )  # fmt: skip
 
 
 _ANY: frozenset[str] = frozenset()

@@ -18,7 +18,10 @@ prioritize) and against the chosen node at bind:
 GPU types (HAMi's ``nvidia.com/use-gputype``/``nouse-gputype``, ``ContainerRequest.gpu_types``)
 are resolved first: the node's GPU models that contain one of the types asked (any case) and
 none of those excluded become the container's ``allowed_models`` (within any it had); a node
-with none of them cannot take the pod (``NO_GPU_TYPE``), as HAMi's filter says.
+with none of them cannot take the pod (``NO_GPU_TYPE``), as HAMi's filter says. GPU UUIDs
+(``nvidia.com/use-gpuuuid``/``nouse-gpuuuid``, ``ContainerRequest.gpu_uuids``) then become the
+positions of the node's GPUs named (and not avoided), ``allowed_positions``; a node with none
+of them, or whose UUIDs are unknown (no inventory), cannot take it (``NO_GPU_UUID``).
 
 A request already in the node's unit (every ``aliyun.com/gpu-mem`` pod) is returned as it is,
 the same object.
@@ -31,6 +34,7 @@ so they refuse the same pods with the same sentence.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -43,10 +47,11 @@ __all__ = [
     "MIB_BASIS",
     "NOT_SERVED",
     "NO_GPU_TYPE",
+    "NO_GPU_UUID",
     "PERCENT_BASIS",
     "UNRESOLVED",
     "NotOnNode",
-    "gpu_types_on",
+    "gpu_choice_on",
     "on_node",
     "resolve",
 ]
@@ -68,6 +73,11 @@ NO_GPU_TYPE = "no GPU of the types the pod asks"
 model of the node."""
 
 
+NO_GPU_UUID = "none of the GPUs the pod names"
+"""``NotOnNode.why`` of a pod whose ``nvidia.com/use-gpuuuid``/``nouse-gpuuuid`` leave it no GPU
+of the node."""
+
+
 class NotOnNode(NamedTuple):
     """Why a request can never be on a node: ``why``, the fixed reason (``NOT_SERVED``,
     ``UNRESOLVED``), and ``text``, the sentence with the names."""
@@ -77,34 +87,41 @@ class NotOnNode(NamedTuple):
 
 
 def on_node(
-    request: PodRequest, unit: MemoryUnit | None, node: Node, serves: Serves
+    request: PodRequest,
+    unit: MemoryUnit | None,
+    node: Node,
+    serves: Serves,
+    uuids: Sequence[str] = (),
 ) -> PodRequest | NotOnNode:
     """``request`` as node ``node`` (memory unit ``unit``, ``None``: unknown; serving
-    ``serves``) can place it (module doc): ``NotOnNode`` when the node does not serve its kind
-    of request, else ``resolve``'s request in the node's unit, or ``NotOnNode`` with why not."""
+    ``serves``; its GPUs' ``uuids`` by position, ``NodeInfo.uuids``) can place it (module
+    doc): ``NotOnNode`` when the node does not serve its kind of request, else ``resolve``'s
+    request in the node's unit, or ``NotOnNode`` with why not."""
     refusal = serves_refusal(serves, request)
     if refusal:
         return NotOnNode(NOT_SERVED, refusal)
     if request.in_node_units:  # the common case: nothing to resolve
         return request
-    typed = gpu_types_on(request, node)
-    if isinstance(typed, str):
-        return NotOnNode(NO_GPU_TYPE, typed)
-    resolved = resolve(typed, unit, node)
+    chosen = gpu_choice_on(request, node, uuids)
+    if isinstance(chosen, NotOnNode):
+        return chosen
+    resolved = resolve(chosen, unit, node, uuids)
     return NotOnNode(UNRESOLVED, resolved) if isinstance(resolved, str) else resolved
 
 
-def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequest | str:
-    """``request`` with every container's memory in ``node``'s unit (module doc), or why it
-    cannot be on this node (a sentence). ``unit``: the node's ``MemoryUnit`` (``None``:
-    unknown)."""
+def resolve(
+    request: PodRequest, unit: MemoryUnit | None, node: Node, uuids: Sequence[str] = ()
+) -> PodRequest | str:
+    """``request`` with every container's GPU types and UUIDs resolved and its memory in
+    ``node``'s unit (module doc), or why it cannot be on this node (a sentence). ``unit``: the
+    node's ``MemoryUnit`` (``None``: unknown); ``uuids``: its GPUs' UUIDs by position."""
     if request.in_node_units:
         return request
-    typed = gpu_types_on(request, node)
-    if isinstance(typed, str):
-        return typed
+    chosen = gpu_choice_on(request, node, uuids)
+    if isinstance(chosen, NotOnNode):
+        return chosen.text
     containers: list[ContainerRequest] = []
-    for c in typed.containers:
+    for c in chosen.containers:
         if not c.memory_basis:
             containers.append(c)
             continue
@@ -116,7 +133,9 @@ def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequ
                 )
             share = -(-c.gpu_share // unit.mib)
         else:
-            sizes = [g.capacity for g in node.gpus if c.allows(g.model)] or node.capacities
+            sizes = [
+                g.capacity for p, g in enumerate(node.gpus) if c.allows_at(p, g.model)
+            ] or node.capacities
             if not sizes:
                 return "node has no GPUs"
             share = -(-max(sizes) * c.gpu_share // 100)
@@ -124,36 +143,67 @@ def resolve(request: PodRequest, unit: MemoryUnit | None, node: Node) -> PodRequ
     return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
 
 
-def gpu_types_on(request: PodRequest, node: Node) -> PodRequest | str:
-    """``request`` with each container's ``gpu_types``/``excluded_gpu_types`` turned into the
-    ``allowed_models`` of ``node`` (module doc), or why no GPU of the node will do (a
-    sentence). The same object when no container names a type."""
-    if not any(c.gpu_types or c.excluded_gpu_types for c in request.containers):
+def gpu_choice_on(request: PodRequest, node: Node, uuids: Sequence[str]) -> PodRequest | NotOnNode:
+    """``request`` with each container's GPU types and UUIDs (module doc) turned into the
+    ``allowed_models`` and ``allowed_positions`` of ``node``, whose GPUs have ``uuids`` by
+    position, or why no GPU of the node will do (``NO_GPU_TYPE``, ``NO_GPU_UUID``). The same
+    object when no container names a type or a UUID."""
+    if not any(_chooses(c) for c in request.containers):
         return request
     models = sorted({gpu.model for gpu in node.gpus})
     containers: list[ContainerRequest] = []
-    for c in request.containers:
-        if not (c.gpu_types or c.excluded_gpu_types):
+    for asked_container in request.containers:
+        c = asked_container
+        if not _chooses(c):
             containers.append(c)
             continue
-        allowed = [
-            m for m in models
-            if c.allows(m) and _names_any(m, c.gpu_types or ("",))
-            and not _names_any(m, c.excluded_gpu_types)
-        ]  # fmt: skip
-        if not allowed:
-            asked = ", ".join(
-                [f"type {'/'.join(c.gpu_types)}"] * bool(c.gpu_types)
-                + [f"not {'/'.join(c.excluded_gpu_types)}"] * bool(c.excluded_gpu_types)
-            )
-            return (
-                f"container {c.name} asks GPUs of {asked} (nvidia.com/use-gputype, "
-                f"nouse-gputype) and the node's GPUs are {', '.join(models) or 'none'}"
-            )
-        containers.append(
-            replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
-        )
+        if c.gpu_types or c.excluded_gpu_types:
+            allowed = [
+                m for m in models
+                if c.allows(m) and _names_any(m, c.gpu_types or ("",))
+                and not _names_any(m, c.excluded_gpu_types)
+            ]  # fmt: skip
+            if not allowed:
+                asked = _choice("GPUs of type", c.gpu_types, c.excluded_gpu_types)
+                return NotOnNode(NO_GPU_TYPE, (
+                    f"container {c.name} asks {asked} (nvidia.com/use-gputype, nouse-gputype) "
+                    f"and the node's GPUs are {', '.join(models) or 'none'}"
+                ))  # fmt: skip
+            c = replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
+        if c.gpu_uuids or c.excluded_gpu_uuids:
+            if len(uuids) != len(node.gpus) or not all(uuids):
+                return NotOnNode(NO_GPU_UUID, (
+                    f"container {c.name} names GPUs by UUID (nvidia.com/use-gpuuuid, "
+                    "nouse-gpuuuid) and the node's GPU UUIDs are unknown (no gpushare.io/gpu-"
+                    "inventory annotation)"
+                ))  # fmt: skip
+            wanted, avoided = set(c.gpu_uuids), set(c.excluded_gpu_uuids)
+            positions = frozenset(
+                p
+                for p, uuid in enumerate(uuids)
+                if (not wanted or uuid in wanted) and uuid not in avoided
+                and c.allows_at(p, node.gpus[p].model)
+            )  # fmt: skip
+            if not positions:
+                asked = _choice("GPU", c.gpu_uuids, c.excluded_gpu_uuids)
+                return NotOnNode(NO_GPU_UUID, (
+                    f"container {c.name} asks {asked} (nvidia.com/use-gpuuuid, nouse-gpuuuid) "
+                    f"and the node's GPUs are {', '.join(uuids)}"
+                ))  # fmt: skip
+            c = replace(c, allowed_positions=positions, gpu_uuids=(), excluded_gpu_uuids=())
+        containers.append(c)
     return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
+
+
+def _chooses(c: ContainerRequest) -> bool:
+    """Whether container ``c`` names GPU types or UUIDs to resolve."""
+    return bool(c.gpu_types or c.excluded_gpu_types or c.gpu_uuids or c.excluded_gpu_uuids)
+
+
+def _choice(what: str, wanted: tuple[str, ...], avoided: tuple[str, ...]) -> str:
+    """``"<what> A/B, not C"``: a container's choice of GPUs, for a refusal."""
+    parts = [f"{what} {'/'.join(wanted)}"] * bool(wanted)
+    return ", ".join(parts + [f"not {'/'.join(avoided)}"] * bool(avoided))
 
 
 def _names_any(model: str, types: tuple[str, ...]) -> bool:
