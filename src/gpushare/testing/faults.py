@@ -83,8 +83,12 @@ class _BreakableStream(httpx2.AsyncByteStream):
                 yield data
         finally:
             broken.cancel()
-            if chunk is not None:
+            if chunk is not None and not chunk.done():
                 chunk.cancel()
+                # Let the cancelled read unwind now: the inner stream then closes its socket
+                # here, not when a later test's garbage collection finds it unclosed
+                # (a ResourceWarning that pytest turns into that test's failure).
+                await asyncio.wait({chunk})
 
     async def aclose(self) -> None:
         await self._inner.aclose()
