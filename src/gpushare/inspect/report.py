@@ -377,15 +377,42 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     )
 
 
+NodeRead = tuple[NodeInfo, str | None] | str
+"""A Node object read: its ``node_info`` and internal IP, or the problem line of a node that
+cannot be read."""
+
+
+def read_node(obj: Mapping[str, Any]) -> NodeRead:
+    """``node_info`` and ``node_internal_ip`` of Node ``obj``, or why it cannot be read."""
+    try:
+        return node_info(obj), node_internal_ip(obj)
+    except CodecError as error:
+        return _line(error)
+
+
 class PodReader:
-    """``read_pod`` with memory: a Pod object read before is not read again. Objects are known
-    by identity, so they must not change after they are read (the extender's state replaces
-    a pod's dict on every change; one ``build_report`` call's snapshot never changes). Keep one
-    reader across reports of the same source (the extender keeps one per app); each
-    ``build_report`` forgets the objects its snapshot no longer holds."""
+    """``read_pod`` and ``read_node`` with memory: an object read before is not read again.
+    Objects are known by identity, so they must not change after they are read (the extender's
+    state replaces a pod's or a node's dict on every change; one ``build_report`` call's
+    snapshot never changes). Keep one reader across reports of the same source (the extender
+    keeps one per app); each cluster-wide ``build_report`` forgets the objects its snapshot no
+    longer holds."""
 
     def __init__(self) -> None:
         self._reads: dict[int, tuple[Mapping[str, Any], PodRead]] = {}
+        self._nodes: dict[int, tuple[Mapping[str, Any], NodeRead]] = {}
+
+    def read_nodes(self, nodes: Sequence[Mapping[str, Any]]) -> list[NodeRead]:
+        """``read_node`` of each of ``nodes``, in order; only these are remembered after."""
+        known, reads, kept = self._nodes, [], {}
+        for obj in nodes:
+            entry = known.get(id(obj))
+            if entry is None or entry[0] is not obj:
+                entry = (obj, read_node(obj))
+            kept[id(obj)] = entry
+            reads.append(entry[1])
+        self._nodes = kept
+        return reads
 
     def read_all(self, pods: Sequence[Mapping[str, Any]]) -> list[PodRead]:
         """``read_pod`` of each of ``pods``, in order; only these are remembered after."""
@@ -422,15 +449,16 @@ def build_report(
     objects: they become ``Report.problems``."""
     problems: list[str] = []
     infos: dict[str, tuple[NodeInfo, str | None]] = {}
-    for obj in snapshot.nodes:
-        if node is not None and object_name(obj) != node:
+    node_reads: Iterable[NodeRead]
+    if node is None:
+        node_reads = (reader or PodReader()).read_nodes(snapshot.nodes)
+    else:  # the node alone, not remembered
+        node_reads = (read_node(obj) for obj in snapshot.nodes if object_name(obj) == node)
+    for node_read in node_reads:
+        if isinstance(node_read, str):
+            problems.append(node_read)
             continue
-        try:
-            info = node_info(obj)
-        except CodecError as error:
-            problems.append(_line(error))
-            continue
-        infos[info.node.name] = (info, node_internal_ip(obj))
+        infos[node_read[0].node.name] = node_read
     if node is not None and node not in infos and not problems:
         problems.append(f"node {node}: not found")
 
