@@ -36,9 +36,9 @@ device-plugin handshake rule), so the reasons are the extender's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
@@ -377,6 +377,7 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     )
 
 
+Read = TypeVar("Read")
 NodeRead = tuple[NodeInfo, str | None] | str
 """A Node object read: its ``node_info`` and internal IP, or the problem line of a node that
 cannot be read."""
@@ -404,27 +405,30 @@ class PodReader:
 
     def read_nodes(self, nodes: Sequence[Mapping[str, Any]]) -> list[NodeRead]:
         """``read_node`` of each of ``nodes``, in order; only these are remembered after."""
-        known, reads, kept = self._nodes, [], {}
-        for obj in nodes:
-            entry = known.get(id(obj))
-            if entry is None or entry[0] is not obj:
-                entry = (obj, read_node(obj))
-            kept[id(obj)] = entry
-            reads.append(entry[1])
-        self._nodes = kept
+        reads, self._nodes = _remembered(self._nodes, nodes, read_node)
         return reads
 
     def read_all(self, pods: Sequence[Mapping[str, Any]]) -> list[PodRead]:
         """``read_pod`` of each of ``pods``, in order; only these are remembered after."""
-        known, reads, kept = self._reads, [], {}
-        for obj in pods:
-            entry = known.get(id(obj))
-            if entry is None or entry[0] is not obj:
-                entry = (obj, read_pod(obj))
-            kept[id(obj)] = entry
-            reads.append(entry[1])
-        self._reads = kept
+        reads, self._reads = _remembered(self._reads, pods, read_pod)
         return reads
+
+
+def _remembered(
+    known: dict[int, tuple[Mapping[str, Any], Read]],
+    objects: Sequence[Mapping[str, Any]],
+    read: Callable[[Mapping[str, Any]], Read],
+) -> tuple[list[Read], dict[int, tuple[Mapping[str, Any], Read]]]:
+    """``read`` of each of ``objects`` (the ``known`` read of the very same object when there
+    is one), and what to remember now: these objects alone."""
+    reads, kept = [], {}
+    for obj in objects:
+        entry = known.get(id(obj))
+        if entry is None or entry[0] is not obj:
+            entry = (obj, read(obj))
+        kept[id(obj)] = entry
+        reads.append(entry[1])
+    return reads, kept
 
 
 def build_report(
