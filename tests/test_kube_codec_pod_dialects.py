@@ -36,6 +36,7 @@ from gpushare.kube.codec.resolve import (
     NO_GPU_TYPE,
     NO_GPU_UUID,
     PERCENT_BASIS,
+    UNRESOLVED,
     NotOnNode,
     on_node,
     resolve,
@@ -139,7 +140,7 @@ def test_a_dialect_pod_is_read_into_a_request(case: Read) -> None:
 def test_an_alibaba_pod_reads_exactly_as_before() -> None:
     request = pod_request(pod_json("p", 8, namespace="ns"))
     assert request == PodRequest("ns/p", (ContainerRequest("main", 8, 1),))
-    assert request.in_node_units
+    assert request.resolved
     assert not request.two_dimensional
 
 
@@ -262,14 +263,14 @@ def test_memory_is_resolved_into_the_node_unit(case: Resolve) -> None:
     node = gpu_node(list(case.capacities), models=list(case.models) or None)
     result = resolve(PodRequest("ns/p", (case.container,)), case.unit, node)
     if isinstance(case.expected, str):
-        assert result == case.expected
+        assert result == NotOnNode(UNRESOLVED, case.expected)
     else:
         assert isinstance(result, PodRequest)
         assert result.containers == (case.expected,)
-        assert result.in_node_units
+        assert result.resolved
 
 
-def test_a_request_in_node_units_is_returned_as_it_is() -> None:
+def test_a_request_with_nothing_to_resolve_is_returned_as_it_is() -> None:
     request = PodRequest("ns/p", (ContainerRequest("m", 4),))
     assert resolve(request, None, gpu_node([16])) is request
 
@@ -341,7 +342,7 @@ def test_a_record_that_disagrees_with_the_pod_is_refused(
 def test_the_core_refuses_a_request_not_resolved_into_the_node_unit() -> None:
     request = pod_request(gpu_manager_readme_pod_1("p", "ns"))
     result = check_fit(NodeState.empty(gpu_node([16])), request)
-    assert (result.status, result.reason) == (FitStatus.CAN_NEVER_FIT, Reason.NOT_IN_NODE_UNITS)
+    assert (result.status, result.reason) == (FitStatus.CAN_NEVER_FIT, Reason.UNRESOLVED_REQUEST)
 
 
 T4, A100_SXM, A100_PCIE = "Tesla-T4", "NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"
@@ -378,7 +379,7 @@ def test_hamis_gpu_types_become_the_nodes_models(
         assert "Tesla-T4" in placed.text
         return
     assert isinstance(placed, PodRequest)
-    assert placed.in_node_units
+    assert placed.resolved
     (container,) = placed.containers
     assert container.allowed_models == frozenset(allowed)
     fit = check_fit(NodeState.empty(MIXED), placed)
@@ -417,17 +418,17 @@ def test_hamis_gpu_uuids_become_the_positions_the_container_may_use(
         assert placed.why in (NO_GPU_UUID, NO_GPU_TYPE)
         return
     assert isinstance(placed, PodRequest)
-    assert placed.in_node_units
+    assert placed.resolved
     (container,) = placed.containers
     assert container.allowed_positions == frozenset(allowed)
     # Every placement rule honours the positions: the fit, and each one-GPU picker.
     state = NodeState.empty(MIXED)
-    for _ in range(100):  # fill the allowed GPUs one unit at a time: never another GPU
+    for i in range(100):  # fill the allowed GPUs one unit at a time: never another GPU
         fit = check_fit(state, placed)
         if not fit.fits:
             break
         (taken,) = fit.assignment
         assert set(taken.gpu_indices) <= allowed
-        state = state.with_allocation(Allocation(f"ns/q{_}", "n", fit.assignment))
+        state = state.with_allocation(Allocation(f"ns/q{i}", "n", fit.assignment))
     assert not check_fit(state, placed).fits
     assert all(state.gpu_used[p] == 0 for p in range(3) if p not in allowed)

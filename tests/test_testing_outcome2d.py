@@ -230,5 +230,5 @@ def test_the_workload_is_seeded_and_mixes_every_kind() -> None:
     }  # fmt: skip
     # pods in the node's unit may use GiB nodes only
     for spec in first:
-        in_node_units = any(a.basis == Basis.NODE and not a.whole for a in spec.asks)
-        assert (spec.units == {MemoryUnit.GIB}) == (in_node_units or spec.kind == "exclusive")
+        resolved = any(a.basis == Basis.NODE and not a.whole for a in spec.asks)
+        assert (spec.units == {MemoryUnit.GIB}) == (resolved or spec.kind == "exclusive")

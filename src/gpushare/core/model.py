@@ -88,7 +88,7 @@ class ContainerRequest:
     written in another system's dialect. The core never converts it: such a request is placed
     only once the adapter has resolved it into the node's unit for one node
     (``gpushare.kube.codec.resolve``); ``check_fit`` refuses it before that
-    (``PodRequest.in_node_units``).
+    (``PodRequest.resolved``).
 
     ``allocate_resource`` and ``kubelet_units``: the extended resource kubelet's Allocate for
     this container comes on and the device IDs it passes there (the container's amount of that
@@ -196,9 +196,10 @@ class PodRequest:
     two_dimensional: bool = field(init=False, repr=False, compare=False)
     """Whether a container asks compute or whole GPUs (derived): the fit follows the second
     dimension only then."""
-    in_node_units: bool = field(init=False, repr=False, compare=False)
-    """Whether every container's memory is in the node's unit and its GPU models are exact
-    (derived; no ``memory_basis``, ``gpu_types`` or ``excluded_gpu_types``): only such a
+    resolved: bool = field(init=False, repr=False, compare=False)
+    """Whether nothing in the request waits to be resolved for one node (derived): every
+    container's memory in the node's unit (no ``memory_basis``) and its GPUs chosen by exact
+    model and position (no ``gpu_types``, ``gpu_uuids`` or their exclusions). Only such a
     request can be placed."""
 
     def __post_init__(self) -> None:
@@ -210,7 +211,7 @@ class PodRequest:
         gpu: list[ContainerRequest] = []
         shapes: list[tuple[object, ...]] = []
         two_dimensional = False
-        in_node_units = True
+        resolved = True
         total = 0
         for c in self.containers:  # one pass: a pod is built for every one the API lists
             share, count = c.gpu_share, c.gpu_count
@@ -224,7 +225,7 @@ class PodRequest:
                 or c.gpu_uuids
                 or c.excluded_gpu_uuids
             ):
-                in_node_units = False
+                resolved = False
             kind = c.memory_basis or c.exclusive  # a memory basis never comes with exclusive
             shapes.append((
                 share, count, c.allowed_models, c.compute_milli, kind, c.allocate_resource,
@@ -237,7 +238,7 @@ class PodRequest:
         setattr_(self, "gpu_total", total)
         setattr_(self, "shape", (self.cpu_milli, self.memory_mib, tuple(shapes)))
         setattr_(self, "two_dimensional", two_dimensional)
-        setattr_(self, "in_node_units", in_node_units)
+        setattr_(self, "resolved", resolved)
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,8 +94,12 @@ class WorkloadTracker:
         except (CodecError, ValueError) as error:
             log.debug("pod %s left out of the target workload: %s", change.key, error)
             return
-        if not request.in_node_units:  # MiB or percent: its shape depends on the node
-            log.debug("pod %s left out of the target workload: memory in MiB or %%", change.key)
+        if not request.resolved:  # MiB, percent, GPU types or UUIDs: its shape is the node's
+            log.debug(
+                "pod %s left out of the target workload: resolved per node (memory in MiB or "
+                "%%, GPU types or UUIDs)",
+                change.key,
+            )
             return
         self.observe(request)
 

@@ -468,7 +468,7 @@ def allocation_of(
             if name in wanted and wanted[name][0] is None:
                 got[name] = (None, count, compute, whole)  # the share is the node's to say
         if got != wanted:
-            plain = request.in_node_units and not request.two_dimensional
+            plain = request.resolved and not request.two_dimensional
             shown: dict[str, tuple[object, ...]] = (
                 {n: g[:2] for n, g in got.items()} if plain else dict(got)
             )
@@ -491,9 +491,10 @@ def allocation_of(
             raise CodecError(
                 subject, ALIYUN_IDX, index, "pod asks several GPUs", f"annotation {ALLOCATION}"
             )
-        if not request.in_node_units or any(c.exclusive for c in asked.values()):
+        if not request.resolved or any(c.exclusive for c in asked.values()):
             raise CodecError(
-                subject, ALIYUN_IDX, index, "pod asks whole GPUs or memory in MiB or percent",
+                subject, ALIYUN_IDX, index, "pod asks whole GPUs, memory in MiB or percent, "
+                "or GPUs by type or UUID",
                 f"annotation {ALLOCATION}",
             )  # fmt: skip
         containers = tuple(

@@ -51,7 +51,6 @@ __all__ = [
     "PERCENT_BASIS",
     "UNRESOLVED",
     "NotOnNode",
-    "gpu_choice_on",
     "on_node",
     "resolve",
 ]
@@ -100,26 +99,21 @@ def on_node(
     refusal = serves_refusal(serves, request)
     if refusal:
         return NotOnNode(NOT_SERVED, refusal)
-    if request.in_node_units:  # the common case: nothing to resolve
-        return request
-    chosen = gpu_choice_on(request, node, uuids)
-    if isinstance(chosen, NotOnNode):
-        return chosen
-    resolved = resolve(chosen, unit, node, uuids)
-    return NotOnNode(UNRESOLVED, resolved) if isinstance(resolved, str) else resolved
+    return resolve(request, unit, node, uuids)
 
 
 def resolve(
     request: PodRequest, unit: MemoryUnit | None, node: Node, uuids: Sequence[str] = ()
-) -> PodRequest | str:
+) -> PodRequest | NotOnNode:
     """``request`` with every container's GPU types and UUIDs resolved and its memory in
-    ``node``'s unit (module doc), or why it cannot be on this node (a sentence). ``unit``: the
-    node's ``MemoryUnit`` (``None``: unknown); ``uuids``: its GPUs' UUIDs by position."""
-    if request.in_node_units:
+    ``node``'s unit (module doc), or why it cannot be on this node (``NO_GPU_TYPE``,
+    ``NO_GPU_UUID``, ``UNRESOLVED``). ``unit``: the node's ``MemoryUnit`` (``None``: unknown);
+    ``uuids``: its GPUs' UUIDs by position. The same object when nothing is to resolve."""
+    if request.resolved:  # the common case
         return request
-    chosen = gpu_choice_on(request, node, uuids)
+    chosen = _gpu_choice(request, node, uuids)
     if isinstance(chosen, NotOnNode):
-        return chosen.text
+        return chosen
     containers: list[ContainerRequest] = []
     for c in chosen.containers:
         if not c.memory_basis:
@@ -127,23 +121,23 @@ def resolve(
             continue
         if c.memory_basis == MIB_BASIS:
             if unit is None:
-                return (
+                return NotOnNode(UNRESOLVED, (
                     f"container {c.name} asks GPU memory in MiB and the node's memory unit is "
                     f"unknown (no {INVENTORY} annotation)"
-                )
+                ))  # fmt: skip
             share = -(-c.gpu_share // unit.mib)
         else:
             sizes = [
                 g.capacity for p, g in enumerate(node.gpus) if c.allows_at(p, g.model)
             ] or node.capacities
             if not sizes:
-                return "node has no GPUs"
+                return NotOnNode(UNRESOLVED, "node has no GPUs")
             share = -(-max(sizes) * c.gpu_share // 100)
         containers.append(replace(c, gpu_share=share, memory_basis=""))
     return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
 
 
-def gpu_choice_on(request: PodRequest, node: Node, uuids: Sequence[str]) -> PodRequest | NotOnNode:
+def _gpu_choice(request: PodRequest, node: Node, uuids: Sequence[str]) -> PodRequest | NotOnNode:
     """``request`` with each container's GPU types and UUIDs (module doc) turned into the
     ``allowed_models`` and ``allowed_positions`` of ``node``, whose GPUs have ``uuids`` by
     position, or why no GPU of the node will do (``NO_GPU_TYPE``, ``NO_GPU_UUID``). The same
