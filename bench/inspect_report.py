@@ -8,7 +8,7 @@ Run: ``.venv/bin/python bench/inspect_report.py [--nodes 1000] [--pods 20000] [-
 Set-up: ``--nodes`` GPU-share nodes × 8 GPUs of 16 GiB, ``--pods`` bound GPU pods started by the
 device plugin (1 or 2 GiB each, spread over the GPUs) and ``--pending`` unbound GPU pods asking
 4 GiB, held by an ``ExtenderState`` as the watch delivers them. Measured in-process as the
-handlers do it (``PodReader`` kept between requests, cyclic GC paused, the app's msgspec
+handlers do it (``SnapshotReader`` kept between requests, cyclic GC paused, the app's msgspec
 encoder), each ``--rounds`` times: the extender's ``/inspect`` (the cluster view:
 ``cluster_report`` and its JSON encoding; the first request after start, which reads every pod,
 is shown apart as "first"; the base line reads every pod again with the cyclic GC on, the
@@ -35,7 +35,7 @@ from gpushare.extender.report import cluster_report, node_report
 from gpushare.extender.wire import encode
 from gpushare.inspect.gcpause import gc_paused
 from gpushare.inspect.render import render_detail, render_summary
-from gpushare.inspect.report import PodReader, Snapshot, build_report
+from gpushare.inspect.report import Snapshot, SnapshotReader, build_report
 from gpushare.testing.extender import populated_state
 
 GPUS_PER_NODE = 8
@@ -100,7 +100,7 @@ def main() -> None:
     assert one is not None
     nodes, pods = state.objects()
 
-    reader = PodReader()
+    reader = SnapshotReader()
 
     def cluster_view() -> None:
         with gc_paused():

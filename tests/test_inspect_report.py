@@ -19,7 +19,7 @@ from gpushare.core.skipped import SkipKind
 from gpushare.inspect import Report, Snapshot, build_report
 from gpushare.inspect import report as report_module
 from gpushare.inspect.gcpause import gc_paused
-from gpushare.inspect.report import PodRead, PodReader, read_pod
+from gpushare.inspect.report import PodRead, SnapshotReader, read_pod
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -347,7 +347,7 @@ def test_report_is_pure_and_deterministic() -> None:
 def test_a_kept_pod_reader_reads_only_new_objects_and_reports_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``PodReader`` (the extender keeps one for /inspect): the report equals one read afresh,
+    """``SnapshotReader`` (the extender keeps one for /inspect): the report equals one read afresh,
     problems included, while each object is read once; a replaced object (the extender's
     state replaces a pod's dict on every change) is read again; one the snapshot no longer
     holds is forgotten."""
@@ -367,7 +367,7 @@ def test_a_kept_pod_reader_reads_only_new_objects_and_reports_the_same(
         on_gpu_index("odd", "n3", "0", "-1"),
         pod_json("big", 10, namespace="ml"),
     ]
-    reader = PodReader()
+    reader = SnapshotReader()
 
     def kept(objects: list[Json]) -> Report:
         return build_report(Snapshot((n1, n2, n3), tuple(objects)), reader=reader)
@@ -398,18 +398,18 @@ def test_a_kept_reader_reads_each_node_once_and_again_when_replaced(
     cluster view at 5,000 nodes): the report equals one read afresh, an unreadable node's
     problem included; a replaced node is read again, a node gone is forgotten."""
     reads: list[str] = []
+    read_node = report_module.read_node
 
     def counting(obj: Json) -> report_module.NodeRead:
         reads.append(obj["metadata"]["name"])
-        return report_module_read_node(obj)
+        return read_node(obj)
 
-    report_module_read_node = report_module.read_node
     monkeypatch.setattr(report_module, "read_node", counting)
     n1, n2 = node("n1", [16, 16]), node("n2", [8])
     broken = node("n3", [16])
     broken["metadata"]["annotations"][INVENTORY] = "{not json"
     pods = (bound("a", n1, [("main", (0,), 12)]),)
-    reader = PodReader()
+    reader = SnapshotReader()
 
     def kept(nodes: tuple[Json, ...]) -> Report:
         return build_report(Snapshot(nodes, pods), reader=reader)

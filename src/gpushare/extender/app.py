@@ -69,7 +69,7 @@ from gpushare.extender.wire import (
     encode,
 )
 from gpushare.inspect.gcpause import gc_paused
-from gpushare.inspect.report import PodReader
+from gpushare.inspect.report import SnapshotReader
 
 DEFAULT_PREFIX = "/gpushare-scheduler"
 DEFAULT_PORT = 12345
@@ -208,7 +208,7 @@ def create_app(
     async def bind(body: bytes) -> object:
         return await scheduler.bind(decode(body, ExtenderBindingArgs, "bind"))
 
-    reader = PodReader()  # pods read for /inspect, kept so that a request reads only changes
+    reader = SnapshotReader()  # pods and nodes read for /inspect, kept: a request reads changes
 
     async def inspect_all(request: Request) -> Response:
         with gc_paused():

@@ -28,16 +28,16 @@ from gpushare.core.ledger import ViolationKind
 from gpushare.core.skipped import SkipKind, SkippedPod
 from gpushare.extender.state import ExtenderState
 from gpushare.inspect.render import report_json
-from gpushare.inspect.report import PodReader, Report, Snapshot, build_report
+from gpushare.inspect.report import Report, Snapshot, SnapshotReader, build_report
 from gpushare.kube.codec import NodeInfo
 
 
 def shared_report(
-    state: ExtenderState, node: str | None = None, reader: PodReader | None = None
+    state: ExtenderState, node: str | None = None, reader: SnapshotReader | None = None
 ) -> Report:
     """The inspect report (``gpushare.inspect``) of what ``state`` holds, with the extender's
     own pins (they expire after its handshake timeout); of ``node`` alone when given.
-    ``reader``: the ``PodReader`` kept between requests (pods unchanged since are not read
+    ``reader``: the ``SnapshotReader`` kept between requests (objects unchanged since are not read
     again)."""
     nodes, pods = state.objects()
     names = [node] if node is not None else [info.node.name for info in state.nodes()]
@@ -173,7 +173,7 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
     ]
 
 
-def cluster_report(state: ExtenderState, reader: PodReader | None = None) -> dict[str, Any]:
+def cluster_report(state: ExtenderState, reader: SnapshotReader | None = None) -> dict[str, Any]:
     """Every GPU-share node (sorted by name, without a ``gpushare`` report each), the ledger's
     broken invariants, and the inspect report of the whole cluster (``gpushare``), built once
     per request (``reader``: as in ``shared_report``)."""

@@ -391,7 +391,7 @@ def read_node(obj: Mapping[str, Any]) -> NodeRead:
         return _line(error)
 
 
-class PodReader:
+class SnapshotReader:
     """``read_pod`` and ``read_node`` with memory: an object read before is not read again.
     Objects are known by identity, so they must not change after they are read (the extender's
     state replaces a pod's or a node's dict on every change; one ``build_report`` call's
@@ -436,7 +436,7 @@ def build_report(
     *,
     node: str | None = None,
     pending: Mapping[str, Sequence[PendingPod]] | None = None,
-    reader: PodReader | None = None,
+    reader: SnapshotReader | None = None,
     pod_rows: bool = True,
 ) -> Report:
     """The report of ``snapshot`` (module doc); with ``node``, of that node alone (pending pods
@@ -445,8 +445,9 @@ def build_report(
     verdict: ``pending`` gives the pods that pin equal pods on each node (the extender passes
     its own, whose pins expire after its handshake timeout); by default they are read from the
     snapshot (every bound pod the device plugin has not started yet pins). ``reader``: a
-    ``PodReader`` kept from earlier reports of the same source, so that unchanged pods are not
-    read again (a report of one ``node`` reads only that node's and the unbound pods).
+    ``SnapshotReader`` kept from earlier reports of the same source, so that unchanged pods
+    and nodes are not read again (a report of one ``node`` reads only that node, its pods and
+    the unbound ones).
     ``pod_rows=False`` leaves every ``NodeReport.pods`` empty (the GPUs' and nodes' amounts are
     the same): the summary table shows no pod, so ``kubectl inspect gpushare`` skips building
     a row per pod (docs/extender.md, "``/inspect`` at scale"). Never raises on unreadable
@@ -455,7 +456,7 @@ def build_report(
     infos: dict[str, tuple[NodeInfo, str | None]] = {}
     node_reads: Iterable[NodeRead]
     if node is None:
-        node_reads = (reader or PodReader()).read_nodes(snapshot.nodes)
+        node_reads = (reader or SnapshotReader()).read_nodes(snapshot.nodes)
     else:  # the node alone, not remembered
         node_reads = (read_node(obj) for obj in snapshot.nodes if object_name(obj) == node)
     for node_read in node_reads:
@@ -471,7 +472,7 @@ def build_report(
     unbound: list[tuple[str, PodRequest]] = []
     reads: Iterable[PodRead]
     if node is None:
-        reads = (reader or PodReader()).read_all(snapshot.pods)
+        reads = (reader or SnapshotReader()).read_all(snapshot.pods)
     else:  # the node's pods and the unbound ones only, not remembered
         reads = (
             read_pod(obj) for obj in snapshot.pods if (pod_node_name(obj) or None) in (None, node)
