@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from gpushare.core.handshake import PendingPod
 from gpushare.core.model import Allocation, PodRequest
-from gpushare.kube.codec.common import CodecError, Json
+from gpushare.kube.codec.common import CodecError, Json, annotations_of
 from gpushare.kube.codec.fields import pod_node_name
-from gpushare.kube.codec.handshake import pending_of, pending_pod
+from gpushare.kube.codec.handshake import pending_of
 from gpushare.kube.codec.pods import (
     AlibabaAnnotations,
     alibaba_annotations,
@@ -63,7 +63,10 @@ def pod_record(pod: Json) -> PodRecord:
     alibaba = alibaba_annotations(pod)
     allocation = pod_allocation(pod)
     bound = pod_node_name(pod) or None  # pod_allocation refused a nodeName not a string
-    pending = None if bound is None else pending_pod(pod, allocation)
+    pending = None
+    if bound is not None:  # pending_pod's work with the request already read
+        annotations = annotations_of(pod, f"pod {request.key}")
+        pending = pending_of(request.key, request, annotations, allocation, alibaba)
     return PodRecord(request.key, bound, request, alibaba, allocation, pending)
 
 
