@@ -36,7 +36,7 @@ from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL, MemoryUnit, NodeInfo, n
 from gpushare.testing.controlplane import ControlPlane
 from gpushare.testing.daemon import running_daemon
 from gpushare.testing.kubelet import FakeKubelet
-from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
+from gpushare.testing.nodes import apply_node_config, create_nodes, delete_nodes, plain_node
 
 pytestmark = pytest.mark.cluster
 
@@ -78,22 +78,12 @@ def world(kube: Client, labels: dict[str, str]) -> tuple[str, str, DaemonOptions
     return name, f"config-{name}", options
 
 
-def set_config(kube: Client, name: str, text: str) -> None:
-    kube.apply(
-        ConfigMap(
-            metadata=ObjectMeta(name=name, namespace="kube-system"), data={"config.yaml": text}
-        ),
-        field_manager="test",
-        force=True,
-    )
-
-
 def test_the_first_publish_is_the_configured_one_and_a_selector_follows_the_labels(
     control_plane: ControlPlane, kube: Client
 ) -> None:
     node, configmap, options = world(kube, {"pool": "small"})
     uuid1 = FakeInventory("2x16GiB:T4").gpus()[1].uuid
-    set_config(
+    apply_node_config(
         kube, configmap, f"nodes:\n- selector: {{pool: small}}\n  memoryUnit: MiB\n"
         f"  excludeGpus: [{uuid1}]\n",
     )  # fmt: skip
@@ -143,7 +133,7 @@ def test_a_restart_keeps_the_published_unit_while_pods_hold_memory_in_it(
     control_plane: ControlPlane, kube: Client
 ) -> None:
     node, configmap, options = world(kube, {})
-    set_config(kube, configmap, f"nodes:\n- name: {node}\n  memoryUnit: MiB\n")
+    apply_node_config(kube, configmap, f"nodes:\n- name: {node}\n  memoryUnit: MiB\n")
     pod = f"holder-{node}"
 
     async def scenario() -> None:

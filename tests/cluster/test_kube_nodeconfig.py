@@ -20,7 +20,6 @@ from typing import Any, cast
 
 import pytest
 from lightkube import AsyncClient, Client
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node
 
 from gpushare.kube.client import connect
@@ -28,7 +27,7 @@ from gpushare.kube.codec import CodecError, MemoryUnit
 from gpushare.kube.codec.nodeconfig import NodeConfig
 from gpushare.kube.nodeconfig import NodeConfigWatch
 from gpushare.testing.controlplane import ControlPlane
-from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
+from gpushare.testing.nodes import apply_node_config, create_nodes, delete_nodes, plain_node
 
 pytestmark = pytest.mark.cluster
 
@@ -58,16 +57,6 @@ class NodeGets:
         return self.tasks.count(WATCH_TASK)
 
 
-def set_config(kube: Client, name: str, text: str) -> None:
-    kube.apply(
-        ConfigMap(
-            metadata=ObjectMeta(name=name, namespace="kube-system"), data={"config.yaml": text}
-        ),
-        field_manager="test",
-        force=True,
-    )
-
-
 async def until(check: Callable[[], bool]) -> None:
     async with asyncio.timeout(WAIT_S):
         while not check():
@@ -80,7 +69,7 @@ def test_a_label_change_read_by_the_poll_is_not_read_again_and_a_configmap_chang
     node = f"nc-watch-{next(_names)}-{int(time.time())}"
     configmap = f"config-{node}"
     create_nodes(kube, [plain_node(node, labels={"pool": "small"})])
-    set_config(kube, configmap, "nodes:\n- selector: {pool: small}\n  memoryUnit: MiB\n")
+    apply_node_config(kube, configmap, "nodes:\n- selector: {pool: small}\n  memoryUnit: MiB\n")
 
     async def scenario() -> None:
         client = connect(control_plane.kubeconfig, trust_env=False)
@@ -108,7 +97,8 @@ def test_a_label_change_read_by_the_poll_is_not_read_again_and_a_configmap_chang
             assert gets.by_watch_loop() == 1  # no second get for what the poll read
 
             # A ConfigMap change reads the Node again from the watch loop.
-            set_config(kube, configmap, "nodes:\n- selector: {pool: big}\n  memoryUnit: MiB\n")
+            big = "nodes:\n- selector: {pool: big}\n  memoryUnit: MiB\n"
+            apply_node_config(kube, configmap, big)
             await until(lambda: gets.by_watch_loop() == 2)
         finally:
             task.cancel()

@@ -40,7 +40,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.core_v1 import NodeSpec, NodeStatus, Taint
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import ConfigMap, Node
 
 from gpushare.core.serves import Serves
 from gpushare.deviceplugin.dialects import DEFAULT_SPLIT_COUNT, resources_for
@@ -54,6 +54,7 @@ from gpushare.kube.codec import (
     MemoryUnit,
 )
 from gpushare.kube.codec import inventory_annotation as encode_inventory
+from gpushare.kube.codec.nodeconfig import NODE_CONFIG_KEY
 from gpushare.testing.controlplane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
@@ -256,3 +257,15 @@ def delete_nodes(client: Client, names: Iterable[str]) -> None:
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
+
+
+def apply_node_config(kube: Client, name: str, text: str, namespace: str = "kube-system") -> None:
+    """Create or replace the node-configuration ConfigMap ``namespace/name`` with ``text`` as
+    its ``config.yaml`` (docs/node-config.md), by server-side apply."""
+    kube.apply(
+        ConfigMap(
+            metadata=ObjectMeta(name=name, namespace=namespace), data={NODE_CONFIG_KEY: text}
+        ),
+        field_manager="test",
+        force=True,
+    )
