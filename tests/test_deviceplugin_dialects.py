@@ -24,6 +24,7 @@ from grpc import aio
 from gpushare.core.model import ContainerAllocation, Gpu, Node
 from gpushare.deviceplugin.daemon import resource_runner
 from gpushare.deviceplugin.dialects import (
+    DIALECTS,
     GPU_MEM_DIALECT,
     DialectResource,
     DialectsError,
@@ -34,6 +35,7 @@ from gpushare.deviceplugin.inventory import DeviceListTooLargeError, parse_fake_
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.codec import ALIYUN_ASSIGNED, GPU_MEM, MemoryUnit
+from gpushare.kube.codec.dialects import ADVERTISED_NAMES
 from gpushare.testing.dialects import (
     bound_dialect_pod,
     dialect_pod_json,
@@ -175,6 +177,15 @@ def test_dialects_flag_refuses_unknown_names_naming_the_accepted(text: str, frag
 def test_dialects_flag_reads_any_case_and_order() -> None:
     assert parse_dialects(" HAMI , tencent ") == ("tencent", "hami")
     assert parse_dialects("") == ()
+
+
+def test_kube_scheduler_checks_exactly_the_resources_the_plugin_advertises() -> None:
+    """``ADVERTISED_NAMES`` (``ignoredByScheduler: false`` in the extender entry, the chart's
+    list with it) is the set of dialect resources ``--dialects`` can advertise: one missing
+    would let kube-scheduler bind pods kubelet refuses; one extra would make it refuse pods on
+    every node (no node advertises it)."""
+    served = {resource.resource for resource in resources_for(DIALECTS)}
+    assert served == ADVERTISED_NAMES
 
 
 def test_split_count_out_of_range_is_refused() -> None:
