@@ -80,27 +80,26 @@ Listener = Callable[[Change], None]
 def requests_gpu_mem(pod: Pod) -> bool:
     """Whether some container or init container of ``pod`` names ``aliyun.com/gpu-mem`` in its
     limits or requests (any quantity, as kube-scheduler's ``managedResources`` matching)."""
-    spec = pod.spec
-    if spec is None:
-        return False
-    for container in (*spec.containers, *(spec.initContainers or ())):
-        resources = container.resources
-        if resources is not None and (
-            GPU_MEM in (resources.limits or {}) or GPU_MEM in (resources.requests or {})
-        ):
-            return True
-    return False
+    return _names_any(pod, _GPU_MEM_ONLY)
 
 
 def requests_gpu(pod: Pod) -> bool:
     """Whether some container or init container of ``pod`` names one of ``GPU_RESOURCES`` in
     its limits or requests (any quantity, as kube-scheduler's ``managedResources`` matching)."""
+    return _names_any(pod, GPU_RESOURCES)
+
+
+_GPU_MEM_ONLY = frozenset({GPU_MEM})
+
+
+def _names_any(pod: Pod, names: frozenset[str]) -> bool:
+    """Whether some container or init container of ``pod`` names one of ``names``."""
     spec = pod.spec
     if spec is None:
         return False
     for container in (*spec.containers, *(spec.initContainers or ())):
         resources = container.resources
-        if resources is not None and not GPU_RESOURCES.isdisjoint(
+        if resources is not None and not names.isdisjoint(
             (*(resources.limits or ()), *(resources.requests or ()))
         ):
             return True
