@@ -9,10 +9,13 @@ carries all node names (``nodeCacheCapable: true``). Two servers run the same HT
 (uvicorn + starlette) on loopback, in a child process of their own (so that the client here
 never competes with them for the interpreter lock): gpushare's extender, and a canned server
 that answers every request with the extender's own answer, precomputed (the floor: HTTP, JSON
-and the request size, no decisions). One persistent connection per server and round sends
-``--requests`` requests one after another; each round measures gpushare then the canned server,
-verb by verb, so both see the same machine. Reports the first (cold) request, the medians over
-the rounds of p50 and p99, each round's p99 and its ratio, and the ratio of the median p99s.
+and the request size, no decisions). ``--window N`` sends N names a request instead, each window
+starting where the last stopped, as kube-scheduler does (``percentageOfNodesToScore``: 500 of
+5,000 nodes), so consecutive requests name different nodes. One persistent connection per
+server and round sends ``--requests`` requests one after another; each round measures gpushare
+then the canned server, verb by verb, so both see the same machine. Reports the first (cold)
+request, the medians over the rounds of p50 and p99, each round's p99 and its ratio, and the
+ratio of the median p99s.
 Budget: p99 ≤ 2× the floor.
 """
 
@@ -80,15 +83,18 @@ def serve(app: Starlette) -> tuple[uvicorn.Server, int]:
     return server, port
 
 
-def timed(port: int, path: str, body: bytes, count: int) -> tuple[float, list[float], bytes]:
-    """(first request s, the next ``count`` in s, last response body) on one connection."""
+def timed(
+    port: int, path: str, bodies: list[bytes], count: int
+) -> tuple[float, list[float], bytes]:
+    """(first request s, the next ``count`` in s, last response body) on one connection, the
+    request bodies taken from ``bodies`` in turn."""
     connection = http.client.HTTPConnection("127.0.0.1", port)
     headers = {"Content-Type": "application/json"}
     times: list[float] = []
     reply = b""
-    for _ in range(count + 1):
+    for i in range(count + 1):
         started = time.perf_counter()
-        connection.request("POST", path, body, headers)
+        connection.request("POST", path, bodies[i % len(bodies)], headers)
         response = connection.getresponse()
         reply = response.read()
         times.append(time.perf_counter() - started)
@@ -98,21 +104,36 @@ def timed(port: int, path: str, body: bytes, count: int) -> tuple[float, list[fl
     return times[0], times[1:], reply
 
 
-def serve_both(state_args: tuple[int, int, str], ports: Connection) -> None:
+def request_bodies(names: list[str], window: int) -> list[bytes]:
+    """The filter/prioritize bodies for a pending 4 GiB pod: one naming all ``names`` when
+    ``window`` is 0, else windows of ``window`` names starting where the last stopped, once
+    round the nodes."""
+    pending = pod_json("pending", 4, namespace="bench")
+    if window <= 0:
+        return [json.dumps({"Pod": pending, "Nodes": None, "NodeNames": names}).encode()]
+    ring = names * 2
+    starts = range(0, len(names), window)
+    return [
+        json.dumps({"Pod": pending, "Nodes": None, "NodeNames": ring[s : s + window]}).encode()
+        for s in starts
+    ]
+
+
+def serve_both(state_args: tuple[int, int, str, int], ports: Connection) -> None:
     """In a child process: build the state, serve gpushare's extender and the canned floor (its
-    answers taken from the extender's own), send both ports and the request body, then wait."""
-    nodes, pods, policy = state_args
+    answers taken from the extender's own), send both ports and the request bodies, then
+    wait."""
+    nodes, pods, policy, window = state_args
     started = time.perf_counter()
     state, names = populated_state(nodes, pods, gpus_per_node=GPUS_PER_NODE, gpu_gib=GPU_GIB)
     built_s = time.perf_counter() - started
-    pending = pod_json("pending", 4, namespace="bench")
-    body = json.dumps({"Pod": pending, "Nodes": None, "NodeNames": names}).encode()
+    bodies = request_bodies(names, window)
     _, port = serve(create_app(state, policy=policy, expire_interval_s=None))
     firsts, replies = {}, {}
     for verb in VERBS:  # the first (cold) request of each verb, and the answers for the floor
-        firsts[verb], _, replies[verb] = timed(port, f"{PREFIX}/{verb}", body, 0)
+        firsts[verb], _, replies[verb] = timed(port, f"{PREFIX}/{verb}", bodies, 0)
     _, canned_port = serve(canned_app(replies["filter"], replies["prioritize"]))
-    ports.send((port, canned_port, body, built_s, firsts))
+    ports.send((port, canned_port, bodies, built_s, firsts))
     ports.recv()  # until the parent is done
 
 
@@ -126,26 +147,32 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="per verb, server and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--policy", default="binpack")
+    parser.add_argument(
+        "--window", type=int, default=0, help="names a request (0: all), rotating (module doc)"
+    )
     args = parser.parse_args()
 
     parent, child = multiprocessing.get_context("fork").Pipe()
     servers = multiprocessing.get_context("fork").Process(
-        target=serve_both, args=((args.nodes, args.pods, args.policy), child), daemon=True
+        target=serve_both,
+        args=((args.nodes, args.pods, args.policy, args.window), child),
+        daemon=True,
     )
     servers.start()
-    port, canned_port, body, built_s, firsts = parent.recv()
+    port, canned_port, bodies, built_s, firsts = parent.recv()
+    names_each = f"windows of {args.window} names" if args.window > 0 else "every name"
     print(
         f"{args.nodes} nodes × {GPUS_PER_NODE} GPUs, {args.pods} pods in the ledger "
-        f"(built in {built_s:.1f} s); policy {args.policy}; request body {len(body) / 1024:.0f}"
-        f" KiB; {args.rounds} rounds of {args.requests} requests per verb and server, one "
-        "connection, gpushare and canned alternating"
+        f"(built in {built_s:.1f} s); policy {args.policy}; {names_each}, request body"
+        f" {len(bodies[0]) / 1024:.0f} KiB; {args.rounds} rounds of {args.requests} requests"
+        " per verb and server, one connection, gpushare and canned alternating"
     )
     p99s: dict[tuple[str, str], list[float]] = {}
     p50s: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for verb in VERBS:
             for server, server_port in (("gpushare", port), ("canned", canned_port)):
-                _, times, _ = timed(server_port, f"{PREFIX}/{verb}", body, args.requests)
+                _, times, _ = timed(server_port, f"{PREFIX}/{verb}", bodies, args.requests)
                 p50, p99 = np.percentile(np.array(times) * 1000, [50, 99])
                 p50s.setdefault((verb, server), []).append(float(p50))
                 p99s.setdefault((verb, server), []).append(float(p99))

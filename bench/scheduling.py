@@ -15,7 +15,10 @@ Each round creates ``--pods`` pods first, with the scheduler stopped, then start
 the first to the last binding (``spec.nodeName`` set), so pod creation and scheduler start-up
 are not counted: (1) pods without GPU memory (100m CPU), (2) pods asking 2 GiB of
 ``aliyun.com/gpu-mem`` each (bound by the extender). Reports pods/s per round, the medians and
-the ratio gpu/plain. Prints progress.
+the ratio gpu/plain, and the extender's own mean time per filter, prioritize and bind
+request (its ``/metrics``). Prints progress. ``--profile out/sched.txt`` samples the extender
+with py-spy (non-blocking, so it does not pause the process it measures; the ``bench`` extra)
+through the rounds and writes collapsed stacks there.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +38,7 @@ from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.kube.codec import GPU_MEM, MemoryUnit
 from gpushare.testing.controlplane import (
@@ -122,12 +128,33 @@ def measure(
     return rates
 
 
+def request_means_ms(url: str) -> dict[str, float]:
+    """The extender's mean handling time per request, by verb, in ms (``/metrics``:
+    ``gpushare_extender_request_duration_seconds`` sum / count)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
+    with opener.open(f"{url}/metrics", timeout=30) as response:
+        body: bytes = response.read()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name != "gpushare_extender_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            verb = sample.labels.get("verb", "")
+            if sample.name.endswith("_sum"):
+                sums[verb] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[verb] = sample.value
+    return {verb: 1000 * sums[verb] / counts[verb] for verb in sums if counts.get(verb)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--budget", type=float, default=0.8, help="least ratio gpu/plain")
+    parser.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the extender")
     args = parser.parse_args()
     print(f"load averages at start: {os.getloadavg()}", flush=True)
     print("starting the test control plane ...", flush=True)
@@ -147,18 +174,28 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         with tempfile.TemporaryDirectory() as workdir:
             extender = ManagedProcess("gpushare-extender", argv, Path(workdir)).start()
+            profiler: subprocess.Popen[bytes] | None = None
             try:
                 wait_until(
                     "extender ready", lambda: http_get(f"{url}/readyz")[0] == 200, 120,
                     processes=[extender],
                 )  # fmt: skip
+                if args.profile is not None:
+                    spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking"]
+                    spy += ["--pid", str(extender.pid), "--format", "raw", "--rate", "100"]
+                    profiler = subprocess.Popen([*spy, "--output", str(args.profile)])
                 rates = measure(plane, kube, f"{url}/gpushare-scheduler", args.pods, args.rounds)
+                means = request_means_ms(url)
             finally:
                 extender.stop()
+                if profiler is not None:
+                    profiler.wait(60)
     plain, gpu = statistics.median(rates["plain"]), statistics.median(rates["gpu"])
     print(f"median: pods without GPU memory {plain:.1f} pods/s, GPU-memory pods {gpu:.1f} pods/s")
     met = "met" if gpu >= args.budget * plain else "NOT met"
     print(f"ratio {gpu / plain:.2f} (budget >= {args.budget:g}: {met})")
+    shown = ", ".join(f"{verb} {ms:.2f} ms" for verb, ms in sorted(means.items()))
+    print(f"the extender's mean time per request (all rounds): {shown}")
     print(f"load averages at the end: {os.getloadavg()}")
     return 0
 

@@ -1,21 +1,25 @@
 """The scheduler's memoised filter/prioritize answers equal a fresh scheduler's, always.
 
-The memo keeps whole answers per pod shape and re-evaluates only the nodes changed since
-(``ExtenderState.changed_since``). A random sequence of binds, releases, node removals and
-resizes, unknown and repeated node names, with a tiny change log that keeps overflowing, must
-never make a long-lived scheduler answer differently from one built just now.
+The scheduler keeps each node's verdict and policy value per pod shape until the node's
+``version`` changes (``gpushare.extender.memo.NodeShapeCache``). A random sequence of binds,
+releases, node removals and resizes, unknown and repeated node names, windows over the nodes
+that differ from request to request (as kube-scheduler's rotate), and a cache so small that it
+keeps emptying itself, must never make a long-lived scheduler answer differently from one built
+just now.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.extender import memo
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
 from gpushare.extender.state import ExtenderState, UnwiredBinder
@@ -31,11 +35,12 @@ NODES = [f"n{i}" for i in range(8)]
 @given(seed=st.integers(0, 2**32 - 1))
 def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> None:
     rng = random.Random(seed)
-    state = ExtenderState(change_log_limit=5)
+    state = ExtenderState()
     state.mark_synced()
     for name in NODES:
         state.upsert_node(node_json(name, [16] * 4, unit=MemoryUnit.GIB))
-    long_lived = Scheduler(state, extender_policy(policy), UnwiredBinder())
+    with patch.object(memo, "CACHE_LIMIT", 6), patch.object(memo, "SHAPE_LIMIT", 2):
+        long_lived = Scheduler(state, extender_policy(policy), UnwiredBinder())
     bound = 0
     for _ in range(150):
         roll = rng.random()
@@ -61,7 +66,14 @@ def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> No
             gpus = [rng.choice([8, 16])] * rng.choice([2, 4])
             state.upsert_node(node_json(rng.choice(NODES), gpus, unit=MemoryUnit.GIB))
         else:
-            names = [*NODES, "ghost"] if rng.random() < 0.8 else rng.sample([*NODES, "ghost"], 5)
+            window = rng.random()
+            if window < 0.4:
+                names = [*NODES, "ghost"]
+            elif window < 0.8:  # kube-scheduler's window, rotating over the nodes
+                start = rng.randrange(len(NODES))
+                names = [*NODES, *NODES][start : start + 5]
+            else:
+                names = rng.sample([*NODES, "ghost"], 5)
             if rng.random() < 0.1:
                 names = names + names[:2]
             pending = pod_json("pending", rng.choice([4, 12, 20]), namespace="b")

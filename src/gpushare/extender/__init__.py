@@ -8,8 +8,8 @@ that ask for ``aliyun.com/gpu-mem`` (spec: ``shared/spec/kubernetes-interfaces.m
 * :mod:`~gpushare.extender.scheduler` — the decisions (filter, prioritize, bind), no HTTP;
 * :mod:`~gpushare.extender.binding` — ``BindVerb``, the bind verb ``Scheduler`` delegates to,
   with its locks (``PodLocks``, ``LoopLock``);
-* :mod:`~gpushare.extender.memo` — the filter and prioritize caches (``NodeShapeCache``,
-  ``AnswerMemo``) and a pod's ``shape_key``;
+* :mod:`~gpushare.extender.memo` — the filter and prioritize cache (``NodeShapeCache``) and a
+  pod's ``shape_key``;
 * :mod:`~gpushare.extender.outcomes` — the refusal texts the verbs share;
 * :mod:`~gpushare.extender.scoring` — policies for the extender and the 0–10 mapping;
 * :mod:`~gpushare.extender.report` — the ``/inspect`` report;

@@ -40,15 +40,17 @@ and bind place it as the equal pod in that unit; a node it cannot be resolved on
 of unknown unit) can never take it, with the reason.
 
 A pod's own allocation never counts against itself (a retry after an unknown binder outcome
-must still fit where it was placed). Fit results are cached per (node, pod shape) until the
-node's ``version`` changes, and so are the values of deterministic policies. For a GPU pod that
-holds nothing, the whole answer over a ``NodeNames`` list is memoised per pod shape and only
-the nodes changed since (``ExtenderState.changed_since``) are re-evaluated. Expected failures
-are values (result fields); exceptions are bugs.
+must still fit where it was placed). Fit results are cached per (pod shape, node) until the
+node's ``version`` changes (``gpushare.extender.memo.NodeShapeCache``), and so are the values
+of deterministic policies. For a GPU pod that holds nothing, over a ``NodeNames`` list, so are
+the filter's verdicts and prioritize's values, for every node ever asked about: kube-scheduler's
+windows of 500 of 5,000 nodes rotate, and a request costs a lookup per name plus an evaluation
+per node changed since. Expected failures are values (result fields); exceptions are bugs.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +60,7 @@ from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, generational, tie_break_of
 from gpushare.extender.binding import BindVerb
-from gpushare.extender.memo import Answer, AnswerMemo, NodeShapeCache, ShapeMemo, shape_key
+from gpushare.extender.memo import NodeShapeCache, shape_key
 from gpushare.extender.outcomes import (
     NOT_GPUSHARE,
     NOT_SYNCED,
@@ -119,8 +121,8 @@ class Scheduler:
         self._fits: NodeShapeCache[FitResult] = NodeShapeCache()
         self._values: NodeShapeCache[float] = NodeShapeCache()
         self._last_names: list[str] = []  # the last NodeNames, when they had no duplicates
-        self._filter_memo = AnswerMemo(state)
-        self._prioritize_memo = AnswerMemo(state)
+        self._verdicts: NodeShapeCache[Verdict] = NodeShapeCache()
+        self._node_values: NodeShapeCache[float | None] = NodeShapeCache()
         self._generation = self._policy_generation()
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
@@ -182,7 +184,7 @@ class Scheduler:
         generation = self._policy_generation()
         if generation != self._generation:
             self._values.clear()
-            self._prioritize_memo.clear()
+            self._node_values.clear()
             self._generation = generation
 
     def _value(self, state: NodeState, pod: PodRequest, own: Allocation | None) -> float:
@@ -217,10 +219,12 @@ class Scheduler:
             passed = names
         elif pod is not None:
             own = self.state.allocation(pod.key)
-            if names_mode and own is None:
-                return self._filter_memoised(names, pod)
-            for name in names:
-                verdict = self._outcome(name, pod, own)
+            if names_mode and own is None:  # kept per node until it changes (module doc)
+                outcome = functools.partial(self._outcome, pod=pod, own=None)
+                verdicts = self._verdicts.values(shape_key(pod), names, self.state.version, outcome)
+            else:
+                verdicts = [self._outcome(name, pod, own) for name in names]
+            for name, verdict in zip(names, verdicts, strict=True):
                 if verdict.status is FitStatus.FITS:
                     passed.append(name)
                 elif verdict.status is FitStatus.DOES_NOT_FIT_NOW:
@@ -293,55 +297,18 @@ class Scheduler:
             return self._value(state, pod, own)
         return None
 
-    def _filter_memoised(self, names: list[str], pod: PodRequest) -> ExtenderFilterResult:
-        """The filter of a GPU pod holding nothing, over ``NodeNames``: the same verdicts as the
-        loop in ``filter``, re-evaluated only on the nodes changed since the same request."""
-        entry, changed = self._filter_memo.entry(pod, names)
-        if changed is None:
-            entry.outcomes = {name: self._outcome(name, pod, None) for name in names}
-        else:
-            for name in changed:
-                entry.outcomes[name] = self._outcome(name, pod, None)
-        if entry.result is None:
-            entry.result = _split(entry)
-        passed, failed, unresolvable, held = entry.result
-        error = held_error(passed, held)
-        return ExtenderFilterResult(None, list(passed), dict(failed), dict(unresolvable), error)
-
     def _prioritize_memoised(self, names: list[str], pod: PodRequest) -> list[HostPriority]:
         """``prioritize`` of a GPU pod holding nothing under a deterministic policy: the same
-        scores as the loop, re-evaluated only on the nodes changed since the same request."""
-        entry, changed = self._prioritize_memo.entry(pod, names)
-        if changed is None:
-            values: dict[str, float] = {}
-            for name in names:
-                value = self._node_value(name, pod, None)
-                if value is not None:
-                    values[name] = value
-            entry.values = values
-        else:
-            for name in changed:
-                value = self._node_value(name, pod, None)
-                if value is None:
-                    entry.values.pop(name, None)
-                else:
-                    entry.values[name] = value
-        if entry.priorities is None:
-            scores = to_priorities(entry.values, names)
-            entry.priorities = [HostPriority(name, scores[name]) for name in names]
-        return list(entry.priorities)
-
-
-def _split(entry: ShapeMemo) -> Answer:
-    """(passed names, failed, unresolvable and held node → reason) of ``entry``'s verdicts, in
-    candidate order."""
-    outcomes = entry.outcomes
-    return (
-        [name for name, v in outcomes.items() if v.status is FitStatus.FITS],
-        {name: v.reason for name, v in outcomes.items() if v.status is FitStatus.DOES_NOT_FIT_NOW},
-        {name: v.reason for name, v in outcomes.items() if v.status is FitStatus.CAN_NEVER_FIT},
-        {name: v.reason for name, v in outcomes.items() if v.held},
-    )
+        scores as the loop, each node's value kept until its ``version`` changes."""
+        found = self._node_values.values(
+            shape_key(pod),
+            names,
+            self.state.version,
+            lambda name: self._node_value(name, pod, None),
+        )
+        values = {name: v for name, v in zip(names, found, strict=True) if v is not None}
+        scores = to_priorities(values, names)
+        return [HostPriority(name, scores[name]) for name in names]
 
 
 def _item_name(item: dict[str, Any]) -> str | None:

@@ -61,7 +61,6 @@ from gpushare.kube.codec import (
 from gpushare.kube.codec.handshake import pending_pod
 from gpushare.kube.codec.record import fast_pod_record
 
-CHANGE_LOG_LIMIT = 4096
 REQUESTED_LIMIT = 1024
 """Pods kept from filter requests alone (``remember_pod``): bounded, whatever clients send."""
 
@@ -128,8 +127,7 @@ class ExtenderState:
 
     ``clock`` (seconds, monotonic) times assumed allocations, which expire ``assume_ttl_s``
     after ``assume`` unless a watch event confirms them. ``synced`` starts ``False`` until the
-    feeder calls ``mark_synced``. ``change_log_limit`` bounds the log behind ``changed_since``
-    (past it, callers re-evaluate every node). ``handshake_timeout_s``: how long a bound pod
+    feeder calls ``mark_synced``. ``handshake_timeout_s``: how long a bound pod
     not yet started by the device plugin pins equal pods to its GPUs (``PendingBook``; 0 turns
     the rule off); ``wall_clock_ns`` reads assume times against it.
     """
@@ -139,7 +137,6 @@ class ExtenderState:
         *,
         clock: Callable[[], float] = time.monotonic,
         assume_ttl_s: float = 60.0,
-        change_log_limit: int = CHANGE_LOG_LIMIT,
         handshake_timeout_s: float = 300.0,
         wall_clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
@@ -158,10 +155,6 @@ class ExtenderState:
         self._new_skips: list[SkippedPod] = []  # not yet drained by the feeder
         self.skips_recorded: dict[SkipKind, int] = dict.fromkeys(SkipKind, 0)
         self._synced = False
-        self._epoch = 0  # bumps of any node so far
-        self._log: list[str] = []  # the node of bump number _log_base + i + 1
-        self._log_base = 0
-        self._log_limit = change_log_limit
 
     # -- readiness -------------------------------------------------------------------------
 
@@ -473,23 +466,5 @@ class ExtenderState:
         """The pods on ``node`` that pin equal pods now (``gpushare.core.handshake.pin``)."""
         return self._pending.pending(node, self._wall_clock_ns())
 
-    @property
-    def epoch(self) -> int:
-        """A counter that changes whenever any node's ``version`` changes."""
-        return self._epoch
-
-    def changed_since(self, epoch: int) -> set[str] | None:
-        """The nodes whose ``version`` changed after ``epoch``, or ``None`` when that is no
-        longer known (a caller then treats every node as changed)."""
-        start = epoch - self._log_base
-        if start < 0 or epoch > self._epoch:
-            return None
-        return set(self._log[start:])
-
     def _bump(self, name: str) -> None:
         self._versions[name] = self._versions.get(name, 0) + 1
-        self._epoch += 1
-        if len(self._log) >= self._log_limit:
-            self._log_base += len(self._log)
-            self._log.clear()
-        self._log.append(name)
