@@ -81,6 +81,7 @@ SCALE_PODS  ?= 50000
 bench-scale: $(VENV)/.bench-installed controlplane
 	uptime
 	$(BIN)/python bench/extender.py --nodes $(SCALE_NODES) --pods $(SCALE_PODS) --rounds 5
+	$(BIN)/python bench/extender.py --nodes $(SCALE_NODES) --pods $(SCALE_PODS) --rounds 5 --window 500
 	$(BIN)/python bench/inspect_report.py --nodes $(SCALE_NODES) --pods $(SCALE_PODS) --rounds 5
 	$(BIN)/python bench/scale.py --nodes $(SCALE_NODES) --pods $(SCALE_PODS)
 	$(BIN)/python bench/scheduling.py --nodes $(SCALE_NODES) --pods 1000 --rounds 3 --budget 0.9

@@ -15,7 +15,7 @@ import pytest
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.core.skipped import SkippedPod
 from gpushare.extender import BindEvent, Binding, ExtenderState
-from gpushare.extender.apiserver import ApiBinder, ApiEventSink
+from gpushare.extender.apiserver import ApiBinder, ApiEventSink, EventRate
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
@@ -314,17 +314,102 @@ class FakeRecorder:
         return f"{pod.name}.abcde"
 
 
+def emitted(sink: ApiEventSink, *events: BindEvent) -> None:
+    """``sink.emit`` each of ``events`` on one loop, then wait for the Events it started."""
+
+    async def emit_all() -> None:
+        for event in events:
+            await sink.emit(event)
+        await sink.drain()
+
+    run(emit_all())
+
+
 def test_events_say_assigned_or_failed() -> None:
     recorder = FakeRecorder()
     sink = ApiEventSink(recorder)
-    run(sink.emit(BindEvent("ns", "p", "uid-1", "n3", True, "bound to n3: GPU 0")))
-    run(sink.emit(BindEvent("ns", "p", "uid-1", "n3", False, "does not fit")))
+    emitted(
+        sink,
+        BindEvent("ns", "p", "uid-1", "n3", True, "bound to n3: GPU 0"),
+        BindEvent("ns", "p", "uid-1", "n3", False, "does not fit"),
+    )
     ref = PodRef("ns", "p", "uid-1")
     assert recorder.calls == [
         (ref, "GPUAssigned", "bound to n3: GPU 0", EventType.NORMAL),
         (ref, "FailedBinding", "does not fit", EventType.WARNING),
     ]
-    assert (sink.emitted, sink.failed) == (2, 0)
+    assert (sink.emitted, sink.failed, sink.dropped) == (2, 0, 0)
+
+
+def test_an_event_does_not_hold_up_the_bind() -> None:
+    """``emit`` returns before the Event is created; ``drain`` waits for it."""
+    recorder = FakeRecorder(delay_s=0.2)
+    sink = ApiEventSink(recorder)
+
+    async def emit_then_look() -> tuple[int, int]:
+        await sink.emit(BindEvent("ns", "p", "uid-1", "n3", True, "bound"))
+        before = sink.emitted
+        await sink.drain()
+        return before, sink.emitted
+
+    assert run(emit_then_look()) == (0, 1)
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+# (case, qps, burst, [(seconds later, bind ok?)], GPUAssigned/FailedBinding recorded, dropped)
+RATE_CASES = [
+    ("a burst past --event-burst is dropped", 1.0, 2, [(0, True)] * 4, 2, 2),
+    ("the bucket refills at --event-qps", 1.0, 2, [(0, True)] * 3 + [(1.0, True)], 3, 1),
+    ("a quiet spell refills only up to the burst", 1.0, 2, [(100, True)] * 1 + [(0, True)] * 3,
+     2, 2),
+    ("warnings are never dropped", 1.0, 1, [(0, True)] + [(0, False)] * 3, 4, 0),
+    ("--event-qps 0 drops nothing", 0.0, 1, [(0, True)] * 5, 5, 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("qps", "burst", "binds", "recorded", "dropped"),
+    [case[1:] for case in RATE_CASES],
+    ids=[case[0] for case in RATE_CASES],
+)
+def test_gpuassigned_events_are_rate_limited(
+    *,
+    qps: float,
+    burst: int,
+    binds: list[tuple[float, bool]],
+    recorded: int,
+    dropped: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder = FakeRecorder()
+    clock = Clock()
+    sink = ApiEventSink(recorder, rate=EventRate(qps, burst, clock))
+
+    async def bind_all() -> None:
+        for later_s, ok in binds:
+            clock.now_s += later_s
+            await sink.emit(BindEvent("ns", "p", "uid-1", "n3", ok, "bound" if ok else "no"))
+        await sink.drain()
+
+    run(bind_all())
+    assert (len(recorder.calls), sink.emitted, sink.dropped) == (recorded, recorded, dropped)
+    if dropped:
+        assert "GPUAssigned Event(s) not recorded, over --event-qps" in caplog.text
+
+
+@pytest.mark.parametrize(("qps", "burst"), [(-1.0, 5), (1.0, 0)], ids=["negative qps", "no burst"])
+def test_an_event_rate_out_of_range_is_refused(qps: float, burst: int) -> None:
+    with pytest.raises(ValueError, match="event rate"):
+        EventRate(qps, burst)
 
 
 @pytest.mark.parametrize(
@@ -339,14 +424,14 @@ def test_event_failures_are_logged_not_raised(
     recorder: FakeRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     sink = ApiEventSink(recorder, timeout_s=0.01)
-    run(sink.emit(BindEvent("ns", "p", "uid-1", "n3", True, "bound")))
+    emitted(sink, BindEvent("ns", "p", "uid-1", "n3", True, "bound"))
     assert (sink.emitted, sink.failed) == (0, 1)
     assert "recording Event GPUAssigned on pod ns/p failed" in caplog.text
 
 
 def test_events_need_a_uid(caplog: pytest.LogCaptureFixture) -> None:
     recorder = FakeRecorder()
-    run(ApiEventSink(recorder).emit(BindEvent("ns", "p", "", "n3", False, "unknown pod")))
+    emitted(ApiEventSink(recorder), BindEvent("ns", "p", "", "n3", False, "unknown pod"))
     assert recorder.calls == []
     assert "no Event for pod ns/p" in caplog.text
 
@@ -360,7 +445,12 @@ def test_a_skipped_pod_gets_a_warning_event_once() -> None:
 
     def on_skip(skipped: SkippedPod, pod: Mapping[str, Any] | None) -> None:
         seen.append((skipped.pod, pod["metadata"]["uid"] if pod else ""))
-        run(sink.skipped(skipped, pod["metadata"]["uid"] if pod else ""))
+
+        async def record() -> None:
+            sink.skipped(skipped, pod["metadata"]["uid"] if pod else "")
+            await sink.drain()
+
+        run(record())
 
     feeder = StateFeeder(ExtenderState(), on_skip=on_skip)
     feeder.on_node(upsert("Node", "n1", node_json("n1", [GPU, GPU])))

@@ -40,6 +40,7 @@ from gpushare.cli.leader import leader_election_options
 from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
+from gpushare.extender.apiserver import EVENT_BURST, EVENT_QPS
 from gpushare.extender.limits import (
     DEFAULT_MAX_BODY_BYTES,
     MIB,
@@ -130,6 +131,23 @@ def build_state(
     show_default=True,
     help="Seconds one bind may take; keep it below kube-scheduler's httpTimeout.",
 )
+@click.option(
+    "--event-qps",
+    "event_qps",
+    type=click.FloatRange(min=0),
+    default=EVENT_QPS,
+    show_default=True,
+    help="GPUAssigned Events a second, sustained; more are dropped (counted, logged) and the "
+    "allocation stays in the pod's annotations. 0: no limit. Warnings are never dropped.",
+)
+@click.option(
+    "--event-burst",
+    "event_burst",
+    type=click.IntRange(min=1),
+    default=EVENT_BURST,
+    show_default=True,
+    help="GPUAssigned Events at once after a quiet spell (with --event-qps).",
+)
 @kube_options
 @click.option(
     "--in-memory",
@@ -206,6 +224,8 @@ def extender(
     assume_ttl_s: float,
     handshake_timeout_s: float,
     bind_timeout_s: float,
+    event_qps: float,
+    event_burst: int,
     kubeconfig: Path | None,
     context: str | None,
     in_memory: bool,
@@ -269,6 +289,8 @@ def extender(
         assume_ttl_s=assume_ttl_s,
         handshake_timeout_s=handshake_timeout_s,
         bind_timeout_s=bind_timeout_s,
+        event_qps=event_qps,
+        event_burst=event_burst,
         tls_cert=tls_cert,
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,

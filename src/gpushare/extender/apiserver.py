@@ -27,14 +27,24 @@ names node, container(s) and GPU index(es)) or ``FailedBinding`` (``Warning``, t
 text); and, for a bound pod the ledger skipped (``gpushare.extender.state``, "Skipped pods"),
 ``GPUAllocationSkipped`` (``Warning``, why and what it is counted as). Events are best effort:
 a failure or a timeout is logged, never raised.
+
+Events never hold up a bind: each is created by a task of its own after the call returns
+(``drain`` waits for them). ``GPUAssigned`` events are rate-limited like kubelet's
+(``--event-qps``/``--event-burst``, ``EventRate``): one is an API write per GPU pod, as
+expensive as the bind itself, and in a burst of thousands of pods they cost the API server and
+the extender as much as the binding; beyond the rate they are dropped and counted (``dropped``,
+logged), while the allocation stays in the pod's annotations and ``kubectl inspect gpushare``.
+Warnings are never dropped. docs/extender.md, "5,000 nodes", has the measurement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Protocol
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from gpushare.core.skipped import SkippedPod
 from gpushare.extender.state import BindEvent, Binding
@@ -53,6 +63,44 @@ FAILED_REASON = "FailedBinding"
 SKIPPED_REASON = "GPUAllocationSkipped"
 """Event reason (``Warning``) on a bound pod whose allocation the ledger could not record."""
 _UNKNOWN_WHILE_BINDING = frozenset({Failure.SERVER, Failure.UNREACHABLE})
+EVENT_QPS = 5.0
+"""``GPUAssigned`` events a second, sustained (``--event-qps``; 0: no limit)."""
+EVENT_BURST = 25
+"""``GPUAssigned`` events at once after a quiet spell (``--event-burst``; client-go's event
+spam filter allows 25 at once too)."""
+DROP_LOG_INTERVAL_S = 60.0
+"""Dropped events are logged at most this often (with the count since the last line)."""
+
+
+@dataclass(slots=True)
+class EventRate:
+    """A token bucket: ``burst`` tokens, refilled at ``per_s`` a second; ``take`` spends one or
+    says there is none. ``per_s`` 0 never refuses (kubelet's ``--event-qps 0``). Not
+    aiolimiter's ``AsyncLimiter``: that one makes callers wait on one event loop, while an
+    event over the rate is dropped here, never waited for. ``clock``: monotonic seconds."""
+
+    per_s: float = EVENT_QPS
+    burst: int = EVENT_BURST
+    clock: Callable[[], float] = time.monotonic
+    _tokens: float = -1.0
+    _at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.per_s < 0 or self.burst < 1:
+            raise ValueError(f"event rate {self.per_s}/s, burst {self.burst}: need >= 0 and >= 1")
+        self._tokens, self._at = float(self.burst), self.clock()
+
+    def take(self) -> bool:
+        """Spend a token: ``True``, or ``False`` when none is left (the event is dropped)."""
+        if self.per_s == 0:
+            return True
+        now = self.clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 class PodBinder(Protocol):
@@ -124,33 +172,80 @@ class ApiBinder:
 
 class ApiEventSink:
     """The extender's ``EventSink`` over ``gpushare.kube`` (module doc). ``timeout_s`` bounds
-    one Event creation; ``emitted`` and ``failed`` count them."""
+    one Event creation; ``rate`` limits ``GPUAssigned`` events; ``emitted``, ``failed`` and
+    ``dropped`` (over the rate) count them. Call ``emit`` and ``skipped`` on the event loop."""
 
-    def __init__(self, recorder: PodEventRecorder, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, recorder: PodEventRecorder, *, timeout_s: float = 5.0, rate: EventRate | None = None
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._recorder = recorder
         self._timeout_s = timeout_s
+        self._rate = rate or EventRate()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._drops_logged_at: float | None = None
+        self._drops_unlogged = 0
         self.emitted = 0
         self.failed = 0
+        self.dropped = 0
 
     async def emit(self, event: BindEvent) -> None:
-        """Record ``event`` on its pod; never raises for API trouble."""
+        """Record ``event`` on its pod, in the background (module doc); a ``GPUAssigned`` one
+        over the rate is dropped. Never raises for API trouble."""
+        if event.ok and not self._rate.take():
+            self._drop(event)
+            return
         reason, kind = (
             (ASSIGNED_REASON, EventType.NORMAL) if event.ok else (FAILED_REASON, EventType.WARNING)
         )
-        await self._record(
-            event.namespace, event.name, event.uid, reason=reason, message=event.message, kind=kind
+        self._spawn(
+            self._record(
+                event.namespace,
+                event.name,
+                event.uid,
+                reason=reason,
+                message=event.message,
+                kind=kind,
+            )
         )
 
-    async def skipped(self, skipped: SkippedPod, uid: str) -> None:
+    def skipped(self, skipped: SkippedPod, uid: str) -> None:
         """A ``Warning`` ``GPUAllocationSkipped`` Event on the skipped pod (UID ``uid``) saying
-        why and what it is counted as; never raises for API trouble."""
+        why and what it is counted as, in the background; never raises for API trouble."""
         namespace, _, name = skipped.pod.partition("/")
         message = "gpushare: " + skipped.describe()
-        await self._record(
-            namespace, name, uid, reason=SKIPPED_REASON, message=message, kind=EventType.WARNING
+        self._spawn(
+            self._record(
+                namespace, name, uid, reason=SKIPPED_REASON, message=message, kind=EventType.WARNING
+            )
         )
+
+    async def drain(self) -> None:
+        """Wait until every Event started so far is created or has failed."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _drop(self, event: BindEvent) -> None:
+        self.dropped += 1
+        self._drops_unlogged += 1
+        now = self._rate.clock()
+        if self._drops_logged_at is None or now - self._drops_logged_at >= DROP_LOG_INTERVAL_S:
+            log.warning(
+                "%d GPUAssigned Event(s) not recorded, over --event-qps %g/--event-burst %d "
+                "(latest: pod %s/%s); the allocations are in the pods' annotations",
+                self._drops_unlogged,
+                self._rate.per_s,
+                self._rate.burst,
+                event.namespace,
+                event.name,
+            )
+            self._drops_logged_at, self._drops_unlogged = now, 0
 
     async def _record(
         self, namespace: str, name: str, uid: str, *, reason: str, message: str, kind: EventType

@@ -43,7 +43,13 @@ from typing import Any
 import uvicorn
 
 from gpushare.core.skipped import SkippedPod
-from gpushare.extender.apiserver import ApiBinder, ApiEventSink
+from gpushare.extender.apiserver import (
+    EVENT_BURST,
+    EVENT_QPS,
+    ApiBinder,
+    ApiEventSink,
+    EventRate,
+)
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.forward import LEADER_URL_ANNOTATION, LeaderForwarder, leader_url
@@ -70,10 +76,12 @@ class LiveOptions:
     (``create_app``); ``assume_ttl_s``: life of an assumed allocation; ``handshake_timeout_s``:
     how long a bound pod not yet started pins equal pods (``ExtenderState``); ``bind_timeout_s``:
     bound on one bind (below kube-scheduler's ``httpTimeout``); ``event_timeout_s``: bound on one
-    Event; ``instance``: ``reportingInstance`` of the Events (default: ``$POD_NAME``, else the
-    host name); ``access_log``: uvicorn's access log; ``backoff``/``watch_timeout_s``: the
-    cache's retry pacing and watch length; ``graceful_shutdown_s``: how long open requests may
-    finish on stop; ``tls_cert``/``tls_key``: serve HTTPS with this certificate and key (PEM);
+    Event; ``event_qps``/``event_burst``: the rate of ``GPUAssigned`` Events
+    (``gpushare.extender.apiserver.EventRate``); ``instance``: ``reportingInstance`` of the
+    Events (default: ``$POD_NAME``, else the host name); ``access_log``: uvicorn's access log;
+    ``backoff``/``watch_timeout_s``: the cache's retry pacing and watch length;
+    ``graceful_shutdown_s``: how long open requests may finish on stop;
+    ``tls_cert``/``tls_key``: serve HTTPS with this certificate and key (PEM);
     ``tls_client_ca``: also require a client certificate signed by this CA (mutual TLS);
     ``limits``: request body size, read timeouts and the connection cap
     (``gpushare.extender.limits``).
@@ -93,6 +101,8 @@ class LiveOptions:
     handshake_timeout_s: float = 300.0
     bind_timeout_s: float = 20.0
     event_timeout_s: float = 5.0
+    event_qps: float = EVENT_QPS
+    event_burst: int = EVENT_BURST
     instance: str | None = None
     access_log: bool = False
     backoff: Backoff | None = None
@@ -166,7 +176,6 @@ class LiveExtender:
         )
         self.feeder = StateFeeder(self.state, on_skip=self._on_skip)
         self.feeder.attach(self.cache)
-        self._event_tasks: set[asyncio.Task[None]] = set()
         self.events = ApiEventSink(
             EventRecorder(
                 client,
@@ -174,6 +183,7 @@ class LiveExtender:
                 instance=options.instance or os.environ.get("POD_NAME") or socket.gethostname(),
             ),
             timeout_s=options.event_timeout_s,
+            rate=EventRate(options.event_qps, options.event_burst),
         )
         self.binder = ApiBinder(PodBinder(client), timeout_s=options.bind_timeout_s)
         self.elector: LeaderElector | None = None
@@ -229,11 +239,7 @@ class LiveExtender:
 
     def _on_skip(self, skipped: SkippedPod, pod: Json | None) -> None:
         """A Warning Event on a pod the ledger skipped (called on the loop, by the feeder)."""
-        task = asyncio.get_running_loop().create_task(
-            self.events.skipped(skipped, pod_uid(pod) if pod is not None else "")
-        )
-        self._event_tasks.add(task)
-        task.add_done_callback(self._event_tasks.discard)
+        self.events.skipped(skipped, pod_uid(pod) if pod is not None else "")
 
     @property
     def started(self) -> bool:
@@ -264,6 +270,7 @@ class LiveExtender:
                     if self.forwarder is not None:
                         await self.forwarder.aclose()
                 finally:
+                    await self.events.drain()  # each bounded by event_timeout_s
                     await self.cache.stop()
 
     def _ready(self) -> bool:
