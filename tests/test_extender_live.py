@@ -429,6 +429,15 @@ def test_event_failures_are_logged_not_raised(
     assert "recording Event GPUAssigned on pod ns/p failed" in caplog.text
 
 
+def test_an_unexpected_event_error_is_logged_and_drain_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug while recording (not an API error) must not stop the extender's shutdown."""
+    sink = ApiEventSink(FakeRecorder(error=RuntimeError("bug")))
+    emitted(sink, BindEvent("ns", "p", "uid-1", "n3", True, "bound"))
+    assert "recording an Event failed unexpectedly" in caplog.text
+
+
 def test_events_need_a_uid(caplog: pytest.LogCaptureFixture) -> None:
     recorder = FakeRecorder()
     emitted(ApiEventSink(recorder), BindEvent("ns", "p", "", "n3", False, "unknown pod"))

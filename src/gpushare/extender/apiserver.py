@@ -222,14 +222,20 @@ class ApiEventSink:
         )
 
     async def drain(self) -> None:
-        """Wait until every Event started so far is created or has failed."""
+        """Wait until every Event started so far is created or has failed; never raises (a
+        task's unexpected error is logged when it ends)."""
         while self._tasks:
-            await asyncio.gather(*self._tasks)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("recording an Event failed unexpectedly", exc_info=error)
 
     def _drop(self, event: BindEvent) -> None:
         self.dropped += 1
