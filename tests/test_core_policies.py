@@ -47,6 +47,7 @@ ALL_POLICIES = (
     "packing",
     "alibaba",
     "fgd-cpu",
+    "fgd-spare",
 )
 INTEGER_SCORED = ("dotprod", "clustering", "packing", "bestfit", "fgd", "alibaba")
 BEST_FIT_GPU = ("binpack", "bestfit", "dotprod", "clustering", "packing", "alibaba")

@@ -287,7 +287,9 @@ def test_prioritize_binpack_prefers_the_fuller_node() -> None:
     assert 0 < scores[N2] < 10
 
 
-@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "fgd-cpu", "bestfit", "random"])
+@pytest.mark.parametrize(
+    "policy", ["binpack", "spread", "fgd", "fgd-cpu", "fgd-spare", "bestfit", "random"]
+)
 def test_prioritize_scores_are_integers_0_to_10(policy: str) -> None:
     state = design_state()
     state.upsert_node(node_json("empty", [GPU, GPU]))

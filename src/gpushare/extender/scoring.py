@@ -7,14 +7,15 @@ highest value, a node scores ⌊10 · (v − lo) / (hi − lo)⌋ — only the p
 10, the worst get 0 — and 10 when all are equal (no preference). Nodes the pod does not fit
 (or the extender does not know) get 0. Integers only (spec §1.6, pitfall 5).
 
-**Tie-breaks.** A policy with a ``tie_break`` (``fgd-cpu``: integer FGD score s, CPU-aware
-tie-break t in 0–100) is ranked on v = s + t / 101, which orders nodes exactly by (s, t) as
-``gpushare.core.placement.Placer`` does: t only separates nodes of equal s, and when every
-candidate ties on s (frequent with FGD), t spreads them over 0–10.
+**Tie-breaks.** A policy with a ``tie_break`` (``fgd-cpu``, ``fgd-spare``: integer FGD score
+s, CPU-aware tie-break t in 0–100) is ranked on v = s + t / 101, which orders nodes exactly by
+(s, t) as ``gpushare.core.placement.Placer`` does: t only separates nodes of equal s, and when
+every candidate ties on s (frequent with FGD), t spreads them over 0–10.
 
-**Context.** ``fgd`` and ``fgd-cpu`` need a target workload M and one whole GPU in the node
-unit. ``extender_policy`` takes them as arguments; ``default_workload`` is a placeholder M
-(¼, ½ and 1 GPU, and 2 whole GPUs, equally likely) until M is derived from the cluster's pods.
+**Context.** ``fgd``, ``fgd-cpu`` and ``fgd-spare`` need a target workload M and one whole GPU
+in the node unit. ``extender_policy`` takes them as arguments; ``default_workload`` is a
+placeholder M (¼, ½ and 1 GPU, and 2 whole GPUs, equally likely) until M is derived from the
+cluster's pods.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ rebuilt lazily, on the next score, once ``refresh_changes`` pods changed or ``re
 seconds passed with at least one change; until the first GPU pod is known, M is
 ``scoring.default_workload``.
 
-:class:`AdaptiveFgd` is the policy the extender runs for ``fgd``/``fgd-cpu``: the core policy
-rebuilt on each new M. Its ``generation`` changes with M, so the scheduler keeps caching its
-values and drops them only when M moves.
+:class:`AdaptiveFgd` is the policy the extender runs for ``fgd``/``fgd-cpu``/``fgd-spare``: the
+core policy rebuilt on each new M. Its ``generation`` changes with M, so the scheduler keeps
+caching its values and drops them only when M moves.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from gpushare.kube.watch import Action, Change
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_POLICIES = frozenset({"fgd", "fgd-cpu"})
+WORKLOAD_POLICIES = frozenset({"fgd", "fgd-cpu", "fgd-spare"})
 """The policies whose scores depend on the target workload."""
 
 
@@ -132,12 +132,14 @@ class WorkloadTracker:
 
 
 class AdaptiveFgd:
-    """Policy ``name`` (``fgd`` or ``fgd-cpu``) on the tracker's current M (module doc). The
+    """Policy ``name`` (``fgd``, ``fgd-cpu`` or ``fgd-spare``) on the tracker's current M
+    (module doc). The
     pods it scores and places are observed by the tracker."""
 
     def __init__(self, name: str, tracker: WorkloadTracker) -> None:
         if name not in WORKLOAD_POLICIES:
-            raise KeyError(f"{name!r} does not use a target workload; expected one of fgd, fgd-cpu")
+            accepted = ", ".join(sorted(WORKLOAD_POLICIES))
+            raise KeyError(f"{name!r} does not use a target workload; expected one of {accepted}")
         self._name = name
         self.tracker = tracker
         self._built_for: TargetWorkload | None = None
@@ -192,7 +194,7 @@ class AdaptiveFgd:
 
 def live_policy(name: str, gpu_unit: int, tracker: WorkloadTracker | None = None) -> Policy | str:
     """What the extender passes to ``create_app``: an :class:`AdaptiveFgd` for ``fgd`` and
-    ``fgd-cpu`` (on ``tracker``, or a new one), else the name itself."""
+    ``fgd-cpu`` and ``fgd-spare`` (on ``tracker``, or a new one), else the name itself."""
     if name not in WORKLOAD_POLICIES:
         return name
     return AdaptiveFgd(name, tracker or WorkloadTracker(gpu_unit))

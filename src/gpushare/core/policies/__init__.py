@@ -1,6 +1,6 @@
 """Placement policies by name. Importing this package registers every built-in policy."""
 
-from gpushare.core.policies import baselines, fgd, fgd_cpu, simple
+from gpushare.core.policies import baselines, fgd, fgd_cpu, fgd_spare, simple
 from gpushare.core.policies.base import (
     Generational,
     Policy,
@@ -24,6 +24,7 @@ __all__ = [
     "baselines",
     "fgd",
     "fgd_cpu",
+    "fgd_spare",
     "generational",
     "make_policy",
     "policy_names",
