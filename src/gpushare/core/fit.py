@@ -124,13 +124,11 @@ def best_fit_positions(
     Returns ``None`` when fewer than ``gpu_count`` allowed GPUs have enough free.
     """
     share = container.gpu_share
-    allowed, positions = container.allowed_models, container.allowed_positions
+    restricted = bool(container.allowed_models or container.allowed_positions)
     candidates = [
         (amount, position)
         for position, amount in enumerate(free)
-        if amount >= share
-        and (not allowed or models[position] in allowed)
-        and (not positions or position in positions)
+        if amount >= share and (not restricted or container.allows_at(position, models[position]))
     ]
     if len(candidates) < container.gpu_count:
         return None
@@ -347,15 +345,13 @@ def _single_gpu_assignment(
 ) -> tuple[ContainerAllocation, ...] | ContainerRequest:
     """``greedy_assignment`` for the common case of one container on one GPU, without copies."""
     share = container.gpu_share
-    allowed, positions = container.allowed_models, container.allowed_positions
+    restricted = bool(container.allowed_models or container.allowed_positions)
     models = state.node.models
     best_position = -1
     best_free = 0
     for position, amount in enumerate(state.gpu_free):
         if amount >= share and (best_position < 0 or amount < best_free):
-            if (allowed and models[position] not in allowed) or (
-                positions and position not in positions
-            ):
+            if restricted and not container.allows_at(position, models[position]):
                 continue
             best_position, best_free = position, amount
     if best_position < 0:

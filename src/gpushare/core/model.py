@@ -168,6 +168,14 @@ class ContainerRequest:
         ``allows_at`` also checks ``allowed_positions``)."""
         return not self.allowed_models or model in self.allowed_models
 
+    @property
+    def names_gpus(self) -> bool:
+        """Whether it chooses GPUs by type or UUID (``gpu_types``, ``gpu_uuids`` or their
+        exclusions): to be resolved for one node into ``allowed_models``/``allowed_positions``."""
+        return bool(
+            self.gpu_types or self.excluded_gpu_types or self.gpu_uuids or self.excluded_gpu_uuids
+        )
+
     def allows_at(self, position: int, model: str) -> bool:
         """Whether the GPU at ``position`` of the node, of ``model``, is acceptable."""
         return (not self.allowed_models or model in self.allowed_models) and (
@@ -218,13 +226,7 @@ class PodRequest:
             if count > 0:
                 gpu.append(c)
             total += share * count
-            if (
-                c.memory_basis
-                or c.gpu_types
-                or c.excluded_gpu_types
-                or c.gpu_uuids
-                or c.excluded_gpu_uuids
-            ):
+            if c.memory_basis or c.names_gpus:
                 resolved = False
             kind = c.memory_basis or c.exclusive  # a memory basis never comes with exclusive
             shapes.append((

@@ -43,7 +43,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpushare.core.skipped import SkippedPod
@@ -82,8 +82,8 @@ class EventRate:
     per_s: float = EVENT_QPS
     burst: int = EVENT_BURST
     clock: Callable[[], float] = time.monotonic
-    _tokens: float = -1.0
-    _at: float = 0.0
+    _tokens: float = field(init=False)
+    _at: float = field(init=False)
 
     def __post_init__(self) -> None:
         if self.per_s < 0 or self.burst < 1:

@@ -41,9 +41,9 @@ of unknown unit) can never take it, with the reason.
 
 A pod's own allocation never counts against itself (a retry after an unknown binder outcome
 must still fit where it was placed). Fit results are cached per (pod shape, node) until the
-node's ``version`` changes (``gpushare.extender.memo.NodeShapeCache``), and so are the values
-of deterministic policies. For a GPU pod that holds nothing, over a ``NodeNames`` list, so are
-the filter's verdicts and prioritize's values, for every node ever asked about: kube-scheduler's
+node's ``version`` changes (``gpushare.extender.memo.NodeShapeCache``). For a GPU pod that
+holds nothing, so are the filter's verdicts (over a ``NodeNames`` list) and, under a
+deterministic policy, prioritize's values, for every node ever asked about: kube-scheduler's
 windows of 500 of 5,000 nodes rotate, and a request costs a lookup per name plus an evaluation
 per node changed since. Expected failures are values (result fields); exceptions are bugs.
 """
@@ -119,7 +119,6 @@ class Scheduler:
         self._generational = generational(policy)
         self._bind_verb = BindVerb(state, policy, binder, events=events, clock_ns=clock_ns)
         self._fits: NodeShapeCache[FitResult] = NodeShapeCache()
-        self._values: NodeShapeCache[float] = NodeShapeCache()
         self._last_names: list[str] = []  # the last NodeNames, when they had no duplicates
         self._verdicts: NodeShapeCache[Verdict] = NodeShapeCache()
         self._node_values: NodeShapeCache[float | None] = NodeShapeCache()
@@ -183,23 +182,14 @@ class Scheduler:
         """Cached values belong to one policy ``generation`` (``core.policies.Generational``)."""
         generation = self._policy_generation()
         if generation != self._generation:
-            self._values.clear()
             self._node_values.clear()
             self._generation = generation
 
     def _value(self, state: NodeState, pod: PodRequest, own: Allocation | None) -> float:
-        """The policy's value of ``state`` (a node ``pod`` fits), cached like fits when the
-        policy is deterministic."""
-        name = state.node.name
-        if (own is not None and own.node == name) or not self.policy.deterministic:
-            return policy_value(self.policy, state.without(own), pod, tie_break=self._tie_break)
-        shape, version = shape_key(pod), self.state.version(name)
-        cached = self._values.get(name, shape, version)
-        if cached is not None:
-            return cached
-        value = policy_value(self.policy, state, pod, tie_break=self._tie_break)
-        self._values.put(name, shape, version, value)
-        return value
+        """The policy's value of ``state`` (a node ``pod`` fits), the pod's own allocation left
+        out. Not cached here: ``_prioritize_memoised`` keeps the values of a pod that holds
+        nothing per node; a pod that holds an allocation is a retry, rare."""
+        return policy_value(self.policy, state.without(own), pod, tie_break=self._tie_break)
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         """The filter verb (module doc). ``RequestError`` when no candidates are given."""

@@ -132,9 +132,8 @@ class WorkloadTracker:
 
 
 class AdaptiveFgd:
-    """Policy ``name`` (``fgd``, ``fgd-cpu`` or ``fgd-spare``) on the tracker's current M
-    (module doc). The
-    pods it scores and places are observed by the tracker."""
+    """Policy ``name`` (one of ``WORKLOAD_POLICIES``) on the tracker's current M (module
+    doc). The pods it scores and places are observed by the tracker."""
 
     def __init__(self, name: str, tracker: WorkloadTracker) -> None:
         if name not in WORKLOAD_POLICIES:
@@ -193,8 +192,8 @@ class AdaptiveFgd:
 
 
 def live_policy(name: str, gpu_unit: int, tracker: WorkloadTracker | None = None) -> Policy | str:
-    """What the extender passes to ``create_app``: an :class:`AdaptiveFgd` for ``fgd`` and
-    ``fgd-cpu`` and ``fgd-spare`` (on ``tracker``, or a new one), else the name itself."""
+    """What the extender passes to ``create_app``: an :class:`AdaptiveFgd` for the
+    ``WORKLOAD_POLICIES`` (on ``tracker``, or a new one), else the name itself."""
     if name not in WORKLOAD_POLICIES:
         return name
     return AdaptiveFgd(name, tracker or WorkloadTracker(gpu_unit))

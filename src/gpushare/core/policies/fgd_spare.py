@@ -21,8 +21,8 @@ tie-break is a constant.
 
 from __future__ import annotations
 
-from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
-from gpushare.core.policies.base import PolicyContext, register
+from gpushare.core.model import NodeState, PodRequest
+from gpushare.core.policies.base import register
 from gpushare.core.policies.fgd_cpu import FgdCpuPolicy
 
 SPARED_GPUS = 2
@@ -35,29 +35,18 @@ def untouched(state: NodeState) -> bool:
     return not any(state.gpu_used) and not any(state.gpu_compute_used)
 
 
-class FgdSparePolicy:
-    """``fgd-cpu`` whose tie-break spares untouched multi-GPU nodes (module doc)."""
+class FgdSparePolicy(FgdCpuPolicy):
+    """``fgd-cpu`` whose tie-break spares untouched multi-GPU nodes (module doc); its score
+    (FGD's) and GPU choice are ``fgd-cpu``'s."""
 
     name = "fgd-spare"
-    deterministic = True
-
-    def __init__(self, context: PolicyContext) -> None:
-        self.cpu = FgdCpuPolicy(context)
 
     def tie_break(self, state: NodeState, pod: PodRequest) -> float:
         """0 for a GPU pod on an untouched node of ``SPARED_GPUS`` or more GPUs, else
         ``fgd-cpu``'s tie-break (0–100)."""
         if pod.gpu_containers and len(state.node.gpus) >= SPARED_GPUS and untouched(state):
             return 0.0
-        return self.cpu.tie_break(state, pod)
-
-    def score(self, state: NodeState, pod: PodRequest) -> float:
-        """FGD's integer score (the primary key; ``tie_break`` orders its ties)."""
-        return self.cpu.score(state, pod)
-
-    def choose_gpus(self, state: NodeState, pod: PodRequest) -> tuple[ContainerAllocation, ...]:
-        """FGD's GPU choice."""
-        return self.cpu.choose_gpus(state, pod)
+        return super().tie_break(state, pod)
 
 
 register(

@@ -142,56 +142,62 @@ def _gpu_choice(request: PodRequest, node: Node, uuids: Sequence[str]) -> PodReq
     ``allowed_models`` and ``allowed_positions`` of ``node``, whose GPUs have ``uuids`` by
     position, or why no GPU of the node will do (``NO_GPU_TYPE``, ``NO_GPU_UUID``). The same
     object when no container names a type or a UUID."""
-    if not any(_chooses(c) for c in request.containers):
+    if not any(c.names_gpus for c in request.containers):
         return request
     models = sorted({gpu.model for gpu in node.gpus})
     containers: list[ContainerRequest] = []
-    for asked_container in request.containers:
-        c = asked_container
-        if not _chooses(c):
-            containers.append(c)
-            continue
+    for c in request.containers:
+        chosen: ContainerRequest | NotOnNode = c
         if c.gpu_types or c.excluded_gpu_types:
-            allowed = [
-                m for m in models
-                if c.allows(m) and _names_any(m, c.gpu_types or ("",))
-                and not _names_any(m, c.excluded_gpu_types)
-            ]  # fmt: skip
-            if not allowed:
-                asked = _choice("GPUs of type", c.gpu_types, c.excluded_gpu_types)
-                return NotOnNode(NO_GPU_TYPE, (
-                    f"container {c.name} asks {asked} (nvidia.com/use-gputype, nouse-gputype) "
-                    f"and the node's GPUs are {', '.join(models) or 'none'}"
-                ))  # fmt: skip
-            c = replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
-        if c.gpu_uuids or c.excluded_gpu_uuids:
-            if len(uuids) != len(node.gpus) or not all(uuids):
-                return NotOnNode(NO_GPU_UUID, (
-                    f"container {c.name} names GPUs by UUID (nvidia.com/use-gpuuuid, "
-                    "nouse-gpuuuid) and the node's GPU UUIDs are unknown (no gpushare.io/gpu-"
-                    "inventory annotation)"
-                ))  # fmt: skip
-            wanted, avoided = set(c.gpu_uuids), set(c.excluded_gpu_uuids)
-            positions = frozenset(
-                p
-                for p, uuid in enumerate(uuids)
-                if (not wanted or uuid in wanted) and uuid not in avoided
-                and c.allows_at(p, node.gpus[p].model)
-            )  # fmt: skip
-            if not positions:
-                asked = _choice("GPU", c.gpu_uuids, c.excluded_gpu_uuids)
-                return NotOnNode(NO_GPU_UUID, (
-                    f"container {c.name} asks {asked} (nvidia.com/use-gpuuuid, nouse-gpuuuid) "
-                    f"and the node's GPUs are {', '.join(uuids)}"
-                ))  # fmt: skip
-            c = replace(c, allowed_positions=positions, gpu_uuids=(), excluded_gpu_uuids=())
-        containers.append(c)
+            chosen = _by_type(c, models)
+        if isinstance(chosen, ContainerRequest) and (chosen.gpu_uuids or chosen.excluded_gpu_uuids):
+            chosen = _by_uuid(chosen, node, uuids)
+        if isinstance(chosen, NotOnNode):
+            return chosen
+        containers.append(chosen)
     return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
 
 
-def _chooses(c: ContainerRequest) -> bool:
-    """Whether container ``c`` names GPU types or UUIDs to resolve."""
-    return bool(c.gpu_types or c.excluded_gpu_types or c.gpu_uuids or c.excluded_gpu_uuids)
+def _by_type(c: ContainerRequest, models: list[str]) -> ContainerRequest | NotOnNode:
+    """``c`` with its GPU types turned into the ``allowed_models`` among the node's ``models``
+    (within any it had), or ``NO_GPU_TYPE``."""
+    allowed = [
+        m for m in models
+        if c.allows(m) and _names_any(m, c.gpu_types or ("",))
+        and not _names_any(m, c.excluded_gpu_types)
+    ]  # fmt: skip
+    if not allowed:
+        asked = _choice("GPUs of type", c.gpu_types, c.excluded_gpu_types)
+        return NotOnNode(NO_GPU_TYPE, (
+            f"container {c.name} asks {asked} (nvidia.com/use-gputype, nouse-gputype) "
+            f"and the node's GPUs are {', '.join(models) or 'none'}"
+        ))  # fmt: skip
+    return replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
+
+
+def _by_uuid(c: ContainerRequest, node: Node, uuids: Sequence[str]) -> ContainerRequest | NotOnNode:
+    """``c`` with its GPU UUIDs turned into the ``allowed_positions`` of ``node`` (whose GPUs
+    have ``uuids`` by position; within the models it allows), or ``NO_GPU_UUID``."""
+    if len(uuids) != len(node.gpus) or not all(uuids):
+        return NotOnNode(NO_GPU_UUID, (
+            f"container {c.name} names GPUs by UUID (nvidia.com/use-gpuuuid, "
+            "nouse-gpuuuid) and the node's GPU UUIDs are unknown (no gpushare.io/gpu-"
+            "inventory annotation)"
+        ))  # fmt: skip
+    wanted, avoided = set(c.gpu_uuids), set(c.excluded_gpu_uuids)
+    positions = frozenset(
+        p
+        for p, uuid in enumerate(uuids)
+        if (not wanted or uuid in wanted) and uuid not in avoided
+        and c.allows_at(p, node.gpus[p].model)
+    )  # fmt: skip
+    if not positions:
+        asked = _choice("GPU", c.gpu_uuids, c.excluded_gpu_uuids)
+        return NotOnNode(NO_GPU_UUID, (
+            f"container {c.name} asks {asked} (nvidia.com/use-gpuuuid, nouse-gpuuuid) "
+            f"and the node's GPUs are {', '.join(uuids)}"
+        ))  # fmt: skip
+    return replace(c, allowed_positions=positions, gpu_uuids=(), excluded_gpu_uuids=())
 
 
 def _choice(what: str, wanted: tuple[str, ...], avoided: tuple[str, ...]) -> str:
