@@ -682,10 +682,13 @@ def test_the_node_config_configmap_carries_the_values_the_plugin_reads(helm: Pat
 def test_device_plugin_with_managed_mps(helm: Path, default_objects: list[Obj]) -> None:
     """``devicePlugin.mpsManaged`` (issue 16): the flags, SYS_ADMIN for the compute mode, the
     driver's compute capability for the MPS binaries, the host directory and its shm/ as
-    /dev/shm; off by default; refused with fake GPUs."""
+    /dev/shm, a PID namespace shared with the pause container (which reaps the daemon); off by
+    default; refused with fake GPUs."""
     default = container(find(default_objects, "DaemonSet", "gpushare-device-plugin"))
     assert not any(a.startswith("--mps") for a in _args(default))
     assert "add" not in default["securityContext"]["capabilities"]
+    default_pod = find(default_objects, "DaemonSet", "gpushare-device-plugin")["spec"]["template"]
+    assert "shareProcessNamespace" not in default_pod["spec"]
 
     values = {"devicePlugin": {"mpsManaged": {"enabled": True, "root": "/run/mps"}}}
     daemonset = find(render_objects(values, helm=helm), "DaemonSet", "gpushare-device-plugin")
@@ -703,6 +706,8 @@ def test_device_plugin_with_managed_mps(helm: Path, default_objects: list[Obj]) 
     }
     assert volumes["mps-root"] == {"path": "/run/mps", "type": "DirectoryOrCreate"}
     assert volumes["mps-shm"] == {"path": "/run/mps/shm", "type": "DirectoryOrCreate"}
+    # the pause container reaps the daemonized MPS processes when they exit
+    assert daemonset["spec"]["template"]["spec"]["shareProcessNamespace"] is True
 
     with pytest.raises(HelmError, match=r"mpsManaged\.enabled needs real GPUs"):
         render_objects(
