@@ -1,33 +1,65 @@
-"""``fgd-spare``: ``fgd-cpu``'s CPU-aware tie-break on nodes already in use only, sparing
-untouched multi-GPU nodes for the pods that need them whole.
+"""``fgd-spare``: ``fgd-cpu``'s CPU-aware tie-break where it cannot take what scarce shapes need:
+untouched multi-GPU nodes, nodes of pinned GPU models, and CPU-bound clusters.
 
-``fgd-cpu`` leaves fewer GPUs idle than FGD at saturation, but below it fails big multi-GPU
-pods that FGD places (docs/simulator.md, "Beyond FGD"): among the untouched nodes FGD's score
-ties, its CPU-aware tie-break prefers the CPU-rich ones (the 128-vCPU 8-GPU nodes on openb),
-which are exactly the hosts of the 8-GPU pods asking 120 vCPU. ``fgd-spare`` gives a GPU pod
-no tie-break credit on an untouched node with at least ``SPARED_GPUS`` GPUs (no memory and no
-compute in use on any of them), so among such nodes FGD's own order decides, as in FGD, and any
-node already in use with a positive tie-break comes first. Elsewhere it is ``fgd-cpu``: same
-score (FGD's integer score), same GPU choice, same reservations of scarce node types, and
-CPU-only pods unchanged (holding them back too was tried: better on cpu300, worse on cpu235
-and cpu250; docs/simulator.md).
+``fgd-cpu`` leaves fewer GPUs idle than FGD at saturation, but below it fails pods that FGD
+places (docs/simulator.md, "Below saturation"), because its tie-break steers pods by CPU onto
+the nodes other shapes can least do without. ``fgd-spare`` keeps FGD's score, ``fgd-cpu``'s GPU
+choice and reservations, and withholds the tie-break (0: FGD's own node order decides) in four
+places, each found by a failure on an openb trace:
 
-Seed-paired against FGD (10 seeds) it fails no more multi-GPU pods and is never behind at
-any arrived level from 75 % to 100 % on the default trace; the numbers on every workload,
-where it is behind and the variants tried are in docs/simulator.md ("Below saturation"). It
-is also cheaper than ``fgd-cpu``: on the many untouched nodes of a young cluster the
-tie-break is a constant.
+1. **Untouched multi-GPU nodes, for GPU pods** (default): among the untouched nodes FGD scores
+   alike, the tie-break preferred the CPU-rich ones (the 128-vCPU 8-GPU nodes), the only hosts
+   of the 8-GPU pods asking 120 vCPU. A node with at least ``SPARED_GPUS`` GPUs and no memory or
+   compute in use gets no credit from a GPU pod.
+2. **Nodes of pinned GPU models** (gpuspec05/20): pods that may only use some models (openb's
+   ``gpu_spec``) failed because unpinned pods were steered onto those models' nodes. Every host
+   group of a model-pinned shape whose hosts hold at most ``SCARCE_SUPPLY`` of the GPUs is
+   reserved whatever its demand (``fgd-cpu`` reserves only groups of large demand).
+3. **Untouched hosts of scarce multi-GPU shapes, for CPU-only pods** (cpu300): CPU-only pods
+   took the CPU of the nodes that alone host a multi-GPU shape (host group ≤ ``SCARCE_SUPPLY``).
+4. **CPU-bound workloads**: when the workload asks a larger share of the cluster's CPU than of
+   its GPU (``cpu_pressure`` ≥ ``CPU_BOUND``; cpu250, cpu300 on openb) CPU runs out first, and
+   steering by CPU-aware fragmentation lost to FGD at saturation; there the tie-break is off
+   and the policy is FGD.
+
+It stays node-local in the extender: without ``PolicyContext.all_shapes`` and ``cluster`` only
+rule 1 applies (nothing is reserved, the pressure is unknown). Numbers on every workload, the
+variants tried and where it is still behind: docs/simulator.md ("Below saturation").
 """
 
 from __future__ import annotations
 
-from gpushare.core.model import NodeState, PodRequest
-from gpushare.core.policies.base import register
-from gpushare.core.policies.fgd_cpu import FgdCpuPolicy
+from gpushare.core.fragmentation import TargetWorkload, TaskShape, copy_idle
+from gpushare.core.model import Node, NodeState, PodRequest
+from gpushare.core.policies.base import PolicyContext, register
+from gpushare.core.policies.fgd_cpu import SCARCE_SUPPLY, FgdCpuPolicy, NodeType, node_type
 
 SPARED_GPUS = 2
 """Untouched nodes with at least this many GPUs (those that can host a multi-GPU pod) get no
 tie-break credit from GPU pods."""
+
+
+CPU_BOUND = 1.0
+"""``cpu_pressure`` at or above which the workload is CPU-bound and the tie-break is off."""
+
+
+def cpu_pressure(cluster: tuple[Node, ...], shapes: TargetWorkload) -> float | None:
+    """The workload's share of the cluster's CPU over its share of the GPU: Σ w·CPU / cluster
+    CPU, divided by Σ w·k·(idle one copy takes) / cluster GPU capacity (w: a shape's weight).
+    Above 1 the pods run out of CPU before GPU. ``None`` without CPU or GPU on either side."""
+    cpu_total = sum(node.cpu_milli or 0 for node in cluster)
+    gpu_total = sum(gpu.capacity for node in cluster for gpu in node.gpus)
+    if not cpu_total or not gpu_total:
+        return None
+    capacity = max(gpu.capacity for node in cluster for gpu in node.gpus)
+    cpu_demand = sum(w * s.cpu_milli for s, w in zip(shapes.shapes, shapes.weights, strict=True))
+    gpu_demand = sum(
+        w * s.gpu_count * copy_idle(s, capacity)
+        for s, w in zip(shapes.shapes, shapes.weights, strict=True)
+    )
+    if not gpu_demand:
+        return None
+    return (cpu_demand / cpu_total) / (gpu_demand / gpu_total)
 
 
 def untouched(state: NodeState) -> bool:
@@ -36,20 +68,58 @@ def untouched(state: NodeState) -> bool:
 
 
 class FgdSparePolicy(FgdCpuPolicy):
-    """``fgd-cpu`` whose tie-break spares untouched multi-GPU nodes (module doc); its score
+    """``fgd-cpu`` whose tie-break spares what scarce shapes need (module doc); its score
     (FGD's) and GPU choice are ``fgd-cpu``'s."""
 
     name = "fgd-spare"
 
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context)
+        self.multi_gpu_hosts: frozenset[NodeType] = frozenset()
+        self.cpu_bound = False
+        if context.all_shapes is None or not context.cluster:
+            return
+        supply: dict[NodeType, int] = {}
+        for node in context.cluster:
+            supply[node_type(node)] = supply.get(node_type(node), 0) + len(node.gpus)
+        total = sum(supply.values())
+
+        def scarce(shape: TaskShape) -> frozenset[NodeType] | None:
+            hosts = self.group_of.get(shape)
+            if hosts is None or total == 0:
+                return None
+            share = sum(supply[key] for key in hosts) / total
+            return hosts if 0 < share <= SCARCE_SUPPLY else None
+
+        multi: set[NodeType] = set()
+        for shape in context.all_shapes.shapes:
+            hosts = scarce(shape)
+            if hosts is None:
+                continue
+            if shape.allowed_models:  # rule 2
+                for key in hosts:
+                    self.reserved.setdefault(key, set()).add(hosts)
+            if shape.gpu_count >= 2:  # rule 3
+                multi |= hosts
+        self.multi_gpu_hosts = frozenset(multi)
+        pressure = cpu_pressure(context.cluster, context.all_shapes)
+        self.cpu_bound = pressure is not None and pressure >= CPU_BOUND  # rule 4
+
     def tie_break(self, state: NodeState, pod: PodRequest) -> float:
-        """0 for a GPU pod on an untouched node of ``SPARED_GPUS`` or more GPUs, else
-        ``fgd-cpu``'s tie-break (0–100)."""
-        if pod.gpu_containers and len(state.node.gpus) >= SPARED_GPUS and untouched(state):
+        """0 where the module doc's rules spare the node (or the workload is CPU-bound), else
+        ``fgd-cpu``'s tie-break (0–100, itself 0 on node types reserved for other shapes)."""
+        if self.cpu_bound:
             return 0.0
+        if untouched(state):
+            if pod.gpu_containers:
+                if len(state.node.gpus) >= SPARED_GPUS:
+                    return 0.0
+            elif node_type(state.node) in self.multi_gpu_hosts:
+                return 0.0
         return super().tie_break(state, pod)
 
 
 register(
     "fgd-spare",
-    "gpushare: fgd-cpu's CPU-aware tie-break on nodes in use, sparing untouched multi-GPU nodes",
+    "gpushare: fgd-cpu's CPU-aware tie-break where it spares what scarce shapes need",
 )(FgdSparePolicy)
