@@ -446,6 +446,19 @@ def _flag_names(args: Sequence[str]) -> set[str]:
     return {a.split("=", 1)[0] for a in args if a.startswith("--")}
 
 
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param({}, None, id="default-derived-from-the-inventory"),
+        pytest.param({"extender": {"gpuUnit": 16384}}, "--gpu-unit=16384", id="given-in-MiB"),
+    ],
+)
+def test_extender_gpu_unit(helm: Path, values: dict[str, Any], expected: str | None) -> None:
+    deployment = find(render_objects(values, helm=helm), "Deployment", "gpushare-extender")
+    given = [a for a in _args(container(deployment)) if a.startswith("--gpu-unit")]
+    assert given == ([] if expected is None else [expected])
+
+
 def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     deployment = find(default_objects, "Deployment", "gpushare-extender")
     spec = deployment["spec"]
@@ -461,7 +474,8 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     args = _args(main)
     assert args[0] == "extender"
     assert _flag_names(args) <= flags(extender)
-    assert "--policy=binpack" in args
+    assert "--policy=fgd-spare" in args  # issue 17: gpushare's policy is the default
+    assert not any(a.startswith("--gpu-unit") for a in args)  # derived from the inventory
     assert "--port=12345" in args
     # The pod's IP only, not every interface (kubelet expands $(POD_IP) from the env).
     assert "--host=$(POD_IP)" in args

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpushare.core.fragmentation import TargetWorkload, TaskShape
 from gpushare.core.model import ContainerRequest, NodeState, PodRequest
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.scheduler import Scheduler
-from gpushare.extender.scoring import default_workload
+from gpushare.extender.scoring import default_workload, derived_gpu_unit
 from gpushare.extender.state import UnwiredBinder
 from gpushare.extender.wire import ExtenderArgs, decode, encode
 from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker, live_policy
@@ -131,3 +133,63 @@ def test_cached_scores_follow_a_new_workload() -> None:
     expected = encode(fresh.prioritize(args))
     assert expected != before  # the scenario really distinguishes the two workloads
     assert encode(long_lived.prioritize(args)) == expected
+
+
+# ---- one whole GPU derived from the node inventory (issue 17: nothing to configure) ----------
+
+
+@pytest.mark.parametrize(
+    ("capacities", "expected"),
+    [
+        pytest.param({}, 16, id="no-GPU-known-the-fallback"),
+        pytest.param({16: 8}, 16, id="16-GiB-GPUs-in-GiB"),
+        pytest.param({16_384: 8, 81_920: 2}, 16_384, id="the-capacity-most-GPUs-have-in-MiB"),
+        pytest.param({16: 4, 80: 4}, 80, id="a-tie-goes-to-the-larger"),
+        pytest.param({2: 8}, 4, id="at-least-4-for-the-placeholder-quarters"),
+        pytest.param({16: 0, 80: 2}, 80, id="counts-of-0-are-gone"),
+    ],
+)
+def test_derived_gpu_unit(capacities: dict[int, int], expected: int) -> None:
+    assert derived_gpu_unit(capacities) == expected
+
+
+def test_the_state_counts_gpus_by_capacity_as_nodes_come_and_go() -> None:
+    state = ExtenderState()
+    state.upsert_node(node_json("t4-a", [16, 16]))
+    state.upsert_node(node_json("t4-b", [16, 16]))
+    state.upsert_node(node_json("a100", [80]))
+    assert state.gpu_capacities() == {16: 4, 80: 1}
+    state.upsert_node(node_json("t4-b", [80, 80, 80, 80]))  # relabelled with other GPUs
+    state.remove_node("t4-a")
+    assert state.gpu_capacities() == {80: 5}
+
+
+def test_a_derived_unit_follows_the_inventory_and_rebuilds_the_policy() -> None:
+    """Before any node the placeholder is in 16ths; once 80 GiB GPUs are known (checked at
+    every call while none is), M's placeholder and the policy are rebuilt in 80ths; later
+    changes are seen after ``unit_check_s``."""
+    now = [0.0]
+    state = ExtenderState()
+    tracker = WorkloadTracker(
+        None, gpu_capacities=state.gpu_capacities, unit_check_s=5, clock=lambda: now[0]
+    )
+    policy = AdaptiveFgd("fgd-spare", tracker)
+    assert tracker.gpu_unit == 16
+    generation = policy.generation
+    state.upsert_node(node_json("a100", [80] * 8))
+    assert policy.workload == default_workload(80)  # no GPU was known: checked at once
+    assert tracker.gpu_unit == 80
+    assert policy.generation == generation + 1
+    state.upsert_node(node_json("t4", [16] * 16))
+    assert tracker.gpu_unit == 80  # not yet: checked every 5 s once GPUs are known
+    now[0] = 5.0
+    assert policy.workload == default_workload(16)
+    assert policy.generation == generation + 2
+
+
+def test_a_given_unit_never_moves() -> None:
+    state = ExtenderState()
+    state.upsert_node(node_json("a100", [80] * 8))
+    tracker = WorkloadTracker(16, gpu_capacities=state.gpu_capacities, unit_check_s=0)
+    assert tracker.workload() == default_workload(16)
+    assert tracker.gpu_unit == 16

@@ -746,7 +746,7 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             tls_key=secret["tls.key"],
             prefix=ext["prefix"],
             policy=ext["policy"],
-            gpu_unit=int(ext["gpu-unit"]),
+            gpu_unit=int(ext["gpu-unit"]) if "gpu-unit" in ext else None,  # None: derived
             assume_ttl_s=float(ext["assume-ttl"]),
             handshake_timeout_s=float(ext["handshake-timeout"]),
             bind_timeout_s=float(ext["bind-timeout"]),

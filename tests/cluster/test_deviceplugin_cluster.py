@@ -164,6 +164,7 @@ def cluster(
         kubelet.call(kubelet.kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity == 32, WAIT_S))
         kubelet.sync_node_status(kube, node)  # kubelet's node-status sync
         options = LiveOptions(
+            policy="binpack",  # the expected GPUs are binpack's (the default is fgd-spare)
             backoff=Backoff(initial_s=0.05, max_s=0.5),
             access_log=False,
             handshake_timeout_s=handshake_timeout_s,

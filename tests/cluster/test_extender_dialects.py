@@ -150,7 +150,10 @@ def cluster(control_plane: ControlPlane) -> Iterator[Cluster]:
         stack.callback(delete_namespace, kube, NAMESPACE)
         node = core.gpu_node([16] * 4, name=NODE)
         kube.create(bound_gpu_pod(NAMESPACE, "alibaba-4", node, [("main", (0,), 4)], assume_ns=1))
-        options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
+        # binpack: the expected GPUs below are its choices (the default is fgd-spare).
+        options = LiveOptions(
+            policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False
+        )
         extender = stack.enter_context(ExtenderThread(control_plane.kubeconfig, options))
         wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
         stack.enter_context(
@@ -231,7 +234,9 @@ def test_a_restarted_extender_rebuilds_the_same_ledger(cluster: Cluster) -> None
         return not any(p["assumed"] for d in report["devs"] for p in d["pods"]) or None
 
     wait_for("binds confirmed", confirmed)
-    options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
+    options = LiveOptions(
+        policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False
+    )
     with ExtenderThread(cluster.control_plane.kubeconfig, options) as second:
         wait_for("second extender /readyz 200", lambda: second.get("/readyz")[0] == 200 or None)
         assert cluster.ledger(second) == cluster.ledger(cluster.extender)

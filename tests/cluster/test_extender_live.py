@@ -223,7 +223,10 @@ def live(control_plane: ControlPlane) -> Iterator[Live]:
         kubeconfig = control_plane.service_account_kubeconfig(
             "gpushare-extender-live", "kube-system", [*EXTENDER_RULES]
         )
-        options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
+        # Alibaba's rule: the expected GPUs below are binpack's (the default is fgd-spare).
+        options = LiveOptions(
+            policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False
+        )
         extender = stack.enter_context(ExtenderThread(kubeconfig, options))
         before = [extender.get("/readyz")[0] for _ in range(3)]
         control_plane.service_account_token(

@@ -181,7 +181,10 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
         # handshake's pending state: the rule (equal pending pods share GPUs) is off here and
         # tested where a device plugin answers (test_deviceplugin_cluster.py).
         options = LiveOptions(
-            backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False, handshake_timeout_s=0
+            policy="binpack",
+            backoff=Backoff(initial_s=0.05, max_s=0.5),
+            access_log=False,
+            handshake_timeout_s=0,
         )
         holder: list[ExtenderThread] = [ExtenderThread(kubeconfig, options).start()]
 

@@ -48,6 +48,7 @@ from gpushare.extender.limits import (
     uvicorn_settings,
 )
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
+from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
 from gpushare.extender.workload import live_policy
 from gpushare.kube.codec import CodecError
 from gpushare.kube.lease import LeaseConfig
@@ -94,16 +95,17 @@ def build_state(
 @click.option(
     "--policy",
     type=click.Choice(policy_names()),
-    default="binpack",
+    default=DEFAULT_POLICY,
     show_default=True,
-    help="Placement policy: node half for prioritize, GPU half for bind.",
+    help="Placement policy: node half for prioritize, GPU half for bind "
+    "(docs/simulator.md compares them).",
 )
 @click.option(
     "--gpu-unit",
     type=click.IntRange(min=4),
-    default=16,
-    show_default=True,
-    help="One whole GPU in the nodes' memory unit (fgd, fgd-cpu).",
+    default=None,
+    help="One whole GPU in the nodes' memory unit (fgd, fgd-cpu, fgd-spare). Default: derived "
+    "from the node inventory, the capacity most GPUs have (16 until a GPU node is known).",
 )
 @click.option(
     "--assume-ttl",
@@ -220,7 +222,7 @@ def extender(
     port: int,
     prefix: str,
     policy: str,
-    gpu_unit: int,
+    gpu_unit: int | None,
     assume_ttl_s: float,
     handshake_timeout_s: float,
     bind_timeout_s: float,
@@ -265,8 +267,8 @@ def extender(
         app = create_app(
             state,
             prefix=prefix,
-            policy=live_policy(policy, gpu_unit),
-            gpu_unit=gpu_unit,
+            policy=live_policy(policy, gpu_unit, gpu_capacities=state.gpu_capacities),
+            gpu_unit=gpu_unit or DEFAULT_GPU_UNIT,
             nodes_from_requests=True,
             limits=limits,
         )

@@ -55,6 +55,7 @@ from gpushare.extender.feed import StateFeeder
 from gpushare.extender.forward import LEADER_URL_ANNOTATION, LeaderForwarder, leader_url
 from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
+from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import PodBinder
@@ -73,30 +74,31 @@ class LiveOptions:
     """How the live extender serves and decides.
 
     ``host``/``port``/``prefix``: where it listens; ``policy`` and ``gpu_unit``: placement
-    (``create_app``); ``assume_ttl_s``: life of an assumed allocation; ``handshake_timeout_s``:
-    how long a bound pod not yet started pins equal pods (``ExtenderState``); ``bind_timeout_s``:
-    bound on one bind (below kube-scheduler's ``httpTimeout``); ``event_timeout_s``: bound on one
-    Event; ``event_qps``/``event_burst``: the rate of ``GPUAssigned`` Events
-    (``gpushare.extender.apiserver.EventRate``); ``instance``: ``reportingInstance`` of the
-    Events (default: ``$POD_NAME``, else the host name); ``access_log``: uvicorn's access log;
-    ``backoff``/``watch_timeout_s``: the cache's retry pacing and watch length;
-    ``graceful_shutdown_s``: how long open requests may finish on stop;
-    ``tls_cert``/``tls_key``: serve HTTPS with this certificate and key (PEM);
+    (``create_app``; ``gpu_unit`` ``None``: derived from the node inventory,
+    ``gpushare.extender.workload``); ``assume_ttl_s``: life of an assumed allocation;
+    ``handshake_timeout_s``: how long a bound pod not yet started pins equal pods
+    (``ExtenderState``); ``bind_timeout_s``: bound on one bind (below kube-scheduler's
+    ``httpTimeout``); ``event_timeout_s``: bound on one Event; ``event_qps``/``event_burst``:
+    the rate of ``GPUAssigned`` Events (``gpushare.extender.apiserver.EventRate``);
+    ``instance``: ``reportingInstance`` of the Events (default: ``$POD_NAME``, else the host
+    name); ``access_log``: uvicorn's access log; ``backoff``/``watch_timeout_s``: the cache's
+    retry pacing and watch length; ``graceful_shutdown_s``: how long open requests may finish on
+    stop; ``tls_cert``/``tls_key``: serve HTTPS with this certificate and key (PEM);
     ``tls_client_ca``: also require a client certificate signed by this CA (mutual TLS);
     ``limits``: request body size, read timeouts and the connection cap
     (``gpushare.extender.limits``).
     ``leader_election``: the Lease to campaign for (``None``: a single replica that always
-    decides); ``rebuild_timeout_s``: bound on the relist of a new leader;
-    ``forward_timeout_s``: bound on a request a follower forwards to the leader;
-    ``advertise_address``: the address followers reach this replica at (default ``$POD_IP``,
-    else 127.0.0.1), published on the Lease.
+    decides); ``rebuild_timeout_s``: bound on the relist of a new leader; ``forward_timeout_s``:
+    bound on a request a follower forwards to the leader; ``advertise_address``: the address
+    followers reach this replica at (default ``$POD_IP``, else 127.0.0.1), published on the
+    Lease.
     """
 
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
     prefix: str = DEFAULT_PREFIX
-    policy: str = "binpack"
-    gpu_unit: int = 16
+    policy: str = DEFAULT_POLICY
+    gpu_unit: int | None = None
     assume_ttl_s: float = 60.0
     handshake_timeout_s: float = 300.0
     bind_timeout_s: float = 20.0
@@ -207,7 +209,9 @@ class LiveExtender:
             )
         self.workload: WorkloadTracker | None = None
         if options.policy in WORKLOAD_POLICIES:
-            self.workload = WorkloadTracker(options.gpu_unit)
+            self.workload = WorkloadTracker(
+                options.gpu_unit, gpu_capacities=self.state.gpu_capacities
+            )
             self.cache.on_pod(self.workload.on_pod)
         self.app = create_app(
             self.state,
@@ -217,7 +221,7 @@ class LiveExtender:
             if self.leadership is None
             else LeaderBinder(self.binder, self.leadership),
             events=self.events,
-            gpu_unit=options.gpu_unit,
+            gpu_unit=options.gpu_unit or DEFAULT_GPU_UNIT,
             limits=options.limits,
             divert=self.forwarder.divert if self.forwarder is not None else None,
             readiness=self._ready,

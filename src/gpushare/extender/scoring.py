@@ -32,6 +32,25 @@ TIE_BREAK_SCALE = 101.0
 """t / 101 < 1 for t in 0..100: a tie-break never outweighs one point of the primary score."""
 
 
+DEFAULT_POLICY = "fgd-spare"
+"""The extender's policy when none is named (docs/simulator.md: never behind FGD's curve on
+the openb traces, ahead at saturation)."""
+
+DEFAULT_GPU_UNIT = 16
+"""One whole GPU until nodes are known: a 16 GiB GPU in GiB (Alibaba's T4/V100 clusters)."""
+
+
+def derived_gpu_unit(capacities: Mapping[int, int], fallback: int = DEFAULT_GPU_UNIT) -> int:
+    """One whole GPU in the node unit, from ``capacities`` (GPU capacity → how many GPUs have
+    it, ``ExtenderState.gpu_capacities``): the capacity most GPUs have (the larger on a tie),
+    so that FGD's "whole GPU" is the cluster's typical GPU with nothing configured; at least 4
+    (``default_workload`` needs quarters); ``fallback`` when no GPU is known."""
+    known = [(count, capacity) for capacity, count in capacities.items() if count > 0]
+    if not known:
+        return fallback
+    return max(4, max(known)[1])
+
+
 def default_workload(gpu_unit: int) -> TargetWorkload:
     """A placeholder M: ¼, ½ and 1 GPU and 2 whole GPUs, equally likely (module doc)."""
     if gpu_unit < 4:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -144,6 +145,7 @@ class ExtenderState:
         self._pending = PendingBook(handshake_timeout_s)
         self._wall_clock_ns = wall_clock_ns
         self._nodes: dict[str, NodeInfo] = {}
+        self._gpu_capacities: Counter[int] = Counter()  # GPUs of the known nodes by capacity
         self._node_objects: dict[str, Json] = {}  # the Node as the API server sent it
         self._pods: dict[str, dict[str, Any]] = {}  # from the API server (and our binds)
         self._requested: dict[str, dict[str, Any]] = {}  # from filter requests, bounded
@@ -179,8 +181,12 @@ class ExtenderState:
     def upsert_node_info(self, info: NodeInfo) -> None:
         """Add or update an already decoded node (a no-op when nothing changed)."""
         name = info.node.name
-        if self._nodes.get(name) == info:
+        old = self._nodes.get(name)
+        if old == info:
             return
+        if old is not None:
+            self._gpu_capacities.subtract(gpu.capacity for gpu in old.node.gpus)
+        self._gpu_capacities.update(gpu.capacity for gpu in info.node.gpus)
         self._nodes[name] = info
         self._ledger.upsert_node(info.node)
         self._bump(name)
@@ -193,13 +199,20 @@ class ExtenderState:
     def remove_node(self, name: str) -> None:
         """Forget node ``name``; allocations on it stay until their pods go (``Ledger``)."""
         self._node_objects.pop(name, None)
-        if self._nodes.pop(name, None) is not None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            self._gpu_capacities.subtract(gpu.capacity for gpu in old.node.gpus)
             self._ledger.remove_node(name)
             self._bump(name)
 
     def node(self, name: str) -> NodeInfo | None:
         """The node called ``name``, or ``None``."""
         return self._nodes.get(name)
+
+    def gpu_capacities(self) -> dict[int, int]:
+        """How many GPUs of the known nodes have each capacity (node units), kept as nodes
+        come and go (O(distinct capacities))."""
+        return {capacity: count for capacity, count in self._gpu_capacities.items() if count > 0}
 
     def nodes(self) -> list[NodeInfo]:
         """Every known node, sorted by name."""

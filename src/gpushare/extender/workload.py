@@ -9,6 +9,11 @@ knows, by ``namespace/name``:
 * in any mode, every pod the policy scores or places (:meth:`WorkloadTracker.observe`: the
   pending pods kube-scheduler asks about; the only source with ``--in-memory``).
 
+**One whole GPU** (``gpu_unit``, FGD's normalisation and the placeholder M's unit) is either
+given (``--gpu-unit``) or derived from the node inventory (``scoring.derived_gpu_unit``: the
+capacity most GPUs have, from ``ExtenderState.gpu_capacities``), checked again every
+``unit_check_s`` seconds (at every call while no GPU is known); a new unit rebuilds the policy.
+
 M is ``TargetWorkload.from_pods`` over those requests (shapes in the node unit already, as the
 ledger and ``scoring`` use them: ``aliyun.com/gpu-mem`` per GPU, ``gpu_count`` GPUs). It is
 rebuilt lazily, on the next score, once ``refresh_changes`` pods changed or ``refresh_s``
@@ -24,12 +29,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, TieBreak, tie_break_of
-from gpushare.extender.scoring import default_workload, extender_policy
+from gpushare.extender.scoring import (
+    DEFAULT_GPU_UNIT,
+    default_workload,
+    derived_gpu_unit,
+    extender_policy,
+)
 from gpushare.kube.codec import CodecError, pod_finished, pod_request
 from gpushare.kube.watch import Action, Change
 
@@ -41,26 +51,38 @@ WORKLOAD_POLICIES = frozenset({"fgd", "fgd-cpu", "fgd-spare"})
 
 class WorkloadTracker:
     """The GPU pods the extender knows and the target workload M built from them (module
-    doc). ``clock``: monotonic seconds."""
+    doc). ``gpu_unit``: one whole GPU in node units, or ``None`` to derive it from
+    ``gpu_capacities`` (GPU capacity → count; ``ValueError`` without it). ``clock``: monotonic
+    seconds."""
 
     def __init__(
         self,
-        gpu_unit: int,
+        gpu_unit: int | None,
         *,
+        gpu_capacities: Callable[[], Mapping[int, int]] | None = None,
         refresh_s: float = 60.0,
         refresh_changes: int = 100,
         coverage: float = 0.95,
+        unit_check_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.gpu_unit = gpu_unit
+        if gpu_unit is None and gpu_capacities is None:
+            raise ValueError("gpu_unit=None (derived) needs gpu_capacities")
+        self._capacities = gpu_capacities if gpu_unit is None else None
+        self.gpu_unit = DEFAULT_GPU_UNIT if gpu_unit is None else gpu_unit
+        self.unit_check_s = unit_check_s
+        self._unit_known = gpu_unit is not None
+        self._unit_checked_at = clock()
+        self._unit_changed = False
         self.refresh_s = refresh_s
         self.refresh_changes = max(1, refresh_changes)
         self.coverage = coverage
         self._clock = clock
+        self._check_unit(force=True)
         self._pods: dict[str, PodRequest] = {}
         self._changes = 0
         self._refreshed_at = clock()
-        self._workload = default_workload(gpu_unit)
+        self._workload = default_workload(self.gpu_unit)
         self.from_pods = False
         """True once M comes from pods (else the placeholder)."""
 
@@ -103,8 +125,30 @@ class WorkloadTracker:
             return
         self.observe(request)
 
+    def _check_unit(self, *, force: bool = False) -> None:
+        """Derive ``gpu_unit`` again when it is derived and due (module doc)."""
+        if self._capacities is None:
+            return
+        now = self._clock()
+        if not force and self._unit_known and now - self._unit_checked_at < self.unit_check_s:
+            return
+        self._unit_checked_at = now
+        capacities = self._capacities()
+        self._unit_known = any(count > 0 for count in capacities.values())
+        unit = derived_gpu_unit(capacities, self.gpu_unit)
+        if unit != self.gpu_unit:
+            log.info(
+                "one whole GPU is %d node units (the capacity most GPUs have; was %d)",
+                unit, self.gpu_unit,
+            )  # fmt: skip
+            self.gpu_unit = unit
+            self._unit_changed = True
+
     def due(self) -> bool:
         """True when M should be rebuilt (module doc)."""
+        self._check_unit()
+        if self._unit_changed:
+            return True
         if self._changes == 0:
             return False
         if self._changes >= self.refresh_changes or not self.from_pods:
@@ -114,6 +158,7 @@ class WorkloadTracker:
     def refresh(self) -> TargetWorkload:
         """Rebuild M now from the known pods (the placeholder when there are none)."""
         self._changes = 0
+        self._unit_changed = False
         self._refreshed_at = self._clock()
         if self._pods:
             self._workload = TargetWorkload.from_pods(self._pods.values(), self.coverage)
@@ -191,9 +236,15 @@ class AdaptiveFgd:
         return self._current().choose_gpus(state, pod)
 
 
-def live_policy(name: str, gpu_unit: int, tracker: WorkloadTracker | None = None) -> Policy | str:
+def live_policy(
+    name: str,
+    gpu_unit: int | None,
+    tracker: WorkloadTracker | None = None,
+    gpu_capacities: Callable[[], Mapping[int, int]] | None = None,
+) -> Policy | str:
     """What the extender passes to ``create_app``: an :class:`AdaptiveFgd` for the
-    ``WORKLOAD_POLICIES`` (on ``tracker``, or a new one), else the name itself."""
+    ``WORKLOAD_POLICIES`` (on ``tracker``, or a new one on ``gpu_unit``, ``None``: derived
+    from ``gpu_capacities``), else the name itself."""
     if name not in WORKLOAD_POLICIES:
         return name
-    return AdaptiveFgd(name, tracker or WorkloadTracker(gpu_unit))
+    return AdaptiveFgd(name, tracker or WorkloadTracker(gpu_unit, gpu_capacities=gpu_capacities))
