@@ -256,34 +256,46 @@ def node_fragmentation(
 ) -> float:
     """F_n(M) = Σ_m p_m · F_n(m), in GPU units (``compute``: the second dimension, module doc)."""
     if compute is None and len(set(models)) <= 1:
-        return _one_model_paper(free, models[0] if models else "", cpu_free_milli, workload)
+        return _one_model_sum(free, models[0] if models else "", cpu_free_milli, workload)
     return sum(
         weight * paper
         for weight, paper, _ in shape_terms(free, models, cpu_free_milli, workload, compute)
     )
 
 
-def _one_model_paper(
-    free: Sequence[int], model: str, cpu_free_milli: int | None, workload: TargetWorkload
+def _one_model_sum(
+    free: Sequence[int],
+    model: str,
+    cpu_free_milli: int | None,
+    workload: TargetWorkload,
+    cpu_weight: float | None = None,
 ) -> float:
-    """``node_fragmentation`` without a second dimension on a one-model node: ``shape_terms``'
-    fast path summed in its loop, in the same order (bit-for-bit the same value); FGD's score
-    calls it for every node state it has not seen."""
+    """``node_fragmentation`` (``cpu_weight`` ``None``) or ``cpu_aware_fragmentation`` without a
+    second dimension on a one-model node: ``shape_terms``' fast path (and ``_cpu_capped``, one
+    copy taking g per GPU) summed in one loop in the same order, so the value is bit-for-bit
+    the same. It is the hot path of FGD's score and of the CPU-aware tie-break."""
     ordered = sorted(free)
     below = [0, *itertools.accumulate(ordered)]
     idle = below[-1]
     count = len(ordered)
     total: float = 0
     for shape, weight in zip(workload.shapes, workload.weights, strict=True):
+        need = shape.cpu_milli
         if (
             shape.gpu_count == 0
             or (shape.allowed_models and model not in shape.allowed_models)
-            or (cpu_free_milli is not None and cpu_free_milli < shape.cpu_milli)
+            or (cpu_free_milli is not None and cpu_free_milli < need)
         ):
             total += weight * idle
             continue
         smaller = bisect.bisect_left(ordered, shape.gpu_share)
-        total += weight * (idle if count - smaller < shape.gpu_count else below[smaller])
+        paper = idle if count - smaller < shape.gpu_count else below[smaller]
+        if cpu_weight is None or paper == idle or need == 0 or cpu_free_milli is None:
+            total += weight * paper
+            continue
+        copies = cpu_free_milli // need
+        capped = idle - min(idle - paper, copies * shape.gpu_share * shape.gpu_count)
+        total += weight * (paper + cpu_weight * (capped - paper))
     return total
 
 
@@ -333,7 +345,7 @@ def cpu_aware_fragmentation(
     max(g, ⌈compute · capacity / 1000⌉) on the node's largest GPU (``copy_idle``).
     """
     if compute is None and len(set(models)) <= 1:
-        return _one_model_cpu_aware(
+        return _one_model_sum(
             free, models[0] if models else "", cpu_free_milli, workload, cpu_weight
         )
     idle = sum(gpu_idle(free, compute))
@@ -342,41 +354,6 @@ def cpu_aware_fragmentation(
         weight * _cpu_capped(paper, idle, shape, cpu_free_milli, cpu_weight, capacity=capacity)
         for weight, paper, shape in shape_terms(free, models, cpu_free_milli, workload, compute)
     )
-
-
-def _one_model_cpu_aware(
-    free: Sequence[int],
-    model: str,
-    cpu_free_milli: int | None,
-    workload: TargetWorkload,
-    cpu_weight: float,
-) -> float:
-    """``cpu_aware_fragmentation`` without a second dimension on a one-model node: the terms of
-    ``shape_terms``' fast path and ``_cpu_capped`` (one copy takes g per GPU) in one loop, summed
-    in the same order, so the value is bit-for-bit the same; it is the tie-break's hot path."""
-    ordered = sorted(free)
-    below = [0, *itertools.accumulate(ordered)]
-    idle = below[-1]
-    count = len(ordered)
-    total: float = 0
-    for shape, weight in zip(workload.shapes, workload.weights, strict=True):
-        need = shape.cpu_milli
-        if (
-            shape.gpu_count == 0
-            or (shape.allowed_models and model not in shape.allowed_models)
-            or (cpu_free_milli is not None and cpu_free_milli < need)
-        ):
-            total += weight * idle
-            continue
-        smaller = bisect.bisect_left(ordered, shape.gpu_share)
-        paper = idle if count - smaller < shape.gpu_count else below[smaller]
-        if paper == idle or need == 0 or cpu_free_milli is None:
-            total += weight * paper
-            continue
-        copies = cpu_free_milli // need
-        capped = idle - min(idle - paper, copies * shape.gpu_share * shape.gpu_count)
-        total += weight * (paper + cpu_weight * (capped - paper))
-    return total
 
 
 def per_gpu_demand(gpu_share: int, compute_milli: int, exclusive: bool, capacity: int) -> int:
