@@ -12,7 +12,9 @@ seeds, ± sd for the highlighted policy), each policy's column in the order of i
 ``default`` workload, then the references; the best online policy of each row in bold. With
 ``--plot``, writes one panel per workload of unallocated GPU % against arrived % (75–100, the
 paper's Fig. 9a range) for the highlighted policy, fgd, fgd-cpu, alibaba and bestfit (mean over
-seeds).
+seeds); with ``--plot-difference``, one panel per workload of the seed-paired difference
+highlighted − ``--baseline`` (mean, and a band of ± one sd: "behind" in bench/dominance.py is
+the whole band above zero).
 """
 
 from __future__ import annotations
@@ -104,14 +106,57 @@ def plot(workloads: dict[str, dict[str, Any]], highlight: str, out: Path) -> Non
         ax.grid(alpha=0.3)
         if index % columns == 0:
             ax.set_ylabel("unallocated GPU %")
-    for index in range(len(names), rows * columns):
-        axes[index // columns][index % columns].axis("off")
+    _finish(figure, axes, len(names), out)
+
+
+def plot_difference(
+    workloads: dict[str, dict[str, Any]], highlight: str, baseline: str, out: Path
+) -> None:
+    """One panel per workload: mean and ± sd of highlighted − baseline, paired by seed."""
+    names = sorted(n for n in workloads if {highlight, baseline} <= set(workloads[n]["runs"]))
+    columns = 4
+    rows = math.ceil(len(names) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.4 * rows), squeeze=False)
+    for index, name in enumerate(names):
+        ax = axes[index // columns][index % columns]
+        ours, base = workloads[name]["runs"][highlight], workloads[name]["runs"][baseline]
+        seeds = sorted(set(ours) & set(base))
+        means, sds = [], []
+        for level in LEVELS:
+            d = [
+                float(ours[s]["unallocated_pct"][level]) - float(base[s]["unallocated_pct"][level])
+                for s in seeds
+            ]
+            means.append(statistics.fmean(d))
+            sds.append(statistics.stdev(d) if len(d) > 1 else 0.0)
+        low = [m - sd for m, sd in zip(means, sds, strict=True)]
+        high = [m + sd for m, sd in zip(means, sds, strict=True)]
+        ax.fill_between(list(LEVELS), low, high, alpha=0.25, label="± 1 sd")
+        ax.plot(list(LEVELS), means, linewidth=2, label=f"{highlight} − {baseline}, mean")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_title(f"{name} ({len(seeds)} seeds)", fontsize=10)
+        ax.set_xlim(75, 100)
+        ax.grid(alpha=0.3)
+        if index % columns == 0:
+            ax.set_ylabel("difference, points")
+    _finish(figure, axes, len(names), out)
+
+
+def _finish(figure: Any, axes: Any, used: int, out: Path) -> None:
+    """The legend of the first panel in the first unused one (else below), the axis label,
+    the file."""
     handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower right", ncol=len(labels))
+    rows, columns = len(axes), len(axes[0])
+    for index in range(used, rows * columns):
+        axes[index // columns][index % columns].axis("off")
+    if used < rows * columns:
+        axes[used // columns][used % columns].legend(handles, labels, loc="center")
+    else:
+        figure.legend(handles, labels, loc="lower right", ncol=len(labels))
     figure.supxlabel("arrived workload, % of GPU capacity (mean over seeds)")
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=90)
+    figure.savefig(out, dpi=80)
     print(f"wrote {out}")
 
 
@@ -119,12 +164,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--highlight", default="fgd-spare")
+    parser.add_argument("--baseline", default="fgd")
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--plot-difference", type=Path)
     args = parser.parse_args()
     workloads = load(args.results)
     print(table(workloads, args.highlight))
     if args.plot is not None:
         plot(workloads, args.highlight, args.plot)
+    if args.plot_difference is not None:
+        plot_difference(workloads, args.highlight, args.baseline, args.plot_difference)
 
 
 if __name__ == "__main__":
