@@ -9,7 +9,7 @@ from gpushare.core.fragmentation import TargetWorkload, TaskShape
 from gpushare.core.model import ContainerRequest, NodeState, PodRequest
 from gpushare.core.placement import Placer
 from gpushare.core.policies import PolicyContext, make_policy
-from gpushare.core.policies.fgd_cpu import FgdCpuPolicy
+from gpushare.core.policies.fgd_cpu import FgdCpuPolicy, node_type
 from gpushare.core.policies.fgd_spare import FgdSparePolicy, cpu_pressure
 from gpushare.testing.core import gpu_node
 
@@ -123,3 +123,15 @@ def test_cpu_pressure_is_the_cpu_share_over_the_gpu_share() -> None:
     pressure = cpu_pressure(CLUSTER, TargetWorkload((TaskShape(60_000, 500, 1),), (1.0,)))
     assert pressure == pytest.approx((60 / 800) / (0.5 / 64))
     assert cpu_pressure((gpu_node((1000,)),), TargetWorkload((SMALL,), (1.0,))) is None  # no CPU
+
+
+def test_it_reserves_scarce_hosts_at_a_lower_ratio_than_fgd_cpu() -> None:
+    """The 120-vCPU 8-GPU shape's only hosts (G3, 1/8 of the GPUs) are asked for 1.6 % of the
+    demand: above 0.05 × 1/8 (``SPARE_RESERVE_RATIO``), below 0.25 × 1/8 (``RESERVE_RATIO``).
+    fgd-spare reserves G3 from other GPU pods; fgd-cpu does not."""
+    ctx = context((SMALL, 0.999), (EIGHT_BIG, 0.001))
+    ours, cpu = FgdSparePolicy(ctx), FgdCpuPolicy(ctx)
+    assert node_type(G3) in ours.reserved
+    assert node_type(G3) not in cpu.reserved
+    assert cpu.tie_break(G3_USED, SHARE) > 0
+    assert ours.tie_break(G3_USED, SHARE) == 0.0

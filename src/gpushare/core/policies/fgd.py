@@ -49,22 +49,26 @@ def sigmoid(x: float) -> float:
 
 
 def free_after(
-    state: NodeState, allocations: Sequence[ContainerAllocation]
+    state: NodeState, allocations: Sequence[ContainerAllocation], *, compute: bool = True
 ) -> tuple[list[int], list[int]]:
     """(free memory, free ``compute_milli``) per GPU position of ``state`` with ``allocations``
     added, as ``NodeState.with_allocation`` leaves them: a GPU an allocation holds whole
-    (``exclusive``) has 0 of both, whatever its capacity."""
+    (``exclusive``) has 0 of both, whatever its capacity. ``compute=False``: the second list is
+    empty (a caller on the one-dimensional F needs no compute)."""
     position_of = {gpu.index: p for p, gpu in enumerate(state.node.gpus)}
     free = list(state.gpu_free)
-    compute_free = list(state.gpu_compute_free)
+    compute_free = list(state.gpu_compute_free) if compute else []
     for allocation in allocations:
         for index in allocation.gpu_indices:
             p = position_of[index]
             if allocation.exclusive:
-                free[p] = compute_free[p] = 0
+                free[p] = 0
+                if compute:
+                    compute_free[p] = 0
             else:
                 free[p] -= allocation.gpu_share
-                compute_free[p] -= allocation.compute_milli
+                if compute:
+                    compute_free[p] -= allocation.compute_milli
     return free, compute_free
 
 

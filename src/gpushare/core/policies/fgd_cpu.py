@@ -61,9 +61,10 @@ def _can_host(node: Node, shape: TaskShape) -> bool:
 
 
 def reserved_node_types(
-    cluster: tuple[Node, ...], shapes: TargetWorkload
+    cluster: tuple[Node, ...], shapes: TargetWorkload, ratio: float = RESERVE_RATIO
 ) -> tuple[dict[NodeType, set[frozenset[NodeType]]], dict[TaskShape, frozenset[NodeType]]]:
-    """(node type → the host groups that reserve it, shape → its host group), module doc."""
+    """(node type → the host groups that reserve it, shape → its host group), module doc;
+    ``ratio`` is the module doc's ``RESERVE_RATIO``."""
     supply: dict[NodeType, int] = {}
     template: dict[NodeType, Node] = {}
     for node in cluster:
@@ -87,7 +88,7 @@ def reserved_node_types(
         return reserved, group_of
     for hosts, amount in demand.items():
         share = sum(supply[key] for key in hosts) / supply_total
-        if 0 < share <= SCARCE_SUPPLY and amount / demand_total > RESERVE_RATIO * share:
+        if 0 < share <= SCARCE_SUPPLY and amount / demand_total > ratio * share:
             for key in hosts:
                 reserved.setdefault(key, set()).add(hosts)
     return reserved, group_of
@@ -98,6 +99,8 @@ class FgdCpuPolicy:
 
     name = "fgd-cpu"
     deterministic = True
+    reserve_ratio = RESERVE_RATIO
+    """``RESERVE_RATIO`` for this policy's reservations (``fgd-spare`` reserves more)."""
 
     def __init__(self, context: PolicyContext) -> None:
         self.paper = FgdPolicy(context, name="fgd-cpu")
@@ -111,7 +114,9 @@ class FgdCpuPolicy:
         self.reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
         self.group_of: dict[TaskShape, frozenset[NodeType]] = {}
         if context.all_shapes is not None and context.cluster:
-            self.reserved, self.group_of = reserved_node_types(context.cluster, context.all_shapes)
+            self.reserved, self.group_of = reserved_node_types(
+                context.cluster, context.all_shapes, self.reserve_ratio
+            )
 
     def tie_break(self, state: NodeState, pod: PodRequest) -> float:
         """Among nodes FGD scores equally: ⌊100·σ(−Δ/unit)⌋ of the CPU-aware fragmentation
@@ -124,7 +129,9 @@ class FgdCpuPolicy:
         cpu = state.cpu_free_milli
         cpu_after = None if cpu is None else cpu - pod.cpu_milli
         before = compute_of(state, self.workload, pod)
-        free, compute_free = free_after(state, self.paper.choose_gpus(state, pod))
+        free, compute_free = free_after(
+            state, self.paper.choose_gpus(state, pod), compute=before is not None
+        )
         view = None if before is None else ComputeFree(tuple(compute_free), before.capacities)
         after = self.cpu_frag(models, cpu_after, free, view)
         delta = after - self.cpu_frag(models, cpu, state.gpu_free, before)
