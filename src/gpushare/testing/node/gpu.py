@@ -194,12 +194,18 @@ class GpuStack:
     kubelet's ``/var/lib/kubelet/device-plugins/``; the extender with the admin identity.
     ``dialects`` (e.g. ``("tencent", "hami")``): the plugin also serves those dialects'
     resources (``--dialects``) and kube-scheduler sends their pods to the extender.
+    ``policy``: the extender's ``--policy``; ``binpack`` (Alibaba's rule) by default, because
+    the node tests' expected GPUs are its choices (shares packed on one GPU, leaving the other
+    empty for a whole-GPU pod); the default policy, ``fgd-spare``, is exercised by the cluster
+    tier: ``tests/cluster/test_extender_failover.py`` places 100 pods through the command as
+    shipped, behind the real kube-scheduler, and finds no GPU overcommitted.
     """
 
     plane: ControlPlane
     node: RealNode
     fake_gpus: str = "2x16GiB:T4"
     dialects: tuple[str, ...] = ()
+    policy: str = "binpack"
     workdir: Path = field(init=False)
     extender: ManagedProcess = field(init=False)
     plugin: ManagedProcess = field(init=False)
@@ -220,6 +226,7 @@ class GpuStack:
                 gpushare_argv(
                     "extender", "--host", "127.0.0.1", "--port", str(self.extender_port),
                     "--kubeconfig", str(self.plane.kubeconfig), "--log-level", "debug",
+                    "--policy", self.policy,
                 ),
                 self.workdir,
             ).start()  # fmt: skip
