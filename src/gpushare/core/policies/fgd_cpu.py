@@ -25,6 +25,7 @@ this is the memory share, as before.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from gpushare.core.fragmentation import (
     ComputeFree,
@@ -60,38 +61,80 @@ def _can_host(node: Node, shape: TaskShape) -> bool:
     return shape_fragmentation(free, node.models, node.cpu_milli, shape) != sum(free)
 
 
-def reserved_node_types(
-    cluster: tuple[Node, ...], shapes: TargetWorkload, ratio: float = RESERVE_RATIO
-) -> tuple[dict[NodeType, set[frozenset[NodeType]]], dict[TaskShape, frozenset[NodeType]]]:
-    """(node type → the host groups that reserve it, shape → its host group), module doc;
-    ``ratio`` is the module doc's ``RESERVE_RATIO``."""
+def gpu_demand(shape: TaskShape, weight: float, capacity: int) -> float:
+    """A shape's GPU demand in M: its weight × k × the idle one copy takes on each GPU
+    (``copy_idle`` on a GPU of ``capacity``)."""
+    return weight * shape.gpu_count * copy_idle(shape, capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class HostGroups:
+    """The shapes of M grouped by the node types that could host them (module doc):
+    ``supply`` GPUs per node type, ``demand`` GPU demand per host group, ``group_of`` each
+    shape's group (shapes with no GPU demand have none) and ``pinned`` the groups holding a
+    shape pinned to GPU models."""
+
+    supply: dict[NodeType, int]
+    demand: dict[frozenset[NodeType], float]
+    group_of: dict[TaskShape, frozenset[NodeType]]
+    pinned: frozenset[frozenset[NodeType]]
+
+    def scarce(self, hosts: frozenset[NodeType]) -> bool:
+        """Whether ``hosts`` hold some and at most ``SCARCE_SUPPLY`` of the cluster's GPUs."""
+        total = sum(self.supply.values())
+        return total > 0 and 0 < sum(self.supply[key] for key in hosts) / total <= SCARCE_SUPPLY
+
+    def reserved(
+        self, ratio: float = RESERVE_RATIO, pinned_ratio: float | None = None
+    ) -> dict[NodeType, set[frozenset[NodeType]]]:
+        """Node type → the host groups that reserve it: a scarce group whose demand share
+        exceeds ``ratio`` × its supply share (``pinned_ratio`` instead for a pinned group, when
+        given)."""
+        supply_total = sum(self.supply.values())
+        demand_total = sum(self.demand.values())
+        reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
+        if not supply_total or not demand_total:
+            return reserved
+        for hosts, amount in self.demand.items():
+            share = sum(self.supply[key] for key in hosts) / supply_total
+            limit = ratio if pinned_ratio is None or hosts not in self.pinned else pinned_ratio
+            if 0 < share <= SCARCE_SUPPLY and amount / demand_total > limit * share:
+                for key in hosts:
+                    reserved.setdefault(key, set()).add(hosts)
+        return reserved
+
+
+def host_groups(cluster: tuple[Node, ...], shapes: TargetWorkload) -> HostGroups:
+    """``shapes`` grouped by the node types of ``cluster`` that could host them."""
     supply: dict[NodeType, int] = {}
     template: dict[NodeType, Node] = {}
     for node in cluster:
         key = node_type(node)
         supply[key] = supply.get(key, 0) + len(node.gpus)
         template.setdefault(key, node)
-    supply_total = sum(supply.values())
     capacity = max((gpu.capacity for node in cluster for gpu in node.gpus), default=0)
     demand: dict[frozenset[NodeType], float] = {}
     group_of: dict[TaskShape, frozenset[NodeType]] = {}
+    pinned: set[frozenset[NodeType]] = set()
     for shape, weight in zip(shapes.shapes, shapes.weights, strict=True):
-        amount = weight * shape.gpu_count * copy_idle(shape, capacity)
+        amount = gpu_demand(shape, weight, capacity)
         if amount == 0:
             continue
         hosts = frozenset(key for key, node in template.items() if _can_host(node, shape))
         demand[hosts] = demand.get(hosts, 0.0) + amount
         group_of[shape] = hosts
-    demand_total = sum(demand.values())
-    reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
-    if not supply_total or not demand_total:
-        return reserved, group_of
-    for hosts, amount in demand.items():
-        share = sum(supply[key] for key in hosts) / supply_total
-        if 0 < share <= SCARCE_SUPPLY and amount / demand_total > ratio * share:
-            for key in hosts:
-                reserved.setdefault(key, set()).add(hosts)
-    return reserved, group_of
+        if shape.allowed_models:
+            pinned.add(hosts)
+    return HostGroups(supply, demand, group_of, frozenset(pinned))
+
+
+def reserved_node_types(
+    cluster: tuple[Node, ...], shapes: TargetWorkload, ratio: float = RESERVE_RATIO
+) -> tuple[dict[NodeType, set[frozenset[NodeType]]], dict[TaskShape, frozenset[NodeType]]]:
+    """(node type → the host groups that reserve it, shape → its host group), module doc;
+    ``ratio`` is the module doc's ``RESERVE_RATIO``."""
+    groups = host_groups(cluster, shapes)
+    return groups.reserved(ratio), groups.group_of
 
 
 class FgdCpuPolicy:
@@ -101,6 +144,8 @@ class FgdCpuPolicy:
     deterministic = True
     reserve_ratio = RESERVE_RATIO
     """``RESERVE_RATIO`` for this policy's reservations (``fgd-spare`` reserves more)."""
+    pinned_reserve_ratio: float | None = None
+    """The ratio for host groups of model-pinned shapes (``None``: ``reserve_ratio``)."""
 
     def __init__(self, context: PolicyContext) -> None:
         self.paper = FgdPolicy(context, name="fgd-cpu")
@@ -111,12 +156,13 @@ class FgdCpuPolicy:
         )
         self.gpu_unit = context.gpu_unit
         self.workload = context.workload
+        self.groups: HostGroups | None = None
         self.reserved: dict[NodeType, set[frozenset[NodeType]]] = {}
         self.group_of: dict[TaskShape, frozenset[NodeType]] = {}
         if context.all_shapes is not None and context.cluster:
-            self.reserved, self.group_of = reserved_node_types(
-                context.cluster, context.all_shapes, self.reserve_ratio
-            )
+            self.groups = host_groups(context.cluster, context.all_shapes)
+            self.reserved = self.groups.reserved(self.reserve_ratio, self.pinned_reserve_ratio)
+            self.group_of = self.groups.group_of
 
     def tie_break(self, state: NodeState, pod: PodRequest) -> float:
         """Among nodes FGD scores equally: ⌊100·σ(−Δ/unit)⌋ of the CPU-aware fragmentation

@@ -33,10 +33,10 @@ saturation").
 
 from __future__ import annotations
 
-from gpushare.core.fragmentation import TargetWorkload, TaskShape, copy_idle
+from gpushare.core.fragmentation import TargetWorkload
 from gpushare.core.model import Node, NodeState, PodRequest
 from gpushare.core.policies.base import PolicyContext, register
-from gpushare.core.policies.fgd_cpu import SCARCE_SUPPLY, FgdCpuPolicy, NodeType, node_type
+from gpushare.core.policies.fgd_cpu import FgdCpuPolicy, NodeType, gpu_demand, node_type
 
 SPARE_RESERVE_RATIO = 0.05
 """``fgd-cpu``'s ``RESERVE_RATIO`` for ``fgd-spare``: with rules 1-4 it is never behind FGD on
@@ -61,14 +61,12 @@ def cpu_pressure(cluster: tuple[Node, ...], shapes: TargetWorkload) -> float | N
     if not cpu_total or not gpu_total:
         return None
     capacity = max(gpu.capacity for node in cluster for gpu in node.gpus)
-    cpu_demand = sum(w * s.cpu_milli for s, w in zip(shapes.shapes, shapes.weights, strict=True))
-    gpu_demand = sum(
-        w * s.gpu_count * copy_idle(s, capacity)
-        for s, w in zip(shapes.shapes, shapes.weights, strict=True)
-    )
-    if not gpu_demand:
+    pairs = list(zip(shapes.shapes, shapes.weights, strict=True))
+    cpu_demand = sum(w * s.cpu_milli for s, w in pairs)
+    gpus_asked = sum(gpu_demand(s, w, capacity) for s, w in pairs)
+    if not gpus_asked:
         return None
-    return (cpu_demand / cpu_total) / (gpu_demand / gpu_total)
+    return (cpu_demand / cpu_total) / (gpus_asked / gpu_total)
 
 
 def untouched(state: NodeState) -> bool:
@@ -82,36 +80,21 @@ class FgdSparePolicy(FgdCpuPolicy):
 
     name = "fgd-spare"
     reserve_ratio = SPARE_RESERVE_RATIO
+    pinned_reserve_ratio = 0.0  # rule 2: a scarce pinned group is reserved whatever its demand
 
     def __init__(self, context: PolicyContext) -> None:
-        super().__init__(context)
+        super().__init__(context)  # rule 2: pinned_reserve_ratio 0
         self.multi_gpu_hosts: frozenset[NodeType] = frozenset()
         self.cpu_bound = False
-        if context.all_shapes is None or not context.cluster:
+        groups = self.groups
+        if groups is None or context.all_shapes is None:
             return
-        supply: dict[NodeType, int] = {}
-        for node in context.cluster:
-            supply[node_type(node)] = supply.get(node_type(node), 0) + len(node.gpus)
-        total = sum(supply.values())
-
-        def scarce(shape: TaskShape) -> frozenset[NodeType] | None:
-            hosts = self.group_of.get(shape)
-            if hosts is None or total == 0:
-                return None
-            share = sum(supply[key] for key in hosts) / total
-            return hosts if 0 < share <= SCARCE_SUPPLY else None
-
-        multi: set[NodeType] = set()
-        for shape in context.all_shapes.shapes:
-            hosts = scarce(shape)
-            if hosts is None:
-                continue
-            if shape.allowed_models:  # rule 2
-                for key in hosts:
-                    self.reserved.setdefault(key, set()).add(hosts)
-            if shape.gpu_count >= 2:  # rule 3
-                multi |= hosts
-        self.multi_gpu_hosts = frozenset(multi)
+        self.multi_gpu_hosts = frozenset(  # rule 3
+            key
+            for shape, hosts in groups.group_of.items()
+            if shape.gpu_count >= 2 and groups.scarce(hosts)
+            for key in hosts
+        )
         pressure = cpu_pressure(context.cluster, context.all_shapes)
         self.cpu_bound = pressure is not None and pressure >= CPU_BOUND  # rule 4
 
