@@ -31,6 +31,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from dominance import mean_sd, paired  # bench/dominance.py: the same seed-paired differences
+
 CURVES = ("fgd-spare", "fgd", "fgd-cpu", "alibaba", "bestfit")
 LEVELS = range(75, 101)
 
@@ -121,14 +123,7 @@ def plot_difference(
         ax = axes[index // columns][index % columns]
         ours, base = workloads[name]["runs"][highlight], workloads[name]["runs"][baseline]
         seeds = sorted(set(ours) & set(base))
-        means, sds = [], []
-        for level in LEVELS:
-            d = [
-                float(ours[s]["unallocated_pct"][level]) - float(base[s]["unallocated_pct"][level])
-                for s in seeds
-            ]
-            means.append(statistics.fmean(d))
-            sds.append(statistics.stdev(d) if len(d) > 1 else 0.0)
+        means, sds = zip(*(mean_sd(paired(ours, base, level)) for level in LEVELS), strict=True)
         low = [m - sd for m, sd in zip(means, sds, strict=True)]
         high = [m + sd for m, sd in zip(means, sds, strict=True)]
         ax.fill_between(list(LEVELS), low, high, alpha=0.25, label="± 1 sd")
