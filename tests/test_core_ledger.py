@@ -17,19 +17,10 @@ from gpushare.core.ledger import (
     ViolationKind,
 )
 from gpushare.core.model import Allocation, ContainerAllocation, Gpu, Node, NodeState
+from gpushare.testing.clock import ManualClock
 from gpushare.testing.core import gpu_node
 
 TTL_S = 30.0
-
-
-class FakeClock:
-    """A clock the test sets by hand (seconds)."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_node(
@@ -59,12 +50,12 @@ def alloc(
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def ledger(clock: FakeClock) -> Ledger:
+def ledger(clock: ManualClock) -> Ledger:
     book = Ledger(clock=clock, assume_ttl_s=TTL_S)
     book.upsert_node(make_node())
     return book
@@ -131,26 +122,26 @@ def test_allocations_are_sorted_by_pod_key(ledger: Ledger) -> None:
 # --- assume, confirm, expire -------------------------------------------------------------------
 
 
-def test_assume_counts_and_expires_at_the_deadline(ledger: Ledger, clock: FakeClock) -> None:
+def test_assume_counts_and_expires_at_the_deadline(ledger: Ledger, clock: ManualClock) -> None:
     allocation = alloc("ns/p1", "n1", ((0,), 10))
     assert ledger.assume(allocation).outcome is LedgerOutcome.ASSUMED
     assert ledger.is_assumed("ns/p1")
-    assert ledger.expires_at("ns/p1") == clock.now + TTL_S
+    assert ledger.expires_at("ns/p1") == clock.now_s + TTL_S
     assert ledger.state("n1").gpu_used == (10, 0)
     rejected = ledger.apply(alloc("ns/p2", "n1", ((0,), 7)))
     assert rejected.outcome is LedgerOutcome.INSUFFICIENT_GPU, "assumed units count in fit checks"
 
-    clock.now += TTL_S - 0.001
+    clock.now_s += TTL_S - 0.001
     assert ledger.expire() == []
     assert ledger.is_assumed("ns/p1")
-    clock.now += 0.001
+    clock.now_s += 0.001
     assert ledger.expire() == [allocation]
     assert ledger.allocation("ns/p1") is None
     assert ledger.state("n1").gpu_used == (0, 0)
 
 
 def test_applying_an_assumed_allocation_confirms_it_without_double_count(
-    ledger: Ledger, clock: FakeClock
+    ledger: Ledger, clock: ManualClock
 ) -> None:
     allocation = alloc("ns/p1", "n1", ((0,), 10))
     ledger.assume(allocation)
@@ -160,16 +151,16 @@ def test_applying_an_assumed_allocation_confirms_it_without_double_count(
     assert ledger.state("n1").gpu_used == (10, 0)
     assert not ledger.is_assumed("ns/p1")
     assert ledger.expires_at("ns/p1") is None
-    clock.now += 10 * TTL_S
+    clock.now_s += 10 * TTL_S
     assert ledger.expire() == [], "committed allocations never expire"
     assert ledger.allocation("ns/p1") == allocation
 
 
-def test_reassuming_keeps_the_state_and_the_deadline(ledger: Ledger, clock: FakeClock) -> None:
+def test_reassuming_keeps_the_state_and_the_deadline(ledger: Ledger, clock: ManualClock) -> None:
     allocation = alloc("ns/p1", "n1", ((0,), 4))
     ledger.assume(allocation)
     deadline = ledger.expires_at("ns/p1")
-    clock.now += 5
+    clock.now_s += 5
     assert ledger.assume(allocation).outcome is LedgerOutcome.UNCHANGED
     assert ledger.expires_at("ns/p1") == deadline
     assert ledger.state("n1").gpu_used == (4, 0)
@@ -182,24 +173,24 @@ def test_assuming_a_committed_allocation_keeps_it_committed(ledger: Ledger) -> N
     assert not ledger.is_assumed("ns/p1")
 
 
-def test_expire_returns_earliest_deadline_first(ledger: Ledger, clock: FakeClock) -> None:
+def test_expire_returns_earliest_deadline_first(ledger: Ledger, clock: ManualClock) -> None:
     late, early, tie = (alloc(p, "n1", ((0,), 1)) for p in ("ns/late", "ns/early", "ns/a-tie"))
     ledger.assume(early)
     ledger.assume(tie)
-    clock.now += 1
+    clock.now_s += 1
     ledger.assume(late)
     ledger.apply(alloc("ns/committed", "n1", ((1,), 1)))
-    clock.now += TTL_S + 1
+    clock.now_s += TTL_S + 1
     assert ledger.expire() == [tie, early, late]
     assert [a.pod for a in ledger.allocations("n1")] == ["ns/committed"]
 
 
 def test_released_assumed_allocation_does_not_expire_later(
-    ledger: Ledger, clock: FakeClock
+    ledger: Ledger, clock: ManualClock
 ) -> None:
     ledger.assume(alloc("ns/p1", "n1", ((0,), 4)))
     assert ledger.release("ns/p1") is not None
-    clock.now += TTL_S
+    clock.now_s += TTL_S
     assert ledger.expire() == []
 
 
@@ -360,7 +351,7 @@ def test_malformed_allocation_is_a_programming_error(
         ledger.assume(allocation)
 
 
-def test_negative_ttl_is_a_programming_error(clock: FakeClock) -> None:
+def test_negative_ttl_is_a_programming_error(clock: ManualClock) -> None:
     with pytest.raises(ValueError, match="assume_ttl_s must be >= 0"):
         Ledger(clock=clock, assume_ttl_s=-1)
 
@@ -403,7 +394,7 @@ def test_confirming_an_assumed_allocation_on_a_gpu_gone_unhealthy(ledger: Ledger
     assert ledger.apply(allocation).outcome is LedgerOutcome.CONFIRMED
 
 
-def test_rebuild_may_admit_pods_already_on_an_unhealthy_gpu(clock: FakeClock) -> None:
+def test_rebuild_may_admit_pods_already_on_an_unhealthy_gpu(clock: ManualClock) -> None:
     book = Ledger(clock=clock, assume_ttl_s=TTL_S)
     book.upsert_node(make_node(unhealthy=frozenset({0})))
     running = alloc("ns/running", "n1", ((0,), 12))
@@ -509,7 +500,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock(0.0)
+        self.clock = ManualClock(0.0)
         self.ledger = Ledger(clock=self.clock, assume_ttl_s=5.0)
         self.nodes = dict(NODES)
         for node in self.nodes.values():
@@ -565,7 +556,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.model[allocation.pod] = (allocation, None)
         elif self.expected_ok(allocation):
             assert result.outcome is (LedgerOutcome.ASSUMED if assumed else LedgerOutcome.APPLIED)
-            deadline = self.clock.now + 5.0 if assumed else None
+            deadline = self.clock.now_s + 5.0 if assumed else None
             self.model[allocation.pod] = (allocation, deadline)
         else:
             assert not result.ok
@@ -593,7 +584,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule()
     def expire(self) -> None:
-        now = self.clock.now
+        now = self.clock.now_s
         due = sorted(
             (deadline, pod)
             for pod, (_, deadline) in self.model.items()
@@ -604,7 +595,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([1.0, 5.0]))
     def advance_clock(self, seconds: float) -> None:
-        self.clock.now += seconds
+        self.clock.now_s += seconds
 
     @rule(name=st.sampled_from(sorted(NODES)), index=st.integers(0, 2))
     def flip_health(self, name: str, index: int) -> None:

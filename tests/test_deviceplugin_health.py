@@ -16,6 +16,7 @@ import pytest
 
 from gpushare.deviceplugin.health import APPLICATION_XIDS, HealthWatcher
 from gpushare.deviceplugin.nvml import NvmlError, NvmlInventory
+from gpushare.testing.clock import ManualClock
 from gpushare.testing.nvml import FakeDevice, FakeNvml
 
 GIB = 2**30
@@ -24,16 +25,6 @@ A100 = FakeDevice("GPU-a1000000-0000-4000-8000-000000000002", 1, "NVIDIA A100", 
 NO_EVENTS = FakeDevice("GPU-01d00000-0000-4000-8000-000000000003", 2, "Old GPU", GIB, 0)
 RECOVERY_S = 300.0
 WAIT_S = 0.01
-
-
-class Clock:
-    """An injectable monotonic clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 @dataclass(frozen=True)
@@ -79,7 +70,7 @@ class Harness:
         ignored_xids: frozenset[int] = frozenset(),
     ) -> None:
         self.fake = FakeNvml(devices)
-        self.clock = Clock()
+        self.clock = ManualClock()
         self.changes: list[Change] = []
         gpus = NvmlInventory(self.fake).gpus()
         self.watcher = HealthWatcher(

@@ -27,6 +27,7 @@ from gpushare.kube.errors import ApiCallError, BindError, BindStage, Failure
 from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
 from gpushare.kube.watch import Action, Change, WatchStats
+from gpushare.testing.clock import ManualClock
 from gpushare.testing.extender import node_json, pod_json
 
 T = TypeVar("T")
@@ -355,16 +356,6 @@ def test_an_event_does_not_hold_up_the_bind() -> None:
     assert run(emit_then_look()) == (0, 1)
 
 
-class Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 # (case, qps, burst, [(seconds later, bind ok?)], GPUAssigned/FailedBinding recorded, dropped)
 RATE_CASES = [
     ("a burst past --event-burst is dropped", 1.0, 2, [(0, True)] * 4, 2, 2),
@@ -391,7 +382,7 @@ def test_gpuassigned_events_are_rate_limited(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     recorder = FakeRecorder()
-    clock = Clock()
+    clock = ManualClock()
     sink = ApiEventSink(recorder, rate=EventRate(qps, burst, clock))
 
     async def bind_all() -> None:

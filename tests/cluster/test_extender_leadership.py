@@ -22,6 +22,7 @@ from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.state import Binding
 from gpushare.kube.client import connect
 from gpushare.kube.lease import LeaderElector, LeaseConfig
+from gpushare.testing.clock import ManualClock
 from gpushare.testing.controlplane import ControlPlane
 
 pytestmark = pytest.mark.cluster
@@ -47,14 +48,6 @@ class RecordingBinder:
         return None
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture(scope="module")
 def kubeconfig(control_plane: ControlPlane) -> Path:
     return control_plane.service_account_kubeconfig("gpushare-leadership", "kube-system", RULES)
@@ -66,7 +59,7 @@ async def rebuilt_immediately() -> None:
 
 def test_the_gate_through_a_term(kubeconfig: Path) -> None:
     async def scenario() -> None:
-        clock = Clock()
+        clock = ManualClock()
         client = connect(kubeconfig, trust_env=False)
         config = LeaseConfig("kube-system", f"gate-{uuid.uuid4().hex[:6]}", "me", 8.0, 6.0, 1.0)
         elector = LeaderElector(client, config, clock=clock)
@@ -99,10 +92,10 @@ def test_the_gate_through_a_term(kubeconfig: Path) -> None:
             assert await binder.bind(BINDING) is None
             assert inner.calls == [BINDING]
             # 5.8 s later: 2.2 s of Lease left, still deciding
-            clock.now += 5.8
+            clock.now_s += 5.8
             assert leadership.bind_budget_s() == pytest.approx(2.2)
             # past the renew deadline without a renew: refuses by the clock alone
-            clock.now += 0.3
+            clock.now_s += 0.3
             assert not leadership.deciding()
             assert await binder.bind(BINDING) is not None
             assert len(inner.calls) == 1
@@ -129,7 +122,7 @@ def test_binds_are_bounded_by_the_lease(
     kubeconfig: Path, elapsed_s: float, delay_s: float, expect: str
 ) -> None:
     async def scenario() -> None:
-        clock = Clock()
+        clock = ManualClock()
         client = connect(kubeconfig, trust_env=False)
         config = LeaseConfig("kube-system", f"bound-{uuid.uuid4().hex[:6]}", "me", 8.0, 7.8, 1.0)
         elector = LeaderElector(client, config, clock=clock)
@@ -140,7 +133,7 @@ def test_binds_are_bounded_by_the_lease(
             assert await elector.try_acquire_or_renew()
             leadership.on_change(True)
             await asyncio.sleep(0.05)
-            clock.now += elapsed_s
+            clock.now_s += elapsed_s
             if expect.startswith("refused"):
                 assert "cannot renew its Lease in time" in (await binder.bind(BINDING) or "")
                 assert inner.calls == []
