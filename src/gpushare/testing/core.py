@@ -6,9 +6,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpushare.core.model import ContainerRequest, Gpu, Node, NodeState, PodRequest
+from gpushare.core.model import (
+    GPU_COMPUTE_MILLI,
+    Allocation,
+    ContainerAllocation,
+    ContainerRequest,
+    Gpu,
+    Node,
+    NodeState,
+    PodRequest,
+)
+from gpushare.core.preemption import Resident
 
-__all__ = ["DEFAULT_MODEL", "gpu_node", "node_state", "pod_request"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "gpu_node",
+    "node_state",
+    "pod_request",
+    "resident",
+    "state_with",
+]
 
 DEFAULT_MODEL = "T4"
 
@@ -85,3 +102,50 @@ def pod_request(
         else:
             built.append(ContainerRequest(f"c{i}", spec[0], spec[1]))
     return PodRequest(key, tuple(built), cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+
+def resident(
+    key: str,
+    gpus: Mapping[int, int],
+    *,
+    priority: int = 0,
+    started_s: float | None = None,
+    budgets: Sequence[str] = (),
+    terminating: bool = False,
+    compute_milli: int = 0,
+    whole: bool = False,
+    node: str = "node",
+) -> Resident:
+    """A pod ``key`` on ``node`` holding ``gpus`` (GPU index → memory units, one container
+    ``main`` per distinct amount), each with ``compute_milli`` (or whole, at the given
+    amount), for ``gpushare.core.preemption``."""
+    by_share: dict[int, list[int]] = {}
+    for index, share in sorted(gpus.items()):
+        by_share.setdefault(share, []).append(index)
+    containers = tuple(
+        ContainerAllocation(
+            f"c{i}",
+            tuple(indices),
+            share,
+            GPU_COMPUTE_MILLI if whole else compute_milli,
+            exclusive=whole,
+        )
+        for i, (share, indices) in enumerate(sorted(by_share.items()))
+    )
+    return Resident(
+        Allocation(key, node, containers),
+        priority=priority,
+        started_s=started_s,
+        budgets=frozenset(budgets),
+        terminating=terminating,
+    )
+
+
+def state_with(
+    capacities: Sequence[int], residents: Sequence[Resident], *, name: str = "node"
+) -> NodeState:
+    """The state of a ``gpu_node`` holding every resident's allocation."""
+    state = NodeState.empty(gpu_node(capacities, name=name))
+    for r in residents:
+        state = state.with_allocation(r.allocation)
+    return state
