@@ -195,7 +195,9 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, A
     returned list (no pods)."""
     nodes: list[dict[str, Any]] = []
 
-    async def fake_read_cluster(client: object, *, namespace: str | None = None) -> ClusterObjects:
+    async def fake_read_cluster(
+        client: object, *, namespace: str | None = None, holds: tuple[str, str] | None = None
+    ) -> ClusterObjects:
         return ClusterObjects(tuple(nodes), ())
 
     monkeypatch.setattr(inspect_cli, "read_cluster", fake_read_cluster)

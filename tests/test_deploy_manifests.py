@@ -56,6 +56,16 @@ EXTENDER_RULES = (  # docs/extender.md, "Running it": RBAC for its identity
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
+)
+HOLDS_RULES = (  # docs/usage.md, "Priorities and preemption": the one ConfigMap it writes
+    {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": ["gpushare-preemption-holds"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
 )
 SERVICE_URL = "https://gpushare-extender.kube-system.svc:12345/gpushare-scheduler"
 SERVER_NAME = "gpushare-extender.kube-system.svc"
@@ -157,6 +167,7 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("ClusterRoleBinding", "gpushare-extender"),
         ("ConfigMap", "gpushare-default-scheduler-config"),
         ("ConfigMap", "gpushare-node-config"),
+        ("ConfigMap", "gpushare-preemption-holds"),
         ("DaemonSet", "gpushare-device-plugin"),
         ("Deployment", "gpushare-extender"),
         ("NetworkPolicy", "gpushare-extender"),
@@ -164,9 +175,11 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("Role", "gpushare-device-plugin"),
         ("Role", "gpushare-device-plugin-node-config"),
         ("Role", "gpushare-extender-leader-election"),
+        ("Role", "gpushare-extender-preemption"),
         ("RoleBinding", "gpushare-device-plugin"),
         ("RoleBinding", "gpushare-device-plugin-node-config"),
         ("RoleBinding", "gpushare-extender-leader-election"),
+        ("RoleBinding", "gpushare-extender-preemption"),
         ("Secret", "gpushare-extender-tls"),
         ("Service", "gpushare-extender"),
         ("ServiceAccount", "gpushare-device-plugin"),
@@ -274,8 +287,12 @@ def test_device_plugin_role_is_exactly_what_the_code_needs(default_objects: list
 def test_extender_role_is_exactly_the_documented_rules(default_objects: list[Obj]) -> None:
     role = find(default_objects, "ClusterRole", "gpushare-extender")
     assert normalized(role["rules"]) == normalized(EXTENDER_RULES)
+    holds = find(default_objects, "Role", "gpushare-extender-preemption")
+    assert normalized(holds["rules"]) == normalized(HOLDS_RULES)
+    assert holds["metadata"]["namespace"] == "kube-system"
     docs = (REPO_ROOT / "docs" / "extender.md").read_text(encoding="utf-8")
     assert "`nodes` get/list/watch; `pods` get/list/watch; `pods/binding`\ncreate" in docs
+    assert "`pods/eviction` create" in docs
 
 
 def test_bindings_give_each_service_account_its_own_role(with_scheduler: list[Obj]) -> None:

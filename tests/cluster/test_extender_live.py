@@ -42,7 +42,6 @@ import pytest
 from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 from lightkube.types import PatchType
 
@@ -60,6 +59,8 @@ from gpushare.testing.controlplane import (
 )
 from gpushare.testing.live_extender import ExtenderThread, http_get
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
+from gpushare.testing.rbac import EXTENDER_RULES_BUT_NODES as EXTENDER_RULES
+from gpushare.testing.rbac import READ_NODES
 
 pytestmark = pytest.mark.cluster
 
@@ -97,13 +98,6 @@ PLACED = [
     Placed("n4-a", N4, 0, QUARTER, ours=True),
     Placed("n4-b", N4, 1, HALF, ours=True),
     Placed("n4-c", N4, 2, THREE_QUARTERS, ours=True),
-]
-
-READ_NODES = PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "list", "watch"])
-EXTENDER_RULES = [  # what the extender's ServiceAccount needs, nodes aside
-    PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch"]),
-    PolicyRule(apiGroups=[""], resources=["pods/binding"], verbs=["create"]),
-    PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"]),
 ]
 
 

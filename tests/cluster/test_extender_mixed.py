@@ -35,7 +35,7 @@ from lightkube.resources.core_v1 import Namespace
 from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.controlplane import ControlPlane, free_ports, gpushare_extender, wait_for
 from gpushare.testing.dialects import dialect_pod_json
-from gpushare.testing.failover import EXTENDER_RULES, Replica, bound_count, start_burst
+from gpushare.testing.failover import Replica, bound_count, start_burst
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome2d import (
     DialectOutcome,
@@ -47,6 +47,7 @@ from gpushare.testing.outcome2d import (
     read_dialect_outcome,
 )
 from gpushare.testing.pods import delete_namespace
+from gpushare.testing.rbac import EXTENDER_RULES
 
 pytestmark = pytest.mark.cluster
 

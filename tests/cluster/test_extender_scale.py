@@ -38,7 +38,6 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from gpushare.extender.live import LiveOptions
@@ -49,6 +48,7 @@ from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_
 from gpushare.testing.live_extender import ExtenderThread
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome import Ask, Spec
+from gpushare.testing.rbac import EXTENDER_RULES
 
 pytestmark = pytest.mark.cluster
 
@@ -65,13 +65,6 @@ NODES: dict[str, list[int]] = {
     **{f"scale-a{i:02d}": [16] * 8 for i in range(10)},
     **{f"scale-b{i:02d}": [24] * 4 for i in range(20)},
 }
-
-EXTENDER_RULES = [
-    PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "list", "watch"]),
-    PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch", "patch"]),
-    PolicyRule(apiGroups=[""], resources=["pods/binding"], verbs=["create"]),
-    PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"]),
-]
 
 
 def workload() -> list[Spec]:

@@ -21,6 +21,12 @@ start-up: one error lists every problem.
 ``--max-request-body-mib``, ``--request-head-timeout``, ``--request-body-timeout``,
 ``--keep-alive-timeout`` and ``--max-connections`` bound what one client can make the extender
 hold (``gpushare.extender.limits``; docs/extender.md, "Limits").
+``--preemption`` (on by default) answers kube-scheduler's ``preempt`` verb with GPU-correct
+victims, preempts itself where kube-scheduler cannot see GPUs, and holds the freed GPUs for
+the preemptor (``gpushare.extender.preemption``; docs/usage.md, "Priorities and preemption"):
+``--preemption-holds NAMESPACE/NAME`` is the ConfigMap its holds are kept in,
+``--preemption-wait`` how long it waits for kube-scheduler's call, ``--preemption-hold-max``
+how long a hold may last.
 ``--leader-elect`` runs one of several replicas: only the holder of the Lease
 (``--leader-elect-resource-namespace/-name``) decides; the others forward the verbs to it
 (``gpushare.cli.leader``; docs/install.md, "High availability").
@@ -41,6 +47,7 @@ from gpushare.cli.options import connect_or_exit, kube_options, log_level_option
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
 from gpushare.extender.apiserver import EVENT_BURST, EVENT_QPS
+from gpushare.extender.holds import HoldBook
 from gpushare.extender.limits import (
     DEFAULT_MAX_BODY_BYTES,
     MIB,
@@ -48,9 +55,11 @@ from gpushare.extender.limits import (
     uvicorn_settings,
 )
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
+from gpushare.extender.preemption import PreemptionOptions, Preemptor
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
 from gpushare.extender.workload import live_policy
 from gpushare.kube.codec import CodecError
+from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
 from gpushare.kube.lease import LeaseConfig
 
 DEFAULT_HOST = "127.0.0.1"
@@ -214,6 +223,40 @@ def build_state(
     show_default=True,
     help="Open connections at most; one more is closed at once.",
 )
+@click.option(
+    "--preemption/--no-preemption",
+    default=True,
+    show_default=True,
+    help="GPU-aware preemption: answer kube-scheduler's preempt verb with the pods to evict on "
+    "the right GPU, preempt where kube-scheduler sees no victims, hold freed GPUs for the "
+    "preemptor (docs/usage.md, 'Priorities and preemption').",
+)
+@click.option(
+    "--preemption-holds",
+    "holds_ref",
+    default="/".join(DEFAULT_HOLDS),
+    show_default=True,
+    help="NAMESPACE/NAME of the ConfigMap the leader keeps preemption holds in (the chart "
+    "creates it; only the extender may write it).",
+)
+@click.option(
+    "--preemption-wait",
+    "preemption_wait_s",
+    type=click.FloatRange(min=0),
+    default=PreemptionOptions().wait_s,
+    show_default=True,
+    help="Seconds to wait for kube-scheduler's preempt call after a filter found no node, "
+    "before the extender preempts itself.",
+)
+@click.option(
+    "--preemption-hold-max",
+    "preemption_hold_max_s",
+    type=click.FloatRange(min=1),
+    default=PreemptionOptions().hold_max_s,
+    show_default=True,
+    help="Seconds GPUs are held for a preemptor at most (normally: its victims' longest "
+    "grace period plus 30 s).",
+)
 @leader_election_options
 @log_level_option
 def extender(
@@ -240,6 +283,10 @@ def extender(
     request_body_timeout_s: float,
     keep_alive_timeout_s: int,
     max_connections: int,
+    preemption: bool,
+    holds_ref: str,
+    preemption_wait_s: float,
+    preemption_hold_max_s: float,
     leader_election: LeaseConfig | None,
     log_level: str,
 ) -> None:
@@ -254,6 +301,15 @@ def extender(
     if problems:
         raise click.UsageError("bad TLS configuration:\n  " + "\n  ".join(problems))
     tls = uvicorn_tls(tls_cert, tls_key, tls_client_ca)
+    try:
+        holds_configmap = parse_holds_ref(holds_ref)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--preemption-holds") from None
+    preemption_options = (
+        PreemptionOptions(wait_s=preemption_wait_s, hold_max_s=preemption_hold_max_s)
+        if preemption
+        else None
+    )
     limits = RequestLimits(
         max_body_bytes=int(max_request_body_mib * MIB),
         head_timeout_s=request_head_timeout_s,
@@ -271,6 +327,11 @@ def extender(
             gpu_unit=gpu_unit or DEFAULT_GPU_UNIT,
             nodes_from_requests=True,
             limits=limits,
+            preemptor=(
+                Preemptor(state, HoldBook(state.touch), options=preemption_options)
+                if preemption_options is not None
+                else None
+            ),
         )
         uvicorn.run(
             app,
@@ -298,6 +359,8 @@ def extender(
         tls_client_ca=tls_client_ca,
         limits=limits,
         leader_election=leader_election,
+        preemption=preemption_options,
+        holds_configmap=holds_configmap,
     )
     client = connect_or_exit(kubeconfig, context)
     with contextlib.suppress(KeyboardInterrupt):

@@ -25,14 +25,19 @@ service account. Every failure is one line on stderr (``Error: ...``) and exit s
   found``. A NODE that exists but is not a GPU-share node is shown, with the reason.
 
 ``-n NS`` reads only that namespace's pods, so the usage shown counts only those pods.
+``--preemption-holds NAMESPACE/NAME`` is the extender's holds ConfigMap (GPUs kept for
+preemptors; docs/usage.md, "Priorities and preemption"); when it cannot be read the report says
+so among its problems and goes on without holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +49,9 @@ from gpushare.inspect.render import render_detail, render_summary, report_json
 from gpushare.inspect.report import Snapshot, build_report
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import GPUSHARE_LABEL, object_name
+from gpushare.kube.codec.preemption import holds_of
 from gpushare.kube.errors import ApiCallError, Failure, KubeError
+from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
 from gpushare.kube.snapshot import LIST_NODES, ClusterObjects, read_cluster, server_url
 
 __all__ = [
@@ -163,7 +170,11 @@ def _one_line(text: str) -> str:
 
 
 async def _read(
-    source: Source, context: str | None, namespace: str | None, timeout_s: float
+    source: Source,
+    context: str | None,
+    namespace: str | None,
+    timeout_s: float,
+    holds: tuple[str, str] | None = None,
 ) -> ClusterObjects:
     try:
         client = connect(source.path, context=context, timeout_s=timeout_s)
@@ -178,7 +189,7 @@ async def _read(
         raise InspectError(_one_line(f"{where}: {type(error).__name__}: {error}")) from error
     server = server_url(client)
     try:
-        return await read_cluster(client, namespace=namespace)
+        return await read_cluster(client, namespace=namespace, holds=holds)
     except KubeError as error:
         raise InspectError(_one_line(api_error_message(error, server, namespace))) from error
     finally:
@@ -231,6 +242,14 @@ def _no_gpushare_nodes(problems: tuple[str, ...]) -> InspectError:
     show_default=True,
     help="Limit for each API request: 10, 10s, 500ms, 2m.",
 )
+@click.option(
+    "--preemption-holds",
+    "holds_ref",
+    default="/".join(DEFAULT_HOLDS),
+    show_default=True,
+    help="NAMESPACE/NAME of the extender's preemption holds ConfigMap (the chart's: "
+    "<release namespace>/<fullname>-preemption-holds).",
+)
 def inspect(
     *,
     node: str | None,
@@ -240,21 +259,30 @@ def inspect(
     context: str | None,
     namespace: str | None,
     timeout_s: float,
+    holds_ref: str,
 ) -> None:
     """Show GPU memory per node and GPU: allocated/total, pending pods, unhealthy GPUs.
 
     NODE limits the view to one node. Reads the API server directly (nodes and pods list),
     so it works while the scheduler extender is down.
     """
+    try:
+        holds_configmap = parse_holds_ref(holds_ref)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--preemption-holds") from None
     source = find_kubeconfig(kubeconfig)
-    objects = asyncio.run(_read(source, context, namespace, timeout_s))
+    objects = asyncio.run(_read(source, context, namespace, timeout_s, holds_configmap))
     if node is not None and node not in _node_names(objects.nodes):
         raise InspectError(f"node {node} not found")
     with gc_paused():
         try:
-            snapshot = Snapshot(nodes=objects.nodes, pods=objects.pods)
+            holds, refused = holds_of(objects.holds)
+            snapshot = Snapshot(nodes=objects.nodes, pods=objects.pods, holds=tuple(holds))
             rows = details or output == "json"  # the summary table shows no pod
-            report = build_report(snapshot, node=node, pod_rows=rows)
+            report = build_report(snapshot, node=node, pod_rows=rows, now_s=time.time())
+            notes = [*refused, *([objects.holds_problem] if objects.holds_problem else [])]
+            if notes:
+                report = dataclasses.replace(report, problems=(*report.problems, *notes))
         except Exception as error:  # a bug, not the cluster: still one line, never a traceback
             raise _bug(error) from error
         if node is None and not any(n.gpushare for n in report.nodes):

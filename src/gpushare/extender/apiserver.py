@@ -210,6 +210,14 @@ class ApiEventSink:
             )
         )
 
+    def note(self, pod: str, uid: str, reason: str, message: str, *, warning: bool = False) -> None:
+        """An Event ``reason`` on pod ``namespace/name`` (UID ``uid``), in the background,
+        never dropped (preemption's Events, ``gpushare.extender.preemption``); never raises
+        for API trouble."""
+        namespace, _, name = pod.partition("/")
+        kind = EventType.WARNING if warning else EventType.NORMAL
+        self._spawn(self._record(namespace, name, uid, reason=reason, message=message, kind=kind))
+
     def skipped(self, skipped: SkippedPod, uid: str) -> None:
         """A ``Warning`` ``GPUAllocationSkipped`` Event on the skipped pod (UID ``uid``) saying
         why and what it is counted as, in the background; never raises for API trouble."""

@@ -7,6 +7,9 @@ Routes (spec §1.1; Alibaba's URL layout, ``pkg/routes/routes.go``), ``P`` the p
 ``POST P/filter``          ``ExtenderArgs`` → ``ExtenderFilterResult``
 ``POST P/prioritize``      ``ExtenderArgs`` → ``[HostPriority]`` (integers 0–10)
 ``POST P/bind``            ``ExtenderBindingArgs`` → ``ExtenderBindingResult``
+``POST P/preempt``         ``ExtenderPreemptionArgs`` → ``ExtenderPreemptionResult``
+                           (``gpushare.extender.preemption``; without a preemptor every
+                           candidate is kept as kube-scheduler chose it)
 ``GET P/inspect[/node]``   allocation report (``gpushare.extender.report``); 404 for an unknown node
 ``GET /healthz``           200 while the process serves
 ``GET /readyz``            200 once the state has synced (and ``readiness()``, if given), else 503
@@ -52,9 +55,11 @@ from starlette.routing import Route
 
 from gpushare import __version__
 from gpushare.core.policies import Policy
+from gpushare.core.preemption import Hold
 from gpushare.extender.limits import LimitError, RequestLimits, read_body
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.outcomes import outcome_of
+from gpushare.extender.preemption import Preemptor
 from gpushare.extender.report import cluster_report, node_report
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
@@ -64,12 +69,17 @@ from gpushare.extender.wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    MetaPod,
+    MetaVictims,
     RequestError,
     decode,
     encode,
 )
 from gpushare.inspect.gcpause import gc_paused
 from gpushare.inspect.report import SnapshotReader
+from gpushare.kube.codec import pod_uid
 
 DEFAULT_PREFIX = "/gpushare-scheduler"
 DEFAULT_PORT = 12345
@@ -109,6 +119,20 @@ async def _expire_forever(state: ExtenderState, interval_s: float) -> None:
             log.info("assumed allocation of pod %s on %s expired", allocation.pod, allocation.node)
 
 
+def _as_scheduler_chose(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+    """The ``preempt`` answer of an extender without preemption: every candidate with the
+    victims kube-scheduler chose (nodes without victims left out)."""
+    kept: dict[str, MetaVictims] = {}
+    for node, meta in (args.node_name_to_meta_victims or {}).items():
+        if meta is not None and meta.pods:
+            kept[node] = MetaVictims(list(meta.pods), meta.num_pdb_violations)
+    for node, victims in (args.node_name_to_victims or {}).items():
+        pods = [MetaPod(pod_uid(p)) for p in (victims.pods if victims is not None else None) or ()]
+        if pods and node not in kept and victims is not None:
+            kept[node] = MetaVictims(pods, victims.num_pdb_violations)
+    return ExtenderPreemptionResult(kept)
+
+
 def create_app(
     state: ExtenderState,
     *,
@@ -125,6 +149,7 @@ def create_app(
     limits: RequestLimits | None = None,
     divert: Callable[[Request, bytes], Awaitable[Diverted | None]] | None = None,
     readiness: Callable[[], bool] | None = None,
+    preemptor: Preemptor | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
 
@@ -137,7 +162,9 @@ def create_app(
     ``limits``: the request body's size and read time (``gpushare.extender.limits``; the
     connection-level bounds are the server's, ``uvicorn_settings``); ``divert`` (forward or
     refuse a verb) and ``readiness`` (more conditions for ``/readyz``) are the leader-election
-    hooks. The ``Scheduler`` is ``app.state.scheduler``, the ``ExtenderMetrics``
+    hooks; ``preemptor``: GPU-aware preemption (``gpushare.extender.preemption``: the
+    ``preempt`` verb, holds in filter, prioritize and bind, and its loop, run while the app
+    serves). The ``Scheduler`` is ``app.state.scheduler``, the ``ExtenderMetrics``
     ``app.state.metrics``.
     """
     limits = limits or RequestLimits()
@@ -149,6 +176,7 @@ def create_app(
         events=events,
         clock_ns=clock_ns,
         nodes_from_requests=nodes_from_requests,
+        preemptor=preemptor,
     )
     metrics = ExtenderMetrics(state, registry)
     base = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -208,11 +236,20 @@ def create_app(
     async def bind(body: bytes) -> object:
         return await scheduler.bind(decode(body, ExtenderBindingArgs, "bind"))
 
+    async def preempt(body: bytes) -> object:
+        args = decode(body, ExtenderPreemptionArgs, "preempt")
+        if preemptor is not None:
+            return await preemptor.preempt(args)
+        return _as_scheduler_chose(args)
+
     reader = SnapshotReader()  # pods and nodes read for /inspect, kept: a request reads changes
+
+    def holds() -> list[Hold]:
+        return preemptor.holds.all() if preemptor is not None else []
 
     async def inspect_all(request: Request) -> Response:
         with gc_paused():
-            return _json(cluster_report(state, reader))
+            return _json(cluster_report(state, reader, holds=holds(), now_s=time.time()))
 
     async def inspect_node(request: Request) -> Response:
         name = request.path_params["node"]
@@ -220,7 +257,7 @@ def create_app(
         if info is None or not info.gpushare:
             return error_response(404, f"no GPU-share node {name!r}")
         with gc_paused():
-            return _json(node_report(state, info))
+            return _json(node_report(state, info, holds=holds(), now_s=time.time()))
 
     async def healthz(request: Request) -> Response:
         return _json({"status": "ok"})
@@ -238,16 +275,20 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = None
+        tasks = []
         if expire_interval_s:
-            task = asyncio.create_task(_expire_forever(state, expire_interval_s))
+            tasks.append(asyncio.create_task(_expire_forever(state, expire_interval_s)))
+        if preemptor is not None:
+            tasks.append(asyncio.create_task(preemptor.run(), name="gpushare-preemption"))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if preemptor is not None:
+                await preemptor.drain()
 
     routes = [
         Route(
@@ -261,6 +302,7 @@ def create_app(
             guarded("bind", bind, lambda t: ExtenderBindingResult(error=t)),
             methods=["POST"],
         ),
+        Route(f"{base}/preempt", guarded("preempt", preempt, None), methods=["POST"]),
         Route(f"{base}/inspect", inspect_all, methods=["GET"]),
         Route(f"{base}/inspect/{{node}}", inspect_node, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

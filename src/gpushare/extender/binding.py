@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from gpushare.core.fit import Reason
-from gpushare.core.handshake import PinStatus, handshake_verdict
+from gpushare.core.handshake import PinStatus, forced_fit, handshake_verdict
 from gpushare.core.model import Allocation, PodRequest
 from gpushare.core.policies import Policy
 from gpushare.extender.outcomes import (
@@ -18,6 +18,7 @@ from gpushare.extender.outcomes import (
     describe_fit,
     not_gpushare,
 )
+from gpushare.extender.preemption import Preemptor
 from gpushare.extender.state import (
     Binder,
     BindEvent,
@@ -31,6 +32,7 @@ from gpushare.kube.codec import (
     NodeInfo,
     allocation_annotations,
     pod_node_name,
+    pod_priority,
     pod_request,
     pod_uid,
 )
@@ -88,7 +90,9 @@ class BindVerb:
     chosen node, the allocation assumed in ``state``, then ``binder.bind``. ``events`` records
     each outcome; ``clock_ns`` gives the wall-clock nanoseconds written as
     ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``. Binds of one pod are serialised (``PodLocks``), and
-    the decide-and-assume step of all binds runs under one lock (``LoopLock``)."""
+    the decide-and-assume step of all binds runs under one lock (``LoopLock``). With a
+    ``preemptor``, the GPUs held for preemptors are counted for the pods they bind, a
+    preemptor bound where its GPUs are held takes them, and its hold then ends."""
 
     def __init__(
         self,
@@ -98,8 +102,10 @@ class BindVerb:
         *,
         events: EventSink | None,
         clock_ns: Callable[[], int],
+        preemptor: Preemptor | None = None,
     ) -> None:
         self._state = state
+        self._preemptor = preemptor
         self._policy = policy
         self._binder = binder
         self._events = events
@@ -108,14 +114,19 @@ class BindVerb:
         self._decide = LoopLock()
 
     def _reserve(
-        self, key: str, pod: PodRequest, node: str, now_ns: int
+        self, key: str, pod: PodRequest, node: str, now_ns: int, priority: int = 0
     ) -> tuple[Allocation, NodeInfo] | str:
         """Decide and assume the GPUs of ``pod`` on ``node``: the allocation and the node, or
         why not (the ledger then unchanged). Under the handshake rule, a pinned pod takes its
         pin's GPUs; the pod is then pending, assumed at ``now_ns``. Synchronous: nothing else
         runs in between."""
         info = self._state.node(node)
-        state = self._state.node_state(node)
+        preemptor = self._preemptor
+        state = (
+            preemptor.view(node, key, priority)
+            if preemptor is not None
+            else self._state.node_state(node)
+        )
         if info is None or state is None:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
@@ -138,7 +149,11 @@ class BindVerb:
                 why = f"{why}: {rule.describe()}"
             return f"gpushare: pod {key} does not fit node {node} now: {why}"
         forced = rule.status is PinStatus.FORCED
-        containers = fit.assignment if forced else self._policy.choose_gpus(base, pod)
+        held = preemptor.assignment(key, node, pod) if preemptor is not None else None
+        if not forced and held is not None and forced_fit(base, pod, held).fits:
+            containers = held  # a preemptor takes the GPUs held for it
+        else:
+            containers = fit.assignment if forced else self._policy.choose_gpus(base, pod)
         allocation = Allocation(pod=key, node=node, containers=containers)
         if own is not None:
             self._state.release(key)  # a stale assumption from an attempt on another node
@@ -187,7 +202,7 @@ class BindVerb:
                 return NOT_SYNCED, None
             now_ns = self._clock_ns()
             async with self._decide.lock():
-                reserved = self._reserve(key, request, args.node, now_ns)
+                reserved = self._reserve(key, request, args.node, now_ns, pod_priority(pod))
             if isinstance(reserved, str):
                 return reserved, None
             allocation, info = reserved
@@ -214,6 +229,8 @@ class BindVerb:
                 self._state.release(key)
             return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None
         self._state.record_bound(key, args.node, annotations)
+        if self._preemptor is not None:
+            self._preemptor.bound(key)
         return "", allocation
 
 

@@ -17,7 +17,15 @@
 uvicorn runs in the main thread): the server drains, the cache stops. The client belongs to the
 caller (``gpushare.kube.client.connect``); :func:`serve` runs the extender, then closes it.
 RBAC needed by the client's identity: ``nodes`` get/list/watch; ``pods`` get/list/watch/patch;
-``pods/binding`` create; ``events`` create; with leader election, ``leases`` get/create/update.
+``pods/binding`` create; ``events`` create; with leader election, ``leases`` get/create/update;
+with preemption (the default), ``pods/eviction`` create, ``poddisruptionbudgets``
+list/watch, and ``configmaps`` get/list/watch/patch on the holds ConfigMap (create in its
+namespace).
+
+**Preemption** (``options.preemption``, ``gpushare.extender.preemption``): the cache also
+watches PodDisruptionBudgets and the holds ConfigMap; the ``Preemptor`` answers ``preempt``,
+acts only while this replica decides, evicts through the Eviction API and keeps its holds in
+that ConfigMap, so that a new leader finds them after its relist.
 
 **Several replicas** (``options.leader_election``): once its caches have synced a replica
 campaigns for the Lease (``gpushare.kube.lease``); it decides only while it leads and has
@@ -41,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from gpushare.core.skipped import SkippedPod
 from gpushare.extender.apiserver import (
@@ -53,8 +62,10 @@ from gpushare.extender.apiserver import (
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.forward import LEADER_URL_ANNOTATION, LeaderForwarder, leader_url
+from gpushare.extender.holds import BudgetBook, HoldBook
 from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
+from gpushare.extender.preemption import PreemptionOptions, Preemptor
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
@@ -63,6 +74,8 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.codec import Json, pod_uid
 from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
+from gpushare.kube.evictions import Evictor
+from gpushare.kube.holds import DEFAULT_HOLDS, HoldStore
 from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.kube.watch import Backoff
 
@@ -91,7 +104,9 @@ class LiveOptions:
     decides); ``rebuild_timeout_s``: bound on the relist of a new leader; ``forward_timeout_s``:
     bound on a request a follower forwards to the leader; ``advertise_address``: the address
     followers reach this replica at (default ``$POD_IP``, else 127.0.0.1), published on the
-    Lease.
+    Lease. ``preemption``: GPU-aware preemption (``None``: off; ``preempt`` then keeps
+    kube-scheduler's choice); ``holds_configmap``: where its holds are kept,
+    ``(namespace, name)``.
     """
 
     host: str = "0.0.0.0"
@@ -118,6 +133,8 @@ class LiveOptions:
     rebuild_timeout_s: float = 30.0
     forward_timeout_s: float = 25.0
     advertise_address: str | None = None
+    preemption: PreemptionOptions | None = field(default_factory=PreemptionOptions)
+    holds_configmap: tuple[str, str] = DEFAULT_HOLDS
 
 
 def tls_problems(cert: Path | None, key: Path | None, client_ca: Path | None) -> list[str]:
@@ -173,11 +190,20 @@ class LiveExtender:
         self.state = ExtenderState(
             assume_ttl_s=options.assume_ttl_s, handshake_timeout_s=options.handshake_timeout_s
         )
+        preempting = options.preemption is not None
         self.cache = ClusterCache(
-            client, backoff=options.backoff, watch_timeout_s=options.watch_timeout_s
+            client,
+            backoff=options.backoff,
+            watch_timeout_s=options.watch_timeout_s,
+            budgets=preempting,
+            holds=options.holds_configmap if preempting else None,
         )
         self.feeder = StateFeeder(self.state, on_skip=self._on_skip)
         self.feeder.attach(self.cache)
+        self.holds = HoldBook(self.state.touch)
+        self.budgets = BudgetBook()
+        self.cache.on_holds(self.holds.on_change)
+        self.cache.on_budget(self.budgets.on_change)
         self.events = ApiEventSink(
             EventRecorder(
                 client,
@@ -207,6 +233,20 @@ class LiveExtender:
                 tls_cert=options.tls_cert,
                 tls_key=options.tls_key,
             )
+        self.registry = CollectorRegistry()
+        self.preemptor: Preemptor | None = None
+        if options.preemption is not None:
+            self.preemptor = Preemptor(
+                self.state,
+                self.holds,
+                self.budgets,
+                evictor=Evictor(client),
+                store=HoldStore(client, *options.holds_configmap),
+                events=self.events,
+                deciding=self._deciding,
+                options=options.preemption,
+                registry=self.registry,
+            )
         self.workload: WorkloadTracker | None = None
         if options.policy in WORKLOAD_POLICIES:
             self.workload = WorkloadTracker(
@@ -225,6 +265,8 @@ class LiveExtender:
             limits=options.limits,
             divert=self.forwarder.divert if self.forwarder is not None else None,
             readiness=self._ready,
+            registry=self.registry,
+            preemptor=self.preemptor,
         )
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -276,6 +318,11 @@ class LiveExtender:
                 finally:
                     await self.events.drain()  # each bounded by event_timeout_s
                     await self.cache.stop()
+
+    def _deciding(self) -> bool:
+        """Whether this replica may act (evict, write holds): always for a single replica,
+        while it leads and has rebuilt with leader election."""
+        return self.leadership is None or self.leadership.deciding()
 
     def _ready(self) -> bool:
         """``/readyz`` beyond ``state.synced``: fresh caches (followers too: they forward)."""

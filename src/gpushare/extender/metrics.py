@@ -7,7 +7,8 @@ series                                       type       labels             meani
 ===========================================  =========  =================  =========================
 gpushare_extender_requests_total             counter    verb, outcome      requests handled: verb
                                                                            filter / prioritize /
-                                                                           bind; outcome ok, held
+                                                                           bind / preempt;
+                                                                           outcome ok, held
                                                                            (a filter waiting on the
                                                                            handshake rule), error
                                                                            (another Error text or
@@ -113,7 +114,7 @@ __all__ = [
     "unit_bytes",
 ]
 
-VERBS = ("filter", "prioritize", "bind")
+VERBS = ("filter", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "error", "bad_request")
 # Handling is sub-millisecond to tens of milliseconds (1,000 nodes x 8 GPUs); bind waits on the
 # API server, hence the long tail.

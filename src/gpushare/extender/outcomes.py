@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from gpushare.core.fit import FitResult, FitStatus
+from gpushare.core.preemption import Hold
 from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import NodeInfo
 
@@ -55,6 +56,22 @@ def skipped_note(state: ExtenderState, node: str) -> str:
     if not skipped:
         return ""
     return "; counted too, not in the ledger: " + " | ".join(s.describe() for s in skipped)
+
+
+def hold_note(holds: Sequence[Hold], key: str, priority: int, now_s: float) -> str:
+    """``; held for preemptor ns/p (priority 1000, waiting for its victims): GPU 0 16`` for
+    the ``holds`` that keep GPUs from pod ``key`` of ``priority`` at ``now_s`` (``""`` when
+    none): a refusal caused by them says so (at most ``HELD_SHOWN`` named)."""
+    binding = [h for h in holds if h.binds(key, priority, now_s)]
+    if not binding:
+        return ""
+    shown = " | ".join(
+        f"{h.pod} (priority {h.priority}): "
+        + ", ".join(f"GPU {','.join(map(str, c.gpu_indices))} {c.gpu_share}" for c in h.containers)
+        for h in binding[:HELD_SHOWN]
+    )
+    more = f" | and {len(binding) - HELD_SHOWN} more" if len(binding) > HELD_SHOWN else ""
+    return f"; held for preemptors waiting for their victims: {shown}{more}"
 
 
 def held_error(passed: Sequence[str], held: Mapping[str, str]) -> str:

@@ -22,9 +22,11 @@ cluster; ``/inspect/<node>`` carries the node's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpushare.core.ledger import ViolationKind
+from gpushare.core.preemption import Hold
 from gpushare.core.skipped import SkipKind, SkippedPod
 from gpushare.extender.state import ExtenderState
 from gpushare.inspect.render import report_json
@@ -33,19 +35,35 @@ from gpushare.kube.codec import NodeInfo
 
 
 def shared_report(
-    state: ExtenderState, node: str | None = None, reader: SnapshotReader | None = None
+    state: ExtenderState,
+    node: str | None = None,
+    reader: SnapshotReader | None = None,
+    *,
+    holds: Sequence[Hold] = (),
+    now_s: float = 0.0,
 ) -> Report:
     """The inspect report (``gpushare.inspect``) of what ``state`` holds, with the extender's
-    own pins (they expire after its handshake timeout); of ``node`` alone when given.
+    own pins (they expire after its handshake timeout) and its preemption ``holds`` (timed
+    against ``now_s``, seconds since the epoch); of ``node`` alone when given.
     ``reader``: the ``SnapshotReader`` kept between requests (objects unchanged since are not read
     again)."""
     nodes, pods = state.objects()
     names = [node] if node is not None else [info.node.name for info in state.nodes()]
     pending = {name: state.pending(name) for name in names}
-    return build_report(Snapshot(nodes, pods), node=node, pending=pending, reader=reader)
+    return build_report(
+        Snapshot(nodes, pods, tuple(holds)), node=node, pending=pending, reader=reader,
+        now_s=now_s,
+    )  # fmt: skip
 
 
-def node_report(state: ExtenderState, info: NodeInfo, *, shared: bool = True) -> dict[str, Any]:
+def node_report(
+    state: ExtenderState,
+    info: NodeInfo,
+    *,
+    shared: bool = True,
+    holds: Sequence[Hold] = (),
+    now_s: float = 0.0,
+) -> dict[str, Any]:
     """One node: its GPUs, what each holds and for which pods; with ``shared``, also its
     ``gpushare`` report (``shared_report`` of the node alone). The cluster view leaves it out:
     it carries the whole cluster's ``gpushare`` report once."""
@@ -95,7 +113,7 @@ def node_report(state: ExtenderState, info: NodeInfo, *, shared: bool = True) ->
         devs.append(dev | {"pods": holders[gpu.index]})
     result: dict[str, Any] = {"name": node.name}
     if shared:
-        result["gpushare"] = report_json(shared_report(state, node.name))
+        result["gpushare"] = report_json(shared_report(state, node.name, holds=holds, now_s=now_s))
     return result | {
         "unit": info.unit,
         "source": info.source,
@@ -173,11 +191,17 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
     ]
 
 
-def cluster_report(state: ExtenderState, reader: SnapshotReader | None = None) -> dict[str, Any]:
+def cluster_report(
+    state: ExtenderState,
+    reader: SnapshotReader | None = None,
+    *,
+    holds: Sequence[Hold] = (),
+    now_s: float = 0.0,
+) -> dict[str, Any]:
     """Every GPU-share node (sorted by name, without a ``gpushare`` report each), the ledger's
-    broken invariants, and the inspect report of the whole cluster (``gpushare``), built once
-    per request (``reader``: as in ``shared_report``)."""
-    cluster = shared_report(state, reader=reader)
+    broken invariants, and the inspect report of the whole cluster (``gpushare``, with the
+    preemption ``holds``), built once per request (``reader``: as in ``shared_report``)."""
+    cluster = shared_report(state, reader=reader, holds=holds, now_s=now_s)
     return {
         "nodes": [
             node_report(state, info, shared=False) for info in state.nodes() if info.gpushare

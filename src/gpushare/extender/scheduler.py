@@ -68,9 +68,11 @@ from gpushare.extender.outcomes import (
     Verdict,
     describe_fit,
     held_error,
+    hold_note,
     not_gpushare,
     skipped_note,
 )
+from gpushare.extender.preemption import Preemptor
 from gpushare.extender.scoring import policy_value, to_priorities
 from gpushare.extender.state import Binder, EventSink, ExtenderState
 from gpushare.extender.wire import (
@@ -82,7 +84,7 @@ from gpushare.extender.wire import (
     NodeList,
     RequestError,
 )
-from gpushare.kube.codec import CodecError, node_info, object_name, pod_request
+from gpushare.kube.codec import CodecError, node_info, object_name, pod_priority, pod_request
 from gpushare.kube.codec.resolve import NotOnNode, on_node
 
 __all__ = [
@@ -111,13 +113,18 @@ class Scheduler:
         events: EventSink | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         nodes_from_requests: bool = False,
+        preemptor: Preemptor | None = None,
     ) -> None:
         self.state = state
         self.nodes_from_requests = nodes_from_requests
         self.policy = policy
+        self.preemptor = preemptor
         self._tie_break = tie_break_of(policy)
         self._generational = generational(policy)
-        self._bind_verb = BindVerb(state, policy, binder, events=events, clock_ns=clock_ns)
+        self._bind_verb = BindVerb(
+            state, policy, binder, events=events, clock_ns=clock_ns, preemptor=preemptor
+        )
+        self._uncached = 0  # counts down: a unique "version" for nodes with preemption holds
         self._fits: NodeShapeCache[FitResult] = NodeShapeCache()
         self._last_names: list[str] = []  # the last NodeNames, when they had no duplicates
         self._verdicts: NodeShapeCache[Verdict] = NodeShapeCache()
@@ -160,14 +167,34 @@ class Scheduler:
             names.append(info.node.name)
         return list(dict.fromkeys(names)), broken, False
 
-    def _fit(self, name: str, pod: PodRequest, own: Allocation | None) -> FitResult | None:
+    def _version(self, name: str) -> int:
+        """The node's version for the caches; a new one at every call for a node with
+        preemption holds (what fits there depends on the pod's priority)."""
+        if self.preemptor is not None and self.preemptor.held(name):
+            self._uncached -= 1
+            return self._uncached
+        return self.state.version(name)
+
+    def _view(self, name: str, pod: PodRequest, priority: int) -> NodeState | None:
+        """Node ``name`` as ``pod`` of ``priority`` sees it: with the GPUs held for
+        preemptors it must not take (``gpushare.extender.preemption``)."""
+        if self.preemptor is not None and self.preemptor.held(name):
+            return self.preemptor.view(name, pod.key, priority)
+        return self.state.node_state(name)
+
+    def _fit(
+        self, name: str, pod: PodRequest, own: Allocation | None, priority: int = 0
+    ) -> FitResult | None:
         """The fit of ``pod`` on node ``name`` now, or ``None`` for an unknown node; the
-        handshake rule applied (``gpushare.core.handshake.handshake_fit``)."""
-        state = self.state.node_state(name)
+        handshake rule applied (``gpushare.core.handshake.handshake_fit``) and the holds
+        that bind a pod of ``priority`` counted."""
+        state = self._view(name, pod, priority)
         if state is None:
             return None
         if own is not None and own.node == name:
             return handshake_fit(state.without(own), pod, self.state.pending(name))
+        if self.preemptor is not None and self.preemptor.held(name):
+            return handshake_fit(state, pod, self.state.pending(name))
         shape, version = shape_key(pod), self.state.version(name)
         result = self._fits.get(name, shape, version)
         if result is None:
@@ -209,11 +236,12 @@ class Scheduler:
             passed = names
         elif pod is not None:
             own = self.state.allocation(pod.key)
+            priority = pod_priority(args.pod)
             if names_mode and own is None:  # kept per node until it changes (module doc)
-                outcome = functools.partial(self._outcome, pod=pod, own=None)
-                verdicts = self._verdicts.values(shape_key(pod), names, self.state.version, outcome)
+                outcome = functools.partial(self._outcome, pod=pod, own=None, priority=priority)
+                verdicts = self._verdicts.values(shape_key(pod), names, self._version, outcome)
             else:
-                verdicts = [self._outcome(name, pod, own) for name in names]
+                verdicts = [self._outcome(name, pod, own, priority) for name in names]
             for name, verdict in zip(names, verdicts, strict=True):
                 if verdict.status is FitStatus.FITS:
                     passed.append(name)
@@ -223,6 +251,8 @@ class Scheduler:
                     unresolvable[name] = verdict.reason
                 if verdict.held:
                     held[name] = verdict.reason
+        if pod is not None and not passed and failed and self.preemptor is not None:
+            self.preemptor.unschedulable(args.pod, pod, list(failed))
         if not error:
             error = held_error(passed, held)
         if names_mode or args.nodes is None:
@@ -244,16 +274,19 @@ class Scheduler:
         if pod.gpu_containers and self.state.synced:
             self._drop_values_on_new_generation()
             own = self.state.allocation(pod.key)
+            priority = pod_priority(args.pod)
             if own is None and self.policy.deterministic:
-                return self._prioritize_memoised(names, pod)
+                return self._prioritize_memoised(names, pod, priority)
             for name in names:
-                value = self._node_value(name, pod, own)
+                value = self._node_value(name, pod, own, priority)
                 if value is not None:
                     values[name] = value
         scores = to_priorities(values, names)
         return [HostPriority(name, scores[name]) for name in names]
 
-    def _outcome(self, name: str, pod: PodRequest, own: Allocation | None) -> Verdict:
+    def _outcome(
+        self, name: str, pod: PodRequest, own: Allocation | None, priority: int = 0
+    ) -> Verdict:
         """The filter's verdict on node ``name``: ``FITS``, ``DOES_NOT_FIT_NOW`` with the
         reason (``held`` when the handshake rule refused it) or ``CAN_NEVER_FIT`` with the
         reason (also for an unknown or non-GPU-share node)."""
@@ -263,16 +296,28 @@ class Scheduler:
             if isinstance(placed, NotOnNode):
                 return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {placed.text}")
             pod = placed
-        result = self._fit(name, pod, own) if info is not None and info.gpushare else None
+        result = self._fit(name, pod, own, priority) if info is not None and info.gpushare else None
         if info is None or result is None:
             why = UNKNOWN_NODE if info is None else not_gpushare(info)
             return Verdict(FitStatus.CAN_NEVER_FIT, why)
         if result.status is FitStatus.FITS:
             return Verdict(FitStatus.FITS)
-        why = f"gpushare: {describe_fit(result, info)}{skipped_note(self.state, name)}"
+        why = (
+            f"gpushare: {describe_fit(result, info)}{skipped_note(self.state, name)}"
+            f"{self._hold_note(name, pod.key, priority)}"
+        )
         return Verdict(result.status, why, held=result.reason is Reason.HANDSHAKE)
 
-    def _node_value(self, name: str, pod: PodRequest, own: Allocation | None) -> float | None:
+    def _hold_note(self, name: str, key: str, priority: int) -> str:
+        """``; held for preemptor ns/p (priority 1000): GPU 0 16`` for the holds on ``name``
+        that keep GPUs from pod ``key`` of ``priority`` (``""`` when none)."""
+        if self.preemptor is None or not self.preemptor.held(name):
+            return ""
+        return hold_note(self.preemptor.holds.on(name), key, priority, self.preemptor.now())
+
+    def _node_value(
+        self, name: str, pod: PodRequest, own: Allocation | None, priority: int = 0
+    ) -> float | None:
         """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit
         (or does not serve the pod's kind of request)."""
         info = self.state.node(name)
@@ -281,20 +326,22 @@ class Scheduler:
             if isinstance(placed, NotOnNode):
                 return None
             pod = placed
-        result = self._fit(name, pod, own)
-        state = self.state.node_state(name)
+        result = self._fit(name, pod, own, priority)
+        state = self._view(name, pod, priority)
         if result is not None and result.fits and state is not None:
             return self._value(state, pod, own)
         return None
 
-    def _prioritize_memoised(self, names: list[str], pod: PodRequest) -> list[HostPriority]:
+    def _prioritize_memoised(
+        self, names: list[str], pod: PodRequest, priority: int
+    ) -> list[HostPriority]:
         """``prioritize`` of a GPU pod holding nothing under a deterministic policy: the same
         scores as the loop, each node's value kept until its ``version`` changes."""
         found = self._node_values.values(
             shape_key(pod),
             names,
-            self.state.version,
-            lambda name: self._node_value(name, pod, None),
+            self._version,
+            lambda name: self._node_value(name, pod, None, priority),
         )
         values = {name: v for name, v in zip(names, found, strict=True) if v is not None}
         scores = to_priorities(values, names)

@@ -479,5 +479,10 @@ class ExtenderState:
         """The pods on ``node`` that pin equal pods now (``gpushare.core.handshake.pin``)."""
         return self._pending.pending(node, self._wall_clock_ns())
 
+    def touch(self, name: str) -> None:
+        """Something beside the ledger that per-node results depend on changed on node
+        ``name`` (a preemption hold, ``gpushare.extender.holds``): its ``version`` changes."""
+        self._bump(name)
+
     def _bump(self, name: str) -> None:
         self._versions[name] = self._versions.get(name, 0) + 1

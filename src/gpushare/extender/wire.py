@@ -1,8 +1,9 @@
 """The scheduler-extender wire types (``k8s.io/kube-scheduler/extender/v1``), as msgspec structs.
 
-Source: ``shared/spec/kubernetes-interfaces.md`` §1.2. The top-level keys are the Go field names
-in PascalCase (``Pod``, ``NodeNames``, ``FailedAndUnresolvableNodes``, ``PodUID``...); nested
-Kubernetes objects (the Pod, the Nodes) stay plain JSON dicts, read by ``gpushare.kube.codec``.
+Source: ``k8s.io/kube-scheduler/extender/v1/types.go`` (docs/extender.md, "Wire format"). The
+top-level keys are the Go field names in PascalCase (``Pod``, ``NodeNames``,
+``FailedAndUnresolvableNodes``, ``PodUID``, ``NodeNameToMetaVictims``...); nested Kubernetes
+objects (the Pod, the Nodes) stay plain JSON dicts, read by ``gpushare.kube.codec``.
 No field is omitted on encoding: ``None`` is written as ``null``, as Go does. ``decode`` turns any
 malformed body into ``RequestError`` (the HTTP layer answers 400 with its text): JSON syntax,
 a shape mismatch, a string that is not UTF-8, nesting deeper than the decoder's recursion limit.
@@ -68,6 +69,46 @@ class ExtenderBindingResult(msgspec.Struct, rename="pascal"):
     """Answer of ``bind``: empty ``Error`` on success."""
 
     error: str = ""
+
+
+class MetaPod(msgspec.Struct):
+    """A victim named by UID alone (``MetaPod``; the Go field name is ``UID``)."""
+
+    uid: str = msgspec.field(name="UID")
+
+
+class MetaVictims(msgspec.Struct, rename="pascal"):
+    """The victims on one node by UID, and how many PodDisruptionBudgets evicting them would
+    break (``MetaVictims``)."""
+
+    pods: list[MetaPod] | None = None
+    num_pdb_violations: int = msgspec.field(default=0, name="NumPDBViolations")
+
+
+class Victims(msgspec.Struct, rename="pascal"):
+    """The victims on one node as whole pods (``Victims``: sent when ``nodeCacheCapable`` is
+    false)."""
+
+    pods: list[dict[str, Any]] | None = None
+    num_pdb_violations: int = msgspec.field(default=0, name="NumPDBViolations")
+
+
+class ExtenderPreemptionArgs(msgspec.Struct, rename="pascal"):
+    """Body of ``preempt``: the preemptor and kube-scheduler's candidate nodes with the victims
+    its own dry run chose, by UID (``NodeNameToMetaVictims``, ``nodeCacheCapable: true``) or as
+    pods (``NodeNameToVictims``). From Kubernetes 1.38 a candidate may come with no victims (a
+    node whose totals fit but whose devices may not)."""
+
+    pod: dict[str, Any]
+    node_name_to_victims: dict[str, Victims | None] | None = None
+    node_name_to_meta_victims: dict[str, MetaVictims | None] | None = None
+
+
+class ExtenderPreemptionResult(msgspec.Struct, rename="pascal"):
+    """Answer of ``preempt``: the candidates kept, each with the victims to evict there (a
+    node left out is dropped; kube-scheduler 1.37 refuses a node with an empty list)."""
+
+    node_name_to_meta_victims: dict[str, MetaVictims] = msgspec.field(default_factory=dict)
 
 
 class RequestError(ValueError):

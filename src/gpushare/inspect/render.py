@@ -52,6 +52,7 @@ from gpushare.inspect.report import (
     ContainerAsk,
     ContainerReport,
     GpuReport,
+    HoldReport,
     NodeFit,
     NodeReport,
     PendingReport,
@@ -151,10 +152,27 @@ def _notes(report: Report) -> list[str]:
     return notes
 
 
+def _hold_lines(report: Report) -> list[str]:
+    """The holds as a table: preemptor, node, GPUs, victims (with their state), time left."""
+    if not report.holds:
+        return []
+    rows = [["PREEMPTOR", "PRIORITY", "NODE", "GPUS", "VICTIMS", "EVICTOR", "EXPIRES IN"]]
+    for hold in report.holds:
+        gpus = "; ".join(
+            f"GPU{','.join(map(str, c.gpus))}:{'whole' if c.whole else c.share}"
+            for c in hold.containers
+        )
+        victims = ", ".join(f"{v.pod} ({v.state})" for v in hold.victims) or "-"
+        expires = f"{hold.expires_in_s:.0f}s" if hold.expires_in_s > 0 else "expired"
+        rows.append([hold.pod, str(hold.priority), hold.node, gpus, victims, hold.evictor, expires])
+    return _table(rows)
+
+
 def _sections(report: Report, pending: list[str]) -> list[str]:
     lines: list[str] = []
     for title, body in (
         ("Pending GPU pods (not bound to a node):", pending),
+        ("GPUs held for preemptors while their victims terminate:", _hold_lines(report)),
         ("Notes:", [f"  {note}" for note in _notes(report)]),
         ("Problems (objects that could not be read or do not add up):",
          [f"  {problem}" for problem in report.problems]),
@@ -250,6 +268,8 @@ def _node_block(node: NodeReport) -> list[str]:
 
 def _fit_lines(pod: PendingReport) -> list[str]:
     lines = [f"{pod.namespace}/{pod.name}  asks {_asks(pod)}"]
+    if pod.waiting is not None:
+        lines.append(f"  waits for its victims: {pod.waiting.describe()}")
     fits: Sequence[NodeFit] = pod.nodes
     lines += [f"  {fit.text}" for fit in fits] or ["  no GPU-share node"]
     return lines
@@ -377,7 +397,9 @@ def report_json(report: Report) -> dict[str, Any]:
                                  "requested", "available", "free_per_gpu",
                                  "capacity_per_gpu", "text"}]}],
          "totals": [{"unit", "allocated", "total", "percent", "unhealthy", "nodes"}],
-         "problems": [str]}
+         "problems": [str],
+         "holds": [{"pod", "node", "priority", "evictor", "expiresInSeconds",
+                    "containers": [...], "victims": [{"pod", "state"}]}]}   (when any)
 
     ``status`` is ``fits``/``does-not-fit-now``/``can-never-fit``; ``reason`` a fixed text
     (``gpushare.core.fit.Reason``); ``percent`` whole and truncated. Compute (docs/compute.md)
@@ -385,7 +407,8 @@ def report_json(report: Report) -> dict[str, Any]:
     before: each GPU's ``compute_milli`` and ``whole`` on a node where a GPU holds either; a
     container's ``compute_milli``/``whole`` when set; an ask's ``basis`` (``"MiB"``,
     ``"% of the GPU"``), ``compute_milli``, ``whole`` when set; a fit's
-    ``compute_free_per_gpu`` when the pod asks compute or whole GPUs.
+    ``compute_free_per_gpu`` when the pod asks compute or whole GPUs. A pending pod that
+    holds GPUs (preemption) has ``waiting``, its hold as in ``holds``.
     """
     return {
         "node": report.node,
@@ -399,6 +422,7 @@ def report_json(report: Report) -> dict[str, Any]:
                 "asks": [_ask_json(a) for a in pod.asks],
                 "nodes": [_fit_json(fit) for fit in pod.nodes],
             }
+            | ({"waiting": _hold_json(pod.waiting)} if pod.waiting is not None else {})
             for pod in report.pending
         ],
         "totals": [
@@ -413,4 +437,16 @@ def report_json(report: Report) -> dict[str, Any]:
             for total in report.totals
         ],
         "problems": list(report.problems),
+    } | ({"holds": [_hold_json(hold) for hold in report.holds]} if report.holds else {})
+
+
+def _hold_json(hold: HoldReport) -> dict[str, Any]:
+    return {
+        "pod": hold.pod,
+        "node": hold.node,
+        "priority": hold.priority,
+        "evictor": hold.evictor,
+        "expiresInSeconds": round(hold.expires_in_s, 1),
+        "containers": [_container_json(c) for c in hold.containers],
+        "victims": [{"pod": v.pod, "state": v.state} for v in hold.victims],
     }

@@ -24,7 +24,13 @@ device-plugin handshake rule), so the reasons are the extender's.
     (``gpushare.core.skipped``): on every GPU of the node, or the whole node blocked. The
     charges lower the GPUs' ``free`` and the fit of pending pods, not ``allocated``;
   - *not bound* are pending: ``handshake_fit`` on every GPU-share node (only the ``node`` given, if
-    any) says why they do not fit, with the numbers.
+    any) says why they do not fit, with the numbers, the GPUs held for preemptors of at least
+    their priority counted (``gpushare.core.preemption.with_holds``, as the extender counts
+    them).
+
+* **Holds** (``Snapshot.holds``, from the extender's holds ConfigMap): the GPUs kept for a
+  preemptor while its victims terminate (``HoldReport``: each victim running, terminating or
+  gone); a pending pod that holds GPUs says it waits for its victims.
 
 * **Amounts** are integers in the node's unit; totals are summed per unit (``UnitTotal``), since
   GiB and MiB nodes may share a cluster.
@@ -43,6 +49,7 @@ from typing import Any, TypeVar
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
+from gpushare.core.preemption import Hold, with_holds
 from gpushare.core.serves import Serves
 from gpushare.core.skipped import SkippedPod, charged, refused, unreadable
 from gpushare.kube.codec import (
@@ -55,9 +62,11 @@ from gpushare.kube.codec import (
     node_internal_ip,
     object_name,
     pod_allocation,
+    pod_deleting,
     pod_finished,
     pod_key,
     pod_node_name,
+    pod_priority,
     pod_request,
 )
 from gpushare.kube.codec.handshake import pending_pod
@@ -79,6 +88,9 @@ class Snapshot:
 
     nodes: tuple[Mapping[str, Any], ...] = ()
     pods: tuple[Mapping[str, Any], ...] = ()
+    holds: tuple[Hold, ...] = ()
+    """The preemption holds (``gpushare.kube.codec.preemption.holds_of`` of the extender's
+    holds ConfigMap)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,10 +251,45 @@ class NodeFit:
 
 
 @dataclass(frozen=True, slots=True)
+class VictimReport:
+    """A victim of a hold: pod ``namespace/name`` and its ``state`` now: ``running``,
+    ``terminating`` (being deleted) or ``gone``."""
+
+    pod: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class HoldReport:
+    """GPUs held on ``node`` for the preemptor ``pod`` (priority ``priority``) while its
+    ``victims`` terminate: ``containers`` is what it is to get; ``evictor`` who evicts
+    (``gpushare`` or ``kube-scheduler``); ``expires_in_s`` seconds left (negative: expired,
+    about to be dropped)."""
+
+    pod: str
+    node: str
+    priority: int
+    containers: tuple[ContainerReport, ...]
+    victims: tuple[VictimReport, ...]
+    evictor: str
+    expires_in_s: float
+
+    def describe(self) -> str:
+        """``GPU 0 (16) on node n1 for ns/p, waiting for ns/a (terminating), ns/b (running)``."""
+        gpus = "; ".join(
+            f"GPU {','.join(map(str, c.gpus))} ({'whole' if c.whole else c.share})"
+            for c in self.containers
+        )
+        victims = ", ".join(f"{v.pod} ({v.state})" for v in self.victims) or "nobody"
+        return f"{gpus} on node {self.node} for {self.pod}, waiting for {victims}"
+
+
+@dataclass(frozen=True, slots=True)
 class PendingReport:
     """A GPU pod not bound to a node: what it ``asks`` (``total`` units over its GPU
     containers, in the unit of whichever node takes it), why per node (``nodes``, by name) and
-    ``reason``, one line summarising them."""
+    ``reason``, one line summarising them; ``waiting``: the GPUs held for it while its victims
+    terminate (it then waits for them, whatever the nodes say now)."""
 
     namespace: str
     name: str
@@ -250,6 +297,7 @@ class PendingReport:
     total: int
     nodes: tuple[NodeFit, ...]
     reason: str
+    waiting: HoldReport | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +333,8 @@ class Report:
     totals: tuple[UnitTotal, ...]
     problems: tuple[str, ...]
     node: str | None = None
+    holds: tuple[HoldReport, ...] = ()
+    """GPUs held for preemptors (on ``node`` only, when given), by preemptor."""
 
 
 # -- reading the snapshot ----------------------------------------------------------------------
@@ -321,6 +371,8 @@ class PodRead:
     assigned: bool = False
     problem: str | None = None
     blocked: SkippedPod | None = None
+    priority: int = 0
+    """``spec.priority`` of a pod not bound (the holds it must respect depend on it)."""
 
 
 def read_pod(obj: Mapping[str, Any]) -> PodRead:
@@ -340,7 +392,11 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     if record is not None:  # well-formed: read once; else each part below, for its error
         request = record.request
         if bound is None:
-            return PodRead(None, request=request if request.gpu_containers else None)
+            return PodRead(
+                None,
+                request=request if request.gpu_containers else None,
+                priority=pod_priority(obj),
+            )
         if not request.gpu_containers:
             return PodRead(bound)
         allocation = record.allocation
@@ -354,7 +410,9 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
             request = pod_request(obj)
         except CodecError as error:
             return PodRead(None, problem=_line(error))
-        return PodRead(None, request=request if request.gpu_containers else None)
+        return PodRead(
+            None, request=request if request.gpu_containers else None, priority=pod_priority(obj)
+        )
     try:
         key = pod_key(obj)
     except CodecError as error:
@@ -438,6 +496,7 @@ def build_report(
     pending: Mapping[str, Sequence[PendingPod]] | None = None,
     reader: SnapshotReader | None = None,
     pod_rows: bool = True,
+    now_s: float = 0.0,
 ) -> Report:
     """The report of ``snapshot`` (module doc); with ``node``, of that node alone (pending pods
     are then checked against it only; it is shown even when it is not a GPU-share node).
@@ -450,8 +509,9 @@ def build_report(
     the unbound ones).
     ``pod_rows=False`` leaves every ``NodeReport.pods`` empty (the GPUs' and nodes' amounts are
     the same): the summary table shows no pod, so ``kubectl inspect gpushare`` skips building
-    a row per pod (docs/extender.md, "``/inspect`` at scale"). Never raises on unreadable
-    objects: they become ``Report.problems``."""
+    a row per pod (docs/extender.md, "``/inspect`` at scale"). ``now_s`` (seconds since the
+    Unix epoch) says which holds have expired. Never raises on unreadable objects: they become
+    ``Report.problems``."""
     problems: list[str] = []
     infos: dict[str, tuple[NodeInfo, str | None]] = {}
     node_reads: Iterable[NodeRead]
@@ -469,7 +529,7 @@ def build_report(
 
     books: dict[str, _Book] = {}
     pins: dict[str, list[PendingPod]] = {}
-    unbound: list[tuple[str, PodRequest]] = []
+    unbound: list[tuple[str, PodRequest, int]] = []
     reads: Iterable[PodRead]
     if node is None:
         reads = (reader or SnapshotReader()).read_all(snapshot.pods)
@@ -484,7 +544,7 @@ def build_report(
             problems.append(read.problem)
         if read.bound is None:
             if read.request is not None:
-                unbound.append((read.request.key, read.request))
+                unbound.append((read.request.key, read.request, read.priority))
             continue
         book = books.setdefault(read.bound, _Book())
         if read.blocked is not None:
@@ -514,11 +574,64 @@ def build_report(
         states[name] = state
     candidates = [n for n in nodes if n.gpushare or n.name == node]
     held: Mapping[str, Sequence[PendingPod]] = pins if pending is None else pending
+    holds = [h for h in snapshot.holds if node is None or h.node == node]
+    hold_reports = _hold_reports(holds, snapshot.pods, now_s)
+    waiting = {h.pod: h for h in hold_reports}
     pending_reports = [
-        _pending_report(key, request, candidates, states, held)
-        for key, request in sorted(unbound, key=lambda item: item[0])
-    ]
-    return Report(tuple(nodes), tuple(pending_reports), _totals(nodes), tuple(problems), node)
+        _pending_report(
+            key, request, candidates, states, held,
+            holding=_Holding(holds, priority, now_s, waiting.get(key)),
+        )
+        for key, request, priority in sorted(unbound, key=lambda item: item[0])
+    ]  # fmt: skip
+    return Report(
+        tuple(nodes), tuple(pending_reports), _totals(nodes), tuple(problems), node,
+        tuple(hold_reports),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Holding:
+    """The holds a pending pod of ``priority`` must respect at ``now_s``, and its own."""
+
+    holds: Sequence[Hold]
+    priority: int
+    now_s: float
+    own: HoldReport | None
+
+
+def _hold_reports(
+    holds: Sequence[Hold], pods: Sequence[Mapping[str, Any]], now_s: float
+) -> list[HoldReport]:
+    """Each hold with its victims' state now (from the snapshot's pods)."""
+    if not holds:
+        return []
+    deleting: dict[str, bool] = {}
+    for obj in pods:
+        try:
+            deleting[pod_key(obj)] = pod_deleting(obj)
+        except CodecError:
+            continue
+    reports = []
+    for hold in sorted(holds, key=lambda h: h.pod):
+        victims = tuple(
+            VictimReport(
+                v,
+                "gone" if v not in deleting else "terminating" if deleting[v] else "running",
+            )
+            for v in hold.victims
+        )
+        containers = tuple(
+            ContainerReport(c.container, c.gpu_indices, c.gpu_share, c.compute_milli, c.exclusive)
+            for c in hold.containers
+        )
+        reports.append(
+            HoldReport(
+                hold.pod, hold.node, hold.priority, containers, victims, hold.evictor,
+                hold.expires_s - now_s,
+            )
+        )  # fmt: skip
+    return reports
 
 
 def _node_report(
@@ -610,6 +723,8 @@ def _pending_report(
     candidates: list[NodeReport],
     states: Mapping[str, NodeState],
     pending: Mapping[str, Sequence[PendingPod]],
+    *,
+    holding: _Holding,
 ) -> PendingReport:
     fits = []
     for report in candidates:
@@ -619,6 +734,10 @@ def _pending_report(
             fits.append(NodeFit(report.name, report.unit, None, report.refusal, text))
             continue
         state = states[report.name]
+        if holding.holds:
+            state = with_holds(
+                state, holding.holds, pod=key, priority=holding.priority, now_s=holding.now_s
+            )
         unit = None if report.unit is None else MemoryUnit(report.unit)
         uuids = tuple(gpu.uuid for gpu in report.gpus)
         placed = on_node(request, unit, state.node, report.serves, uuids)  # the extender's rule
@@ -637,7 +756,10 @@ def _pending_report(
                      c.memory_basis, c.compute_milli, c.exclusive)
         for c in request.gpu_containers
     )  # fmt: skip
-    return PendingReport(namespace, name, asks, request.gpu_total, tuple(fits), _summary(fits))
+    reason = _summary(fits)
+    if holding.own is not None:
+        reason = f"waits for its victims: {holding.own.describe()} | {reason}"
+    return PendingReport(namespace, name, asks, request.gpu_total, tuple(fits), reason, holding.own)
 
 
 def _names(nodes: list[str], limit: int = 3) -> str:

@@ -5,6 +5,10 @@ lightkube ``AsyncClient``:
 
 * **Nodes**: all of them (``key`` = name). :func:`is_gpushare_node` tells the memory-shared ones
   (label ``gpushare=true``); :meth:`ClusterCache.gpushare_nodes` lists only those.
+* **PodDisruptionBudgets** (``budgets=True``, for preemption): all of them
+  (``namespace/name``).
+* **The holds ConfigMap** (``holds=(namespace, name)``, for preemption): that one object
+  (``gpushare.kube.codec.preemption``).
 * **Pods** in every namespace (``key`` = ``namespace/name``) that pass ``pod_filter``; by
   default :func:`requests_gpu`: some container or init container names
   ``aliyun.com/gpu-mem`` or a resource of another dialect gpushare reads
@@ -15,9 +19,10 @@ lightkube ``AsyncClient``:
 The objects are the API server's JSON as plain dicts (``lightkube`` ``obj.to_dict()``), which is
 what ``gpushare.kube.codec`` reads. They are shared, not copied: treat them as read-only.
 
-**Start-up order.** Nodes are listed first, then pods; only then do both watches start, and
-:attr:`ClusterCache.synced` becomes true (for ``/readyz``). Listeners therefore see every node
-before the first pod, so a ledger rebuilt from the callbacks knows each pod's node.
+**Start-up order.** Nodes are listed first, then pods, then budgets and holds when asked; only
+then do all watches run, and :attr:`ClusterCache.synced` becomes true (for ``/readyz``).
+Listeners therefore see every node before the first pod, so a ledger rebuilt from the callbacks
+knows each pod's node.
 
 **Listeners** (``on_node`` / ``on_pod``) receive a :class:`~gpushare.kube.watch.Change` for every
 change, in order, synchronously in the cache's task: ``UPSERT`` (added or changed) or
@@ -39,9 +44,11 @@ from types import TracebackType
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL, is_gpushare_node
 from gpushare.kube.codec.dialects import DIALECT_NAMES
+from gpushare.kube.configmap import configmap_reflector
 from gpushare.kube.watch import (
     Backoff,
     Change,
@@ -131,6 +138,8 @@ class ClusterCache:
         watch_timeout_s: int = 300,
         chunk_size: int = 500,
         rng: random.Random | None = None,
+        budgets: bool = False,
+        holds: tuple[str, str] | None = None,
     ) -> None:
         if watch_timeout_s < 1:
             raise ValueError(f"watch_timeout_s must be >= 1, got {watch_timeout_s}")
@@ -139,6 +148,8 @@ class ClusterCache:
         self._client = client
         self._node_listeners: list[Listener] = []
         self._pod_listeners: list[Listener] = []
+        self._budget_listeners: list[Listener] = []
+        self._holds_listeners: list[Listener] = []
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         rng = rng or random.Random()
@@ -168,6 +179,38 @@ class ClusterCache:
             watch_timeout_s=watch_timeout_s,
             rng=rng,
         )
+        self._extra: list[Reflector] = []
+        if budgets:
+            self._extra.append(
+                Reflector(
+                    kind="PodDisruptionBudget",
+                    list_fn=lambda: client.list(
+                        PodDisruptionBudget, namespace="*", chunk_size=chunk_size
+                    ),
+                    watch_fn=lambda rv, timeout_s: client.watch(
+                        PodDisruptionBudget,
+                        namespace="*",
+                        resource_version=rv,
+                        server_timeout=timeout_s,
+                    ),
+                    key=namespaced_key,
+                    sink=lambda change: self._notify(self._budget_listeners, change),
+                    backoff=backoff,
+                    watch_timeout_s=watch_timeout_s,
+                    rng=rng,
+                )
+            )
+        if holds is not None:
+            self._extra.append(
+                configmap_reflector(
+                    client,
+                    holds[0],
+                    holds[1],
+                    lambda change: self._notify(self._holds_listeners, change),
+                    backoff=backoff,
+                    watch_timeout_s=watch_timeout_s,
+                )
+            )
 
     # ---- listeners ---------------------------------------------------------------------
 
@@ -179,6 +222,14 @@ class ClusterCache:
     def on_pod(self, listener: Listener) -> None:
         """Call ``listener`` with every pod change from now on (see :meth:`on_node`)."""
         self._pod_listeners.append(listener)
+
+    def on_budget(self, listener: Listener) -> None:
+        """Call ``listener`` with every PodDisruptionBudget change (``budgets=True``)."""
+        self._budget_listeners.append(listener)
+
+    def on_holds(self, listener: Listener) -> None:
+        """Call ``listener`` with every change of the holds ConfigMap (``holds=...``)."""
+        self._holds_listeners.append(listener)
 
     @staticmethod
     def _notify(listeners: list[Listener], change: Change) -> None:
@@ -223,6 +274,9 @@ class ClusterCache:
             await self._wait_or_fail(self._nodes.synced, nodes)
             pods = group.create_task(self._pods.run(), name="gpushare-cache-pods")
             await self._wait_or_fail(self._pods.synced, pods)
+            for extra in self._extra:
+                task = group.create_task(extra.run(), name=f"gpushare-cache-{extra.kind}")
+                await self._wait_or_fail(extra.synced, task)
             self._synced.set()
 
     @staticmethod
@@ -255,16 +309,18 @@ class ClusterCache:
     def stale(self) -> bool:
         """True while nodes or pods may lag the API server: a reflector failed twice in a row
         and has not listed since (``Reflector.stale``)."""
-        return self._nodes.stale or self._pods.stale
+        return self._nodes.stale or self._pods.stale or any(r.stale for r in self._extra)
 
     async def relist(self) -> None:
-        """List nodes, then pods, again now and return once both lists are applied (the
-        listeners have seen every difference). Needs a synced cache; waits while the API
-        server is away: bound it with a timeout."""
+        """List nodes, then pods (then budgets and holds), again now and return once every
+        list is applied (the listeners have seen every difference). Needs a synced cache;
+        waits while the API server is away: bound it with a timeout."""
         if not self.synced:
             raise RuntimeError("ClusterCache.relist needs a synced cache")
         await self._nodes.relist()
         await self._pods.relist()
+        for extra in self._extra:
+            await extra.relist()
 
     @property
     def stats(self) -> CacheStats:

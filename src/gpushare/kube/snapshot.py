@@ -5,7 +5,9 @@ the inspect tool works when the extender is down. The objects are the API server
 plain dicts (``plain_dict``), as the cache keeps them; the caller turns them into a report.
 
 RBAC: ``nodes`` ``list`` (cluster-wide) and ``pods`` ``list`` (all namespaces, or the one given):
-:data:`RBAC_RULES`.
+:data:`RBAC_RULES`. The preemption holds ConfigMap is read too when named (``configmaps``
+``get`` in its namespace); when it cannot be read the report goes on without holds and says
+why (``ClusterObjects.holds_problem``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from gpushare.kube.cache import requests_gpu
-from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
+from gpushare.kube.errors import CLIENT_ERRORS, Failure, api_call_error
 from gpushare.kube.watch import JsonObject, plain_dict
 
 __all__ = [
@@ -43,14 +45,22 @@ LIST_PODS = "LIST pods"
 
 @dataclass(frozen=True)
 class ClusterObjects:
-    """Every Node, and the pods asking a GPU (``requests_gpu``), as plain dicts (read-only)."""
+    """Every Node, and the pods asking a GPU (``requests_gpu``), as plain dicts (read-only);
+    the holds ConfigMap when it was asked for and could be read (``holds_problem`` says why
+    not, ``None`` when it was read or is absent: no holds)."""
 
     nodes: tuple[JsonObject, ...]
     pods: tuple[JsonObject, ...]
+    holds: JsonObject | None = None
+    holds_problem: str | None = None
 
 
 async def read_cluster(
-    client: AsyncClient, *, namespace: str | None = None, chunk_size: int = 500
+    client: AsyncClient,
+    *,
+    namespace: str | None = None,
+    chunk_size: int = 500,
+    holds: tuple[str, str] | None = None,
 ) -> ClusterObjects:
     """List all nodes, then the pods asking a GPU (``requests_gpu``: ``aliyun.com/gpu-mem`` or
     a dialect's resource, any container or init container, limits or requests) in every
@@ -74,7 +84,16 @@ async def read_cluster(
         )
     except CLIENT_ERRORS as error:
         raise api_call_error(what, error) from error
-    return ClusterObjects(nodes, pods)
+    if holds is None:
+        return ClusterObjects(nodes, pods)
+    try:
+        configmap = await client.get(ConfigMap, holds[1], namespace=holds[0])
+    except CLIENT_ERRORS as error:
+        failure = api_call_error(f"GET configmaps {holds[0]}/{holds[1]}", error)
+        if failure.failure is Failure.NOT_FOUND:
+            return ClusterObjects(nodes, pods)
+        return ClusterObjects(nodes, pods, holds_problem=f"preemption holds not shown: {failure}")
+    return ClusterObjects(nodes, pods, plain_dict(configmap))
 
 
 def server_url(client: AsyncClient) -> str:

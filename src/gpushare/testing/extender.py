@@ -21,15 +21,19 @@ from typing import Any
 import uvicorn
 
 from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.preemption import Hold
 from gpushare.extender.state import BindEvent, Binding, ExtenderState
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     GPU_COUNT,
+    GPU_COUNT_ANNOTATION,
     GPU_MEM,
     GPUSHARE_LABEL,
     MemoryUnit,
     allocation_annotations,
 )
+from gpushare.kube.evictions import Eviction, EvictionOutcome
+from gpushare.kube.refs import PodRef
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
 
 
@@ -70,10 +74,17 @@ def pod_json(
     node: str | None = None,
     annotations: Mapping[str, str] | None = None,
     limits: Mapping[str, str] | None = None,
+    priority: int | None = None,
+    preemption_policy: str | None = None,
+    started: str | None = None,
+    deleting: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod as kube-scheduler sends it. ``gpu_mem``: one container ``main`` asking that much,
     or one container per entry (``c0``, ``c1``...); ``limits`` are added to every container;
-    ``node`` sets ``spec.nodeName`` (a bound pod)."""
+    ``node`` sets ``spec.nodeName`` (a bound pod); ``priority`` ``spec.priority``,
+    ``preemption_policy`` ``spec.preemptionPolicy``, ``started`` ``status.startTime``
+    (RFC 3339), ``deleting`` a ``metadata.deletionTimestamp``, ``labels`` its labels."""
     amounts = [gpu_mem] if isinstance(gpu_mem, int) or gpu_mem is None else list(gpu_mem)
     names = ["main"] if len(amounts) == 1 else [f"c{i}" for i in range(len(amounts))]
     containers = []
@@ -95,11 +106,56 @@ def pod_json(
     }
     if annotations:
         metadata["annotations"] = dict(annotations)
+    if labels:
+        metadata["labels"] = dict(labels)
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-27T00:00:00Z"
     spec: dict[str, Any] = {"containers": containers, "schedulerName": "gpushare"}
     if node is not None:
         spec["nodeName"] = node
-    phase = "Running" if node is not None else "Pending"
-    return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
+    if priority is not None:
+        spec["priority"] = priority
+    if preemption_policy is not None:
+        spec["preemptionPolicy"] = preemption_policy
+    status: dict[str, Any] = {"phase": "Running" if node is not None else "Pending"}
+    if started is not None:
+        status["startTime"] = started
+    return {"metadata": metadata, "spec": spec, "status": status}
+
+
+def bound_pod(
+    state: ExtenderState,
+    name: str,
+    node: str,
+    gpus: Mapping[int, int],
+    *,
+    namespace: str = "default",
+    **pod: Any,
+) -> dict[str, Any]:
+    """Pod ``namespace/name`` bound to ``node`` with one container ``main`` holding
+    ``gpus`` (GPU index → amount; several GPUs must hold the same amount), fed to ``state`` as
+    the watch would (``pod``: more ``pod_json`` keywords: ``priority``, ``started``...);
+    returns the pod. ``AssertionError`` if the state does not commit it."""
+    info = state.node(node)
+    assert info is not None, f"unknown node {node}"
+    shares = set(gpus.values())
+    assert len(shares) == 1, f"one amount per GPU, got {gpus}"
+    share = shares.pop()
+    allocation = Allocation(
+        f"{namespace}/{name}", node, (ContainerAllocation("main", tuple(sorted(gpus)), share),)
+    )
+    notes = allocation_annotations(allocation, info.node, now_ns=1, unit=info.unit)
+    notes[ALIYUN_ASSIGNED] = "true"
+    if len(gpus) > 1:
+        notes[GPU_COUNT_ANNOTATION] = str(len(gpus))
+    obj = pod_json(
+        name, share * len(gpus), namespace=namespace, node=node, annotations=notes, **pod
+    )
+    result = state.observe_pod(obj)
+    assert result is not None
+    assert not isinstance(result, Allocation)
+    assert result.ok, result
+    return obj
 
 
 @dataclass
@@ -220,3 +276,67 @@ def serve_in_thread(app: Any, *, start_timeout_s: float = 10.0, **config: Any) -
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@dataclass
+class RecordingEvictor:
+    """An evictor (``gpushare.extender.preemption.Evicts``) that records every call: pods in
+    ``refuse`` (key → the server's words) are refused, as a PodDisruptionBudget would; every
+    other eviction succeeds. ``evicted`` lists the real evictions, in order."""
+
+    refuse: dict[str, str] = field(default_factory=dict)
+    calls: list[tuple[str, bool]] = field(default_factory=list)
+
+    @property
+    def evicted(self) -> list[str]:
+        """The pods evicted for real, in order."""
+        return [key for key, dry_run in self.calls if not dry_run]
+
+    async def evict(self, pod: PodRef, *, dry_run: bool = False) -> Eviction:
+        """Record, then answer as configured."""
+        self.calls.append((pod.key, dry_run))
+        await asyncio.sleep(0)
+        if pod.key in self.refuse:
+            return Eviction(pod, EvictionOutcome.REFUSED, self.refuse[pod.key], dry_run)
+        return Eviction(pod, EvictionOutcome.EVICTED, "", dry_run)
+
+
+@dataclass
+class RecordingHoldStore:
+    """A hold store (``gpushare.extender.preemption.HoldWriter``) in memory: ``holds`` by
+    preemptor UID; ``failure``, when set, is raised by every call."""
+
+    holds: dict[str, Hold] = field(default_factory=dict)
+    failure: Exception | None = None
+
+    async def put(self, hold: Hold) -> None:
+        """Keep ``hold``."""
+        await asyncio.sleep(0)
+        if self.failure is not None:
+            raise self.failure
+        self.holds[hold.uid] = hold
+
+    async def drop(self, uid: str) -> None:
+        """Forget the hold of ``uid``."""
+        await asyncio.sleep(0)
+        if self.failure is not None:
+            raise self.failure
+        self.holds.pop(uid, None)
+
+
+@dataclass
+class RecordingNotes:
+    """Preemption Events (``gpushare.extender.preemption.PreemptionEvents``), kept as
+    ``(pod, reason, message, warning)``."""
+
+    notes: list[tuple[str, str, str, bool]] = field(default_factory=list)
+
+    def note(
+        self, pod: str, uid: str, reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """Keep the Event."""
+        self.notes.append((pod, reason, message, warning))
+
+    def reasons(self, pod: str) -> list[str]:
+        """The reasons of the Events on ``pod``, in order."""
+        return [reason for key, reason, _, _ in self.notes if key == pod]

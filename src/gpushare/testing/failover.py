@@ -37,7 +37,6 @@ from pathlib import Path
 
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Pod
 
@@ -55,10 +54,10 @@ from gpushare.testing.metrics import sample_sum
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome import Ask, Outcome, Spec, judge, make_pod, read_outcome
 from gpushare.testing.pods import delete_namespace
+from gpushare.testing.rbac import EXTENDER_RULES
 from gpushare.testing.service_proxy import ServiceProxy
 
 __all__ = [
-    "EXTENDER_RULES",
     "Burst",
     "FailoverPlan",
     "FailoverResult",
@@ -72,15 +71,6 @@ __all__ = [
 
 PREFIX = "/gpushare-scheduler"
 LEASE_NAMESPACE = "kube-system"
-EXTENDER_RULES = [
-    PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "list", "watch"]),
-    PolicyRule(apiGroups=[""], resources=["pods"], verbs=["get", "list", "watch", "patch"]),
-    PolicyRule(apiGroups=[""], resources=["pods/binding"], verbs=["create"]),
-    PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"]),
-    PolicyRule(
-        apiGroups=["coordination.k8s.io"], resources=["leases"], verbs=["get", "create", "update"]
-    ),
-]
 
 
 @dataclass(frozen=True)
@@ -156,11 +146,20 @@ def workload(count: int, seed: int) -> list[Spec]:
 
 class Replica:
     """One extender process on a fixed loopback port; restartable under a new identity. With
-    ``lease`` ``None`` it runs without leader election (the only extender of its scheduler)."""
+    ``lease`` ``None`` it runs without leader election (the only extender of its scheduler);
+    ``args``: more ``gpushare extender`` arguments."""
 
     def __init__(
-        self, index: int, port: int, kubeconfig: Path, lease: str | None, root: Path
+        self,
+        index: int,
+        port: int,
+        kubeconfig: Path,
+        lease: str | None,
+        root: Path,
+        *,
+        args: Sequence[str] = (),
     ) -> None:
+        self.args = tuple(args)
         self.index = index
         self.port = port
         self.kubeconfig = kubeconfig
@@ -191,6 +190,7 @@ class Replica:
             f"--port={self.port}",
             "--handshake-timeout=0",  # no kubelet starts pods on kwok nodes
             *election,
+            *self.args,
         )
         self.process = ManagedProcess(self.identity, argv, self.root / self.identity).start()
 

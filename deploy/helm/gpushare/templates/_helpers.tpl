@@ -129,6 +129,11 @@ scheduler.tlsConfig on top (a caData there replaces caFile). Empty without TLS.
 {{- end -}}
 {{- end -}}
 
+{{/* The ConfigMap the extender keeps preemption holds in. */}}
+{{- define "gpushare.extender.holdsName" -}}
+{{- printf "%s-preemption-holds" (include "gpushare.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/* The extender's URL through the Service's DNS name (in-cluster schedulers). */}}
 {{- define "gpushare.extender.serviceURL" -}}
 {{- printf "%s://%s.%s.svc:%d%s" (include "gpushare.extender.scheme" .) (include "gpushare.extender.name" .) .Release.Namespace (int .Values.extender.port) .Values.extender.prefix -}}
@@ -162,6 +167,9 @@ It matches gpushare.testing.controlplane.gpushare_extender: tests/cluster/test_d
   "ignorable" false
   "managedResources" $managed
 -}}
+{{- if $ctx.Values.extender.preemption.enabled -}}
+{{- $_ := set $entry "preemptVerb" "preempt" -}}
+{{- end -}}
 {{- if $tlsConfig -}}
 {{- $_ := set $entry "tlsConfig" $tlsConfig -}}
 {{- end -}}

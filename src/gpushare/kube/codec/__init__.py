@@ -91,6 +91,7 @@ from gpushare.kube.codec.fields import (
     is_gpushare_node,
     node_internal_ip,
     node_labels,
+    object_labels,
     object_name,
     object_namespace,
     pod_annotation,
@@ -100,6 +101,9 @@ from gpushare.kube.codec.fields import (
     pod_finished,
     pod_node_name,
     pod_phase,
+    pod_preempts,
+    pod_priority,
+    pod_started_s,
     pod_uid,
 )
 from gpushare.kube.codec.inventory import InventoryGpu, inventory_annotation
@@ -143,6 +147,7 @@ __all__ = [
     "node_info",
     "node_internal_ip",
     "node_labels",
+    "object_labels",
     "object_name",
     "object_namespace",
     "parse_quantity",
@@ -155,8 +160,11 @@ __all__ = [
     "pod_key",
     "pod_node_name",
     "pod_phase",
+    "pod_preempts",
+    "pod_priority",
     "pod_record",
     "pod_request",
+    "pod_started_s",
     "pod_uid",
     "whole_quantity",
 ]

@@ -1,6 +1,7 @@
 """Plain fields of Kubernetes objects that every component reads: an object's name and
 namespace, a pod's UID, node, phase, whether it is finished or being deleted, its container
-IDs and an annotation; a node's labels and InternalIP. Pure; no I/O.
+IDs and an annotation, and what preemption reads (priority, preemption policy, start time,
+labels); a node's labels and InternalIP. Pure; no I/O.
 
 These readers are lenient: a field that is missing, or of the wrong JSON type, reads as empty
 (``""``, ``None``, ``False``, ``{}``) and nothing raises, because they serve caches, watches and
@@ -13,6 +14,7 @@ Field names and meanings: the Kubernetes API reference (``ObjectMeta``, ``PodSpe
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
 from gpushare.kube.codec.common import GPUSHARE_LABEL, Json
 
@@ -21,6 +23,7 @@ __all__ = [
     "is_gpushare_node",
     "node_internal_ip",
     "node_labels",
+    "object_labels",
     "object_name",
     "object_namespace",
     "pod_annotation",
@@ -30,6 +33,9 @@ __all__ = [
     "pod_finished",
     "pod_node_name",
     "pod_phase",
+    "pod_preempts",
+    "pod_priority",
+    "pod_started_s",
     "pod_uid",
 ]
 
@@ -97,6 +103,38 @@ def pod_deleting(pod: Json) -> bool:
     return bool(pod_deletion_timestamp(pod))
 
 
+def pod_priority(pod: Json) -> int:
+    """``spec.priority`` (set by the API server's Priority admission from
+    ``priorityClassName``), or 0 when absent or not an integer (kube-scheduler's
+    ``corev1helpers.PodPriority`` reads an absent priority as 0)."""
+    value = _dig(pod, "spec", "priority")
+    return value if type(value) is int else 0
+
+
+def pod_preempts(pod: Json) -> bool:
+    """Whether the pod may preempt others: ``spec.preemptionPolicy`` is not ``Never`` (absent
+    means ``PreemptLowerPriority``)."""
+    return _dig(pod, "spec", "preemptionPolicy") != "Never"
+
+
+def pod_started_s(pod: Json) -> float | None:
+    """``status.startTime`` (RFC 3339, set by kubelet when it accepts the pod) as seconds since
+    the Unix epoch, or ``None`` when absent or unreadable (the pod has lost no work)."""
+    value = _dig(pod, "status", "startTime")
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def object_labels(obj: Json) -> Mapping[str, str]:
+    """``metadata.labels`` (``{}`` when missing or not an object)."""
+    labels = _dig(obj, "metadata", "labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
 def pod_annotation(pod: Json, key: str) -> str | None:
     """``metadata.annotations[key]`` when it is a string, else ``None``."""
     value = _dig(pod, "metadata", "annotations", key)
@@ -119,8 +157,7 @@ def pod_container_names(pod: Json) -> dict[str, str]:
 
 def node_labels(node: Json) -> Mapping[str, str]:
     """A node's ``metadata.labels`` (``{}`` when missing or not an object)."""
-    labels = _dig(node, "metadata", "labels")
-    return labels if isinstance(labels, Mapping) else {}
+    return object_labels(node)
 
 
 def is_gpushare_node(node: Json) -> bool:

@@ -13,10 +13,11 @@ SCHEDULER_CONFIG_API_VERSION = "kubescheduler.config.k8s.io/v1"
 
 
 def gpushare_extender(
-    url_prefix: str, *, http_timeout: str = "30s", dialects: bool = False
+    url_prefix: str, *, http_timeout: str = "30s", dialects: bool = False, preempt: bool = True
 ) -> dict[str, Any]:
     """The ``extenders`` entry that sends ``aliyun.com/gpu-mem`` pods to gpushare's extender at
-    ``url_prefix``: filter, prioritize and bind verbs, ``nodeCacheCapable``, not ignorable, and
+    ``url_prefix``: filter, prioritize, bind and (``preempt``, as the chart's default) preempt
+    verbs, ``nodeCacheCapable``, not ignorable, and
     kube-scheduler still checking the node total (``ignoredByScheduler: false``; spec 1.9).
     ``dialects``: the dialects' resources too (``DIALECT_NAMES``), kube-scheduler checking the
     node total of those the device plugin advertises (``ADVERTISED_NAMES``) and ignoring the
@@ -27,7 +28,7 @@ def gpushare_extender(
             {"name": n, "ignoredByScheduler": n not in ADVERTISED_NAMES}
             for n in sorted(DIALECT_NAMES)
         ]
-    return {
+    entry: dict[str, Any] = {
         "urlPrefix": url_prefix,
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
@@ -39,6 +40,9 @@ def gpushare_extender(
         "ignorable": False,
         "managedResources": managed,
     }
+    if preempt:
+        entry["preemptVerb"] = "preempt"
+    return entry
 
 
 def scheduler_configuration(

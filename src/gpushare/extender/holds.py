@@ -1,0 +1,158 @@
+"""What preemption knows of the cluster beside pods and nodes: its holds and the
+PodDisruptionBudgets. Fed by the cache (``ClusterCache(budgets=True, holds=...)``) on the
+extender's event loop; read by filter, prioritize, bind and the preemption controller.
+
+:class:`HoldBook` holds the preemption holds (``gpushare.core.preemption.Hold``) by preemptor
+key. Two sources write it: the holds ConfigMap, whole, on every watch event (``replace``), and
+this replica's own decisions (``put``/``drop``) before the ConfigMap shows them. A local write
+is kept over the ConfigMap until the ConfigMap shows it (or ``local_ttl_s`` passes: a replica
+that lost the lead forgets what it wrote but never saw), so a late watch event of an older
+ConfigMap never hides a hold just made. Every change calls ``touch(node)`` for the nodes it
+affects (``ExtenderState.touch``: per-node caches see it).
+
+:class:`BudgetBook` holds the PodDisruptionBudgets (``gpushare.kube.codec.preemption``). A
+budget whose selector cannot be read selects nothing and is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from gpushare.core.preemption import Hold
+from gpushare.kube.codec import CodecError, Json
+from gpushare.kube.codec.preemption import (
+    DisruptionBudget,
+    budgets_of,
+    disruption_budget,
+    holds_of,
+)
+from gpushare.kube.watch import Action, Change
+
+__all__ = ["BudgetBook", "HoldBook"]
+
+log = logging.getLogger(__name__)
+
+
+class HoldBook:
+    """The preemption holds this replica knows (module doc). ``touch`` is called with each node
+    whose holds changed; ``clock`` (monotonic seconds) times local writes."""
+
+    def __init__(
+        self,
+        touch: Callable[[str], None] = lambda _node: None,
+        *,
+        local_ttl_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._touch = touch
+        self._local_ttl_s = local_ttl_s
+        self._clock = clock
+        self._stored: dict[str, Hold] = {}  # by preemptor key, as the ConfigMap says
+        self._local: dict[str, tuple[Hold | None, float]] = {}  # key -> (hold or drop, when)
+        self._view: dict[str, Hold] = {}
+        self._by_node: dict[str, dict[str, Hold]] = {}
+        self.problems: list[str] = []
+        """The ConfigMap entries refused at the last ``replace``, one line each."""
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def on_change(self, change: Change) -> None:
+        """The cache's listener for the holds ConfigMap."""
+        self.replace(None if change.action is Action.DELETE else change.obj)
+
+    def replace(self, configmap: Json | None) -> None:
+        """Everything the ConfigMap holds now (``None``: it is gone)."""
+        holds, problems = holds_of(configmap)
+        if problems and problems != self.problems:
+            for problem in problems:
+                log.warning("preemption hold refused: %s", problem)
+        self.problems = problems
+        self._stored = {hold.pod: hold for hold in holds}
+        now = self._clock()
+        for key, (hold, at) in list(self._local.items()):
+            if self._stored.get(key) == hold or now - at > self._local_ttl_s:
+                del self._local[key]  # the ConfigMap shows it (or it is too old to keep)
+        self._rebuild()
+
+    def put(self, hold: Hold) -> None:
+        """This replica made ``hold`` (it writes it to the ConfigMap next)."""
+        self._local[hold.pod] = (hold, self._clock())
+        self._rebuild()
+
+    def drop(self, key: str) -> Hold | None:
+        """This replica ended the hold of pod ``key`` (it writes that next); the hold, if
+        there was one."""
+        old = self._view.get(key)
+        self._local[key] = (None, self._clock())
+        self._rebuild()
+        return old
+
+    def _rebuild(self) -> None:
+        view = dict(self._stored)
+        for key, (hold, _) in self._local.items():
+            if hold is None:
+                view.pop(key, None)
+            else:
+                view[key] = hold
+        changed = {h.node for k, h in self._view.items() if view.get(k) != h}
+        changed |= {h.node for k, h in view.items() if self._view.get(k) != h}
+        self._view = view
+        by_node: dict[str, dict[str, Hold]] = {}
+        for key, hold in view.items():
+            by_node.setdefault(hold.node, {})[key] = hold
+        self._by_node = by_node
+        for node in sorted(changed):
+            self._touch(node)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def of(self, key: str) -> Hold | None:
+        """The hold of preemptor ``key``, or ``None``."""
+        return self._view.get(key)
+
+    def on(self, node: str) -> tuple[Hold, ...]:
+        """The holds on ``node``, by preemptor key."""
+        holds = self._by_node.get(node)
+        return tuple(holds[k] for k in sorted(holds)) if holds else ()
+
+    def all(self) -> list[Hold]:
+        """Every hold, by preemptor key."""
+        return [self._view[k] for k in sorted(self._view)]
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
+class BudgetBook:
+    """The PodDisruptionBudgets (module doc), fed by :meth:`on_change`."""
+
+    def __init__(self) -> None:
+        self._budgets: dict[str, DisruptionBudget] = {}
+
+    def on_change(self, change: Change) -> None:
+        """The cache's listener for PodDisruptionBudgets."""
+        if change.action is Action.DELETE:
+            self._budgets.pop(change.key, None)
+            return
+        try:
+            self._budgets[change.key] = disruption_budget(change.obj)
+        except CodecError as error:
+            self._budgets.pop(change.key, None)
+            log.warning(
+                "PodDisruptionBudget %s counted as selecting nothing: %s", change.key, error
+            )
+
+    def selecting(self, pod: Json) -> frozenset[str]:
+        """The keys of the budgets that count ``pod``."""
+        return budgets_of(pod, self._budgets.values()) if self._budgets else frozenset()
+
+    def allowed(self) -> Mapping[str, int]:
+        """Disruptions each budget allows now, by key."""
+        return {key: budget.allowed for key, budget in self._budgets.items()}
+
+    def add(self, budgets: Iterable[DisruptionBudget]) -> None:
+        """Add or replace ``budgets`` (tests and the in-memory extender)."""
+        for budget in budgets:
+            self._budgets[budget.key] = budget

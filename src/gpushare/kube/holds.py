@@ -1,0 +1,81 @@
+"""Keep preemption holds in their ConfigMap (``gpushare.kube.codec.preemption``, "Holds").
+
+:class:`HoldStore` writes one hold per call with a JSON merge patch of the ConfigMap's
+``data`` (``{"data": {"<uid>": "<hold>"}}`` to put, ``{"data": {"<uid>": null}}`` to drop): no
+read-modify-write, so it needs no resourceVersion and never conflicts with itself. Only the
+leading extender writes; every replica reads the ConfigMap through its cache
+(``ClusterCache(holds=...)``). When the ConfigMap is missing (the chart creates it), the first
+put creates it. Failures raise :class:`~gpushare.kube.errors.ApiCallError`.
+
+RBAC: ``configmaps`` ``get``, ``list``, ``watch``, ``patch`` on that name, and ``create`` in
+the namespace.
+"""
+
+from __future__ import annotations
+
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap
+from lightkube.types import PatchType
+
+from gpushare.core.preemption import Hold
+from gpushare.kube.codec.preemption import hold_json
+from gpushare.kube.errors import CLIENT_ERRORS, Failure, api_call_error
+
+__all__ = ["DEFAULT_HOLDS", "HoldStore", "parse_holds_ref"]
+
+DEFAULT_HOLDS = ("kube-system", "gpushare-preemption-holds")
+"""The holds ConfigMap, ``(namespace, name)``, unless ``--preemption-holds`` says otherwise."""
+
+
+def parse_holds_ref(text: str) -> tuple[str, str]:
+    """``namespace/name`` → ``(namespace, name)``; ``ValueError`` naming the value otherwise."""
+    namespace, slash, name = text.partition("/")
+    if not slash or not namespace or not name or "/" in name:
+        raise ValueError(
+            f"{text!r} is not NAMESPACE/NAME (e.g. kube-system/gpushare-preemption-holds)"
+        )
+    return namespace, name
+
+
+class HoldStore:
+    """Puts and drops holds in ConfigMap ``namespace/name`` through ``client`` (module doc)."""
+
+    def __init__(self, client: AsyncClient, namespace: str, name: str) -> None:
+        self._client = client
+        self.namespace = namespace
+        self.name = name
+
+    async def put(self, hold: Hold) -> None:
+        """Record ``hold`` under its preemptor's UID (replacing any earlier one)."""
+        await self._patch({hold.uid: hold_json(hold)})
+
+    async def drop(self, uid: str) -> None:
+        """Remove the hold of preemptor ``uid`` (nothing when there is none)."""
+        await self._patch({uid: None})
+
+    async def _patch(self, data: dict[str, str | None]) -> None:
+        what = f"PATCH configmaps {self.namespace}/{self.name}"
+        try:
+            await self._client.patch(
+                ConfigMap,
+                self.name,
+                {"data": data},
+                namespace=self.namespace,
+                patch_type=PatchType.MERGE,
+            )
+            return
+        except CLIENT_ERRORS as exc:
+            error = api_call_error(what, exc)
+            if error.failure is not Failure.NOT_FOUND:
+                raise error from exc
+        kept = {k: v for k, v in data.items() if v is not None}
+        body = ConfigMap(metadata=ObjectMeta(name=self.name, namespace=self.namespace), data=kept)
+        try:
+            await self._client.create(body)
+        except CLIENT_ERRORS as exc:
+            error = api_call_error(f"POST configmaps {self.namespace}/{self.name}", exc)
+            if error.failure is Failure.CONFLICT:  # created meanwhile: patch it now
+                await self._patch(data)
+                return
+            raise error from exc

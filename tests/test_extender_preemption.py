@@ -1,0 +1,447 @@
+"""The extender's GPU-aware preemption (``gpushare.extender.preemption``): the ``preempt`` verb,
+the extender's own preemption of what kube-scheduler never sends, holds in filter and bind, and
+the reconcile loop — with a recording evictor, hold store and Event sink, on manual clocks.
+
+The wire format is checked through the ASGI app (``POST /gpushare-scheduler/preempt``, Go
+field names); the rest calls the ``Preemptor`` and ``Scheduler`` directly on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gpushare.core.policies import make_policy
+from gpushare.core.preemption import Hold
+from gpushare.extender.app import create_app
+from gpushare.extender.holds import BudgetBook, HoldBook
+from gpushare.extender.preemption import (
+    EVENT_BLOCKED,
+    EVENT_EXPIRED,
+    EVENT_PREEMPTING,
+    EVENT_VICTIM,
+    PreemptionOptions,
+    Preemptor,
+)
+from gpushare.extender.scheduler import Scheduler
+from gpushare.extender.state import ExtenderState
+from gpushare.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    MetaPod,
+    MetaVictims,
+)
+from gpushare.kube.codec import MemoryUnit, pod_request, pod_uid
+from gpushare.kube.codec.preemption import DisruptionBudget, holds_data
+from gpushare.testing.clock import ManualClock
+from gpushare.testing.extender import (
+    RecordingBinder,
+    RecordingEvictor,
+    RecordingHoldStore,
+    RecordingNotes,
+    bound_pod,
+    node_json,
+    pod_json,
+)
+
+LOW, HIGH = 100, 1000
+NOW_S = 1_800_000_000.0
+EARLY, LATE = "2026-11-27T01:00:00Z", "2026-11-27T02:00:00Z"
+PREFIX = "/gpushare-scheduler"
+
+
+@dataclass
+class Rig:
+    """One extender's state, preemptor and scheduler with recording adapters."""
+
+    state: ExtenderState = field(default_factory=lambda: ExtenderState(handshake_timeout_s=0))
+    evictor: RecordingEvictor = field(default_factory=RecordingEvictor)
+    store: RecordingHoldStore = field(default_factory=RecordingHoldStore)
+    notes: RecordingNotes = field(default_factory=RecordingNotes)
+    wall: ManualClock = field(default_factory=lambda: ManualClock(NOW_S))
+    clock: ManualClock = field(default_factory=ManualClock)
+    budgets: BudgetBook = field(default_factory=BudgetBook)
+    leading: bool = True
+    preemptor: Preemptor = field(init=False)
+    scheduler: Scheduler = field(init=False)
+    binder: RecordingBinder = field(default_factory=RecordingBinder)
+
+    def __post_init__(self) -> None:
+        self.preemptor = Preemptor(
+            self.state,
+            HoldBook(self.state.touch, clock=self.clock),
+            self.budgets,
+            evictor=self.evictor,
+            store=self.store,
+            events=self.notes,
+            deciding=lambda: self.leading,
+            options=PreemptionOptions(wait_s=2.0, hold_margin_s=30.0),
+            wall_clock=self.wall,
+            clock=self.clock,
+        )
+        self.scheduler = Scheduler(
+            self.state, make_policy("binpack"), self.binder, preemptor=self.preemptor
+        )
+
+    def node(self, name: str, gpus: int = 2, gib: int = 16) -> None:
+        self.state.upsert_node(node_json(name, [gib] * gpus, unit=MemoryUnit.GIB))
+
+    def filter(self, pod: dict[str, Any], *nodes: str) -> tuple[list[str], dict[str, str]]:
+        result = self.scheduler.filter(ExtenderArgs(pod=pod, node_names=list(nodes)))
+        return list(result.node_names or ()), dict(result.failed_nodes or {})
+
+
+def low(rig: Rig, name: str, node: str, *where: Any, **kw: Any) -> dict[str, Any]:
+    """A priority-100 pod on ``node``: ``where`` is (GPU, GiB) and optionally its start time."""
+    gpu, gib, *started = where
+    return bound_pod(
+        rig.state, name, node, {gpu: gib}, priority=LOW, started=(started or [EARLY])[0], **kw
+    )
+
+
+def high(gib: int, name: str = "high", **kw: Any) -> dict[str, Any]:
+    return pod_json(name, gib, priority=HIGH, **kw)
+
+
+def uid(name: str) -> str:
+    return pod_uid(pod_json(name))
+
+
+def offer(*nodes: str, victims: tuple[str, ...] = ()) -> dict[str, MetaVictims | None]:
+    return {n: MetaVictims([MetaPod(uid(v)) for v in victims]) for n in nodes}
+
+
+@pytest.fixture
+def rig() -> Rig:
+    rig = Rig()
+    rig.state.mark_synced()
+    return rig
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+# --- the preempt verb ----------------------------------------------------------------------
+
+
+def test_case_1_kube_schedulers_two_victims_on_two_gpus_become_two_on_one(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 8, EARLY)
+    low(rig, "b", "n1", 1, 8, EARLY)
+    low(rig, "c", "n1", 0, 8, LATE)
+    low(rig, "d", "n1", 1, 8, LATE)
+    pod = high(16)
+    # kube-scheduler's dry run on the node total chose the two newest, one per GPU
+    answer = run(
+        rig.preemptor.preempt(
+            ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offer("n1", victims=("c", "d")))
+        )
+    )
+    (victims,) = answer.node_name_to_meta_victims.values()
+    chosen = {p.uid for p in victims.pods or ()}
+    assert chosen in ({uid("a"), uid("c")}, {uid("b"), uid("d")})
+    hold = rig.preemptor.holds.of("default/high")
+    assert hold is not None
+    assert hold.evictor == "kube-scheduler"
+    assert rig.store.holds[hold.uid] == hold, "recorded before kube-scheduler evicts"
+    assert rig.evictor.calls == [], "kube-scheduler evicts, not the extender"
+    assert rig.notes.reasons("default/high") == [EVENT_PREEMPTING]
+    assert {r for v in hold.victims for r in rig.notes.reasons(v)} == {EVENT_VICTIM}
+
+
+def test_a_candidate_without_victims_as_kubernetes_1_38_sends_it_is_answered(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 12, EARLY)
+    low(rig, "b", "n1", 1, 12, LATE)
+    answer = run(
+        rig.preemptor.preempt(
+            ExtenderPreemptionArgs(high(8), node_name_to_meta_victims={"n1": None})
+        )
+    )
+    assert answer.node_name_to_meta_victims == {"n1": MetaVictims([MetaPod(uid("b"))], 0)}
+
+
+def test_case_4_a_pod_that_can_never_fit_drops_every_candidate(rig: Rig) -> None:
+    rig.node("n1")
+    for i, gpu in enumerate((0, 0, 1, 1)):
+        low(rig, f"p{i}", "n1", gpu, 8)
+    offered = offer("n1", victims=("p1", "p2", "p3"))
+    answer = run(
+        rig.preemptor.preempt(ExtenderPreemptionArgs(high(20), node_name_to_meta_victims=offered))
+    )
+    assert answer.node_name_to_meta_victims == {}
+    assert rig.preemptor.holds.of("default/high") is None
+    assert rig.preemptor.metrics.preemptions.labels("dropped")._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(high(16, preemption_policy="Never"), id="preemptionPolicy Never"),
+        pytest.param(pod_json("peer", 16, priority=LOW), id="equal priority"),
+        pytest.param(pod_json("cpu"), id="no GPU"),
+    ],
+)
+def test_pods_that_may_not_preempt_keep_nothing(rig: Rig, pod: dict[str, Any]) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 16)
+    low(rig, "b", "n1", 1, 16)
+    answer = run(
+        rig.preemptor.preempt(
+            ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offer("n1", victims=("a",)))
+        )
+    )
+    assert answer.node_name_to_meta_victims == {}
+    assert rig.evictor.calls == []
+
+
+def test_kube_schedulers_victims_without_gpus_are_kept(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 16)
+    low(rig, "b", "n1", 1, 16, LATE)
+    pod = high(16)
+    offered: dict[str, MetaVictims | None] = {
+        "n1": MetaVictims([MetaPod(uid("a")), MetaPod("cpu-only-uid")])
+    }
+    answer = run(
+        rig.preemptor.preempt(ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offered))
+    )
+    pods = answer.node_name_to_meta_victims["n1"].pods or []
+    assert [p.uid for p in pods] == [uid("b"), "cpu-only-uid"]
+
+
+def test_a_store_that_fails_keeps_no_hold_and_answers_no_node(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 16)
+    low(rig, "b", "n1", 1, 16)
+    rig.store.failure = RuntimeError("API server away")
+    answer = run(
+        rig.preemptor.preempt(
+            ExtenderPreemptionArgs(high(16), node_name_to_meta_victims=offer("n1", victims=("a",)))
+        )
+    )
+    assert answer.node_name_to_meta_victims == {}
+    assert rig.preemptor.holds.of("default/high") is None
+
+
+# --- what kube-scheduler never sends: the extender preempts ---------------------------------
+
+
+def test_case_2_the_extender_evicts_one_12_gib_pod_after_the_wait(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 12, EARLY)
+    low(rig, "b", "n1", 1, 12, LATE)
+    pod = high(8)
+    rig.state.remember_pod(pod)
+    passed, failed = rig.filter(pod, "n1")
+    assert (passed, list(failed)) == ([], ["n1"])
+
+    async def scenario() -> None:
+        await rig.preemptor.tick()
+        assert rig.evictor.calls == [], "kube-scheduler may still call preempt"
+        rig.clock.now_s += 2.5
+        await rig.preemptor.tick()
+
+    run(scenario())
+    assert rig.evictor.calls == [("default/b", True), ("default/b", False)]
+    hold = rig.store.holds[uid("high")]
+    assert (hold.node, hold.victims, hold.evictor) == ("n1", ("default/b",), "gpushare")
+    assert [c.gpu_indices for c in hold.containers] == [(1,)]
+    assert rig.notes.reasons("default/high") == [EVENT_PREEMPTING]
+    assert rig.notes.reasons("default/b") == [EVENT_VICTIM]
+
+
+def test_a_preempt_call_within_the_wait_decides_instead(rig: Rig) -> None:
+    rig.node("n1")
+    rig.node("n2")
+    low(rig, "a", "n1", 0, 12)  # n1: the filter's node, 12 / 12 of lows
+    low(rig, "b", "n1", 1, 12)
+    low(rig, "c", "n2", 0, 16)  # n2: full; kube-scheduler offers it
+    low(rig, "d", "n2", 1, 16, LATE)
+    pod = high(8)
+    rig.state.remember_pod(pod)
+    rig.filter(pod, "n1")
+    offered = offer("n2", victims=("d",))
+    answer = run(
+        rig.preemptor.preempt(ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offered))
+    )
+    assert list(answer.node_name_to_meta_victims) == ["n2"]
+    rig.clock.now_s += 10
+    run(rig.preemptor.tick())
+    assert rig.evictor.calls == [], "the plan ended with the preempt call"
+
+
+def test_a_budget_that_refuses_a_victim_blocks_every_eviction(rig: Rig) -> None:
+    rig.node("n1", gpus=1)
+    low(rig, "a", "n1", 0, 8, labels={"app": "x"})
+    low(rig, "b", "n1", 0, 8, LATE, labels={"app": "x"})
+    refusal = "Cannot evict pod as it would violate the pod's disruption budget."
+    rig.evictor.refuse |= {"default/a": refusal, "default/b": refusal}
+    pod = high(16)
+    rig.state.remember_pod(pod)
+    rig.filter(pod, "n1")
+    rig.clock.now_s += 3
+    run(rig.preemptor.tick())
+    assert [dry for _, dry in rig.evictor.calls] == [True, True]
+    assert rig.preemptor.holds.of("default/high") is None
+    assert rig.store.holds == {}
+    assert rig.notes.reasons("default/high") == [EVENT_BLOCKED]
+
+
+def test_a_pod_disruption_budget_steers_the_choice(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "guarded", "n1", 0, 16, LATE, labels={"app": "db"})
+    low(rig, "a", "n1", 1, 8)
+    low(rig, "b", "n1", 1, 8)
+    rig.budgets.add([DisruptionBudget("default/db", "default", {"app": "db"}, (), 0, frozenset())])
+    offered = offer("n1", victims=("guarded",))
+    answer = run(
+        rig.preemptor.preempt(ExtenderPreemptionArgs(high(16), node_name_to_meta_victims=offered))
+    )
+    chosen = {p.uid for p in answer.node_name_to_meta_victims["n1"].pods or []}
+    assert chosen == {uid("a"), uid("b")}
+
+
+def test_a_follower_never_evicts(rig: Rig) -> None:
+    rig.node("n1", gpus=1)
+    low(rig, "a", "n1", 0, 16)
+    pod = high(8)
+    rig.state.remember_pod(pod)
+    rig.filter(pod, "n1")
+    rig.leading = False
+    rig.clock.now_s += 3
+    run(rig.preemptor.tick())
+    assert rig.evictor.calls == []
+
+
+# --- holds -----------------------------------------------------------------------------------
+
+
+def held(rig: Rig) -> Hold:
+    """Case 2 decided by the extender: a 8 GiB hold on n1 GPU 1, victim b still running."""
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 12, EARLY)
+    low(rig, "b", "n1", 1, 12, LATE)
+    pod = high(8)
+    rig.state.remember_pod(pod)
+    rig.filter(pod, "n1")
+    rig.clock.now_s += 3
+    run(rig.preemptor.tick())
+    hold = rig.preemptor.holds.of("default/high")
+    assert hold is not None
+    return hold
+
+
+def test_the_held_gpu_refuses_lower_priority_pods_and_admits_higher(rig: Rig) -> None:
+    hold = held(rig)
+    rig.state.forget_pod("default/b")  # the victim is gone: GPU 1 has 16 free
+    low_pod = pod_json("other", 10, priority=LOW)
+    passed, failed = rig.filter(low_pod, "n1")
+    assert passed == []
+    assert "held for preemptors" in failed["n1"]
+    assert "default/high (priority 1000)" in failed["n1"]
+    passed, _ = rig.filter(pod_json("urgent", 10, priority=HIGH + 1), "n1")
+    assert passed == ["n1"]
+    passed, _ = rig.filter(pod_json("small", 8, priority=LOW), "n1")
+    assert passed == ["n1"], "16 free, 8 held: 8 remain for anyone"
+    assert hold.expires_s == NOW_S + 30 + 30  # the default grace period plus the margin
+
+
+def test_the_preemptor_binds_onto_its_held_gpus_and_the_hold_ends(rig: Rig) -> None:
+    hold = held(rig)
+    rig.state.forget_pod("default/b")
+    passed, _ = rig.filter(high(8), "n1")
+    assert passed == ["n1"]
+
+    async def bind() -> None:
+        args = ExtenderBindingArgs("high", "default", uid("high"), "n1")
+        assert (await rig.scheduler.bind(args)).error == ""
+        await rig.preemptor.drain()
+
+    run(bind())
+    allocation = rig.state.allocation("default/high")
+    assert allocation is not None
+    assert allocation.containers == hold.containers
+    assert rig.preemptor.holds.of("default/high") is None
+    assert rig.store.holds == {}
+
+
+def test_holds_end_when_they_expire_or_the_preemptor_goes(rig: Rig) -> None:
+    held(rig)
+    rig.wall.now_s += 61
+    run(rig.preemptor.tick())
+    assert rig.preemptor.holds.of("default/high") is None
+    assert rig.notes.reasons("default/high")[-1] == EVENT_EXPIRED
+    second = Rig()
+    second.state.mark_synced()
+    held(second)
+    second.state.forget_pod("default/high")
+    run(second.preemptor.tick())
+    assert second.preemptor.holds.of("default/high") is None
+
+
+def test_a_new_leader_finishes_the_evictions_of_a_hold_and_decides_nothing_new(
+    rig: Rig,
+) -> None:
+    """The old leader recorded a hold and died before evicting: the new one evicts exactly the
+    victims the hold names, once."""
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 12, EARLY)
+    low(rig, "b", "n1", 1, 12, LATE)
+    pod = high(8)
+    rig.state.remember_pod(pod)
+    recorded = Hold(
+        "default/high", uid("high"), "n1", HIGH,
+        rig.preemptor.plans(pod, pod_request(pod), ["n1"])[0].assignment,
+        ("default/b",), (uid("b"),), NOW_S - 5, NOW_S + 55,
+    )  # fmt: skip
+    rig.preemptor.holds.replace({"metadata": {}, "data": holds_data([recorded])})
+    rig.filter(pod, "n1")  # still waiting: no new plan
+    rig.clock.now_s += 5
+    run(rig.preemptor.tick())
+    run(rig.preemptor.tick())
+    assert rig.evictor.evicted == ["default/b"]
+
+
+# --- the wire format -------------------------------------------------------------------------
+
+
+def test_the_preempt_verb_speaks_go_field_names(rig: Rig) -> None:
+    rig.node("n1", gpus=1)
+    low(rig, "a", "n1", 0, 16)
+    app = create_app(rig.state, preemptor=rig.preemptor, expire_interval_s=None)
+    body = {
+        "Pod": high(8),
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": uid("a")}], "NumPDBViolations": 0}},
+    }
+    with TestClient(app) as client:
+        answer = client.post(f"{PREFIX}/preempt", content=json.dumps(body))
+        garbage = client.post(f"{PREFIX}/preempt", content=b'{"Pod": 3}')
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": uid("a")}], "NumPDBViolations": 0}}
+    }
+    assert garbage.status_code == 400
+
+
+def test_without_preemption_kube_schedulers_choice_stands(rig: Rig) -> None:
+    app = create_app(rig.state, expire_interval_s=None)
+    body = {
+        "Pod": high(8),
+        "NodeNameToMetaVictims": {
+            "n1": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 1},
+            "n2": {"Pods": [], "NumPDBViolations": 0},
+        },
+    }
+    with TestClient(app) as client:
+        answer = client.post(f"{PREFIX}/preempt", content=json.dumps(body)).json()
+    kept = {"n1": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 1}}
+    assert answer == {"NodeNameToMetaVictims": kept}
