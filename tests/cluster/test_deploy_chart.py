@@ -51,6 +51,7 @@ from lightkube.types import PatchType
 
 from gpushare.cli.deviceplugin import device_plugin
 from gpushare.extender.live import LiveOptions
+from gpushare.extender.preemption import PreemptionOptions
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
@@ -59,6 +60,7 @@ from gpushare.kube.codec import (
     GPUSHARE_LABEL,
     INVENTORY,
 )
+from gpushare.kube.holds import parse_holds_ref
 from gpushare.kube.lease import LeaseConfig
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import (
@@ -349,10 +351,12 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
             assert body["metadata"]["name"] == obj["metadata"]["name"], what
             checked[label] += 1
     assert checked == {
-        "gpushare.yaml": 21,  # 18 + the node-config ConfigMap, its Role and RoleBinding
-        "gpushare-with-scheduler.yaml": 29,  # + the second scheduler's 8
-        "every option": 30,  # + the dashboard
-        "generated certificate": 30,  # + the extender's Secret
+        # 18 + the node-config ConfigMap, its Role and RoleBinding, the preemption holds
+        # ConfigMap, its Role and RoleBinding
+        "gpushare.yaml": 24,
+        "gpushare-with-scheduler.yaml": 32,  # + the second scheduler's 8
+        "every option": 33,  # + the dashboard
+        "generated certificate": 33,  # + the extender's Secret
     }
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
@@ -377,6 +381,13 @@ ALLOWED: dict[str, list[Access]] = {
         ("create", "leases", NAMESPACE, "", "coordination.k8s.io"),
         ("get", "leases", NAMESPACE, "gpushare-extender", "coordination.k8s.io"),
         ("update", "leases", NAMESPACE, "gpushare-extender", "coordination.k8s.io"),
+        ("create", "pods/eviction", WORK_NS, "", ""),
+        ("list", "poddisruptionbudgets", "", "", "policy"),
+        ("watch", "poddisruptionbudgets", "", "", "policy"),
+        ("get", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
+        ("list", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
+        ("watch", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
+        ("patch", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
     ],
     DEVICE_PLUGIN: [
         ("get", "nodes", "", "", ""),
@@ -411,6 +422,9 @@ FORBIDDEN: dict[str, list[Access]] = {
         ("delete", "nodes", "", "", ""),
         ("get", "secrets", WORK_NS, "", ""),
         ("get", "configmaps", WORK_NS, "", ""),
+        ("patch", "configmaps", NAMESPACE, "another-configmap", ""),
+        ("delete", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
+        ("create", "poddisruptionbudgets", WORK_NS, "", "policy"),
         ("update", "leases", NAMESPACE, "another-lease", "coordination.k8s.io"),
         ("create", "leases", WORK_NS, "", "coordination.k8s.io"),
     ],
@@ -751,6 +765,11 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             handshake_timeout_s=float(ext["handshake-timeout"]),
             bind_timeout_s=float(ext["bind-timeout"]),
             backoff=Backoff(initial_s=0.05, max_s=0.5),
+            preemption=PreemptionOptions(
+                wait_s=float(ext["preemption-wait"]),
+                hold_max_s=float(ext["preemption-hold-max"]),
+            ),
+            holds_configmap=parse_holds_ref(ext["preemption-holds"]),
             leader_election=LeaseConfig(
                 namespace=ext["leader-elect-resource-namespace"],
                 name=ext["leader-elect-resource-name"],

@@ -35,11 +35,14 @@ from dataclasses import dataclass
 
 import pytest
 from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.core_v1 import ResourceQuotaSpec
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, ResourceQuota
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
 
 from gpushare.testing.controlplane import ControlPlane, free_ports, gpushare_extender, wait_for
 from gpushare.testing.failover import Replica
@@ -290,6 +293,41 @@ def test_the_leader_killed_mid_preemption_loses_no_hold_and_evicts_nothing_more(
         assert c.terminating() == set()
         assert set(c.pods()) == {"a", "high", "late-low"}, "b alone was evicted"
         assert c.overcommitted() == []
+
+
+def test_a_namespace_quota_caps_gpu_memory_and_no_preemption_gets_past_it(
+    stack: Stack,
+) -> None:
+    """ResourceQuota on ``requests.aliyun.com/gpu-mem`` caps a team's GPU memory on the real
+    API server; a high-priority pod of a team at its quota is refused at admission, so it never
+    preempts anyone. (No kube-controller-manager runs in this tier: the status its quota
+    controller would compute first is set by the test; admission keeps ``used`` from then on.)
+    """
+    quota = "gpu-memory"
+    with case(stack, "pre-quota", {"q-n": [16, 16]}) as c:
+        stack.kube.create(
+            ResourceQuota(
+                metadata=ObjectMeta(name=quota, namespace=c.name),
+                spec=ResourceQuotaSpec(hard={"requests.aliyun.com/gpu-mem": "16"}),
+            )
+        )
+        stack.kube.patch(
+            ResourceQuota.Status,
+            quota,
+            {"status": {"hard": {"requests.aliyun.com/gpu-mem": "16"},
+                        "used": {"requests.aliyun.com/gpu-mem": "0"}}},
+            namespace=c.name,
+            patch_type=PatchType.MERGE,
+        )  # fmt: skip
+        c.seed(Seed("a", "q-n", {0: 8}), Seed("b", "q-n", {0: 8}))
+        used = stack.kube.get(ResourceQuota, quota, namespace=c.name)
+        assert used.status is not None
+        assert used.status.used == {"requests.aliyun.com/gpu-mem": "16"}
+        with pytest.raises(ApiError, match="exceeded quota"):
+            c.submit(preemptor("high", 8))
+        time.sleep(3)
+        assert c.terminating() == set()
+        assert set(c.pods()) == {"a", "b"}
 
 
 def test_every_hold_ended_and_no_replica_logged_a_traceback(stack: Stack) -> None:
