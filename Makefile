@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-scale clean controlplane node-runtime helm image manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-scale clean controlplane node-runtime helm image manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ bench-scheduling: $(STAMP) controlplane
 
 bench-failover: $(STAMP) controlplane
 	$(BIN)/python bench/failover.py
+
+# GPU-aware preemption against kube-scheduler's own: 100 kwok nodes x 8 GPUs full of
+# low-priority pods, 200 high-priority pods (docs/usage.md, "Priorities and preemption").
+bench-preemption: $(STAMP) controlplane
+	$(BIN)/python bench/preemption.py --json out/bench/preemption.json
 
 # The profilers (py-spy, pyinstrument) for benchmark work; not needed by `make test`.
 $(VENV)/.bench-installed: $(STAMP)

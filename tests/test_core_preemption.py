@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -380,15 +380,25 @@ def scenarios(
 ) -> tuple[NodeState, tuple[Resident, ...], PodRequest, int, dict[str, int]]:
     capacities = tuple(draw(st.lists(st.integers(4, 8), min_size=1, max_size=3)))
     free = list(capacities)
+    compute_free = [1000] * len(capacities)
+    empty = [True] * len(capacities)
     residents: list[Resident] = []
     for i in range(draw(st.integers(0, 7))):
         gpu_count = draw(st.integers(1, min(2, len(capacities))))
         gpus = draw(st.permutations(range(len(capacities))))[:gpu_count]
+        kind = draw(st.sampled_from(("memory", "memory", "compute", "whole")))
         share = draw(st.integers(1, 4))
-        if any(free[g] < share for g in gpus):
+        compute = draw(st.sampled_from((300, 600))) if kind == "compute" else 0
+        if kind == "whole":
+            if not all(empty[g] for g in gpus) or len({capacities[g] for g in gpus}) > 1:
+                continue
+            share, compute = capacities[gpus[0]], 1000
+        if any(free[g] < share or compute_free[g] < compute for g in gpus):
             continue
         for g in gpus:
             free[g] -= share
+            compute_free[g] -= compute
+            empty[g] = False
         residents.append(
             resident(
                 f"ns/r{i}",
@@ -397,11 +407,21 @@ def scenarios(
                 started_s=draw(st.sampled_from((None, 1.0, 500.0, 9_000.0))),
                 budgets=draw(st.sampled_from(((), ("p",), ("q",), ("p", "q")))),
                 terminating=draw(st.booleans()) and draw(st.booleans()),
+                compute_milli=compute if kind == "compute" else 0,
+                whole=kind == "whole",
             )
         )
-    pod = pod_request(
-        (draw(st.integers(1, 8)), draw(st.integers(1, min(2, len(capacities))))), key="ns/new"
-    )
+    count = draw(st.integers(1, min(2, len(capacities))))
+    asks = draw(st.sampled_from(("memory", "memory", "compute", "whole")))
+    container = (
+        ContainerRequest("main", 0, count, exclusive=True)
+        if asks == "whole"
+        else ContainerRequest(
+            "main", draw(st.integers(1, 8)), count,
+            compute_milli=draw(st.sampled_from((400, 700))) if asks == "compute" else 0,
+        )
+    )  # fmt: skip
+    pod = pod_request(container, key="ns/new")
     budgets = {"p": draw(st.integers(0, 1)), "q": draw(st.integers(0, 2))}
     return (
         state_with(capacities, residents),
@@ -437,6 +457,25 @@ def test_the_choice_is_the_cheapest_and_minimal_by_brute_force(
         assert plan.helps
         assert plan.exhaustive
         assert plan.cost == min(feasible)
+        if plan.status is PreemptionStatus.EVICT:  # weighed against other nodes' best sets
+            costlier = plan_preemption(
+                state, pod, priority, residents, now_s=NOW_S, budgets=budgets,
+                better_than=min(feasible),
+            )  # fmt: skip
+            assert costlier.status is PreemptionStatus.COSTLIER
+            cheaper = plan_preemption(
+                state, pod, priority, residents, now_s=NOW_S, budgets=budgets,
+                better_than=VictimCost(99, 99, 99, 0.0),
+            )  # fmt: skip
+            assert cheaper.cost == plan.cost
+            best = min(feasible)
+            just_above = replace(best, work_lost_s=best.work_lost_s + 0.5)
+            found = plan_preemption(
+                state, pod, priority, residents, now_s=NOW_S, budgets=budgets,
+                better_than=just_above,
+            )  # fmt: skip
+            assert found.status is PreemptionStatus.EVICT
+            assert found.cost == best
         chosen = [r for r in residents if r.key in plan.victims]
         assert all(r.priority < priority and not r.terminating for r in chosen)
         assert _verdict(state, pod, leaving + chosen)

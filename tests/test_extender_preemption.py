@@ -445,3 +445,24 @@ def test_without_preemption_kube_schedulers_choice_stands(rig: Rig) -> None:
         answer = client.post(f"{PREFIX}/preempt", content=json.dumps(body)).json()
     kept = {"n1": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 1}}
     assert answer == {"NodeNameToMetaVictims": kept}
+
+
+def test_inspect_shows_the_hold_and_the_preemptor_waiting_for_its_victims(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 12, EARLY)
+    victim = low(rig, "b", "n1", 1, 12, LATE)
+    pod = high(8)
+    rig.state.observe_pod(pod)  # the watch lists pending GPU pods too
+    rig.filter(pod, "n1")
+    rig.clock.now_s += 3
+    run(rig.preemptor.tick())
+    rig.state.observe_pod({**victim, "metadata": {**victim["metadata"], "deletionTimestamp": LATE}})
+    app = create_app(rig.state, preemptor=rig.preemptor, expire_interval_s=None)
+    with TestClient(app) as client:
+        report = client.get(f"{PREFIX}/inspect").json()["gpushare"]
+    (hold,) = report["holds"]
+    assert (hold["pod"], hold["node"], hold["evictor"]) == ("default/high", "n1", "gpushare")
+    assert hold["victims"] == [{"pod": "default/b", "state": "terminating"}]
+    (pending,) = report["pending"]
+    assert pending["waiting"]["pod"] == "default/high"
+    assert pending["reason"].startswith("waits for its victims: GPU 1 (8) on node n1")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.model import ContainerAllocation
+from gpushare.core.preemption import Hold
 from gpushare.inspect import Snapshot, build_report, render_detail, render_summary, report_json
 from gpushare.kube.codec import ALIYUN_ASSIGNED, INVENTORY, MemoryUnit, node_info
 from gpushare.testing.dialects import (
@@ -169,6 +170,26 @@ def compute_and_whole() -> Snapshot:
     return Snapshot((n,), pods)
 
 
+def preemption_hold() -> Snapshot:
+    """docs/usage.md, "Priorities and preemption", case 2 midway: on two 16 GiB GPUs of 12 GiB
+    lows, the newer low is terminating for a priority-1000 pod asking 8 GiB whose hold keeps
+    8 GiB of GPU 1; a priority-100 pod asking 10 GiB counts the hold as taken."""
+    n = node("n1", [16, 16], "10.0.0.1")
+    terminating = bound("default", "low-b", n, [("main", (1,), 12)])
+    terminating["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    pods = (
+        bound("default", "low-a", n, [("main", (0,), 12)]),
+        terminating,
+        pod_json("high", 8, priority=1000),
+        pod_json("late-low", 10, priority=100),
+    )
+    hold = Hold(
+        "default/high", "uid-high", "n1", 1000, (ContainerAllocation("main", (1,), 8),),
+        ("default/low-b",), ("uid-b",), created_s=0.0, expires_s=60.0, evictor="gpushare",
+    )  # fmt: skip
+    return Snapshot((n,), pods, (hold,))
+
+
 CASES: list[tuple[str, Callable[[], Snapshot], str | None]] = [
     ("two_nodes_165", two_nodes_165, None),
     ("t4_notebooks", t4_notebooks, None),
@@ -180,6 +201,7 @@ CASES: list[tuple[str, Callable[[], Snapshot], str | None]] = [
     ("garbage_inventory", garbage_inventory, None),
     ("mixed_units", mixed_units, None),
     ("compute_and_whole", compute_and_whole, None),
+    ("preemption_hold", preemption_hold, None),
 ]
 
 

@@ -46,7 +46,7 @@ from lightkube.types import PatchType
 
 from gpushare.testing.controlplane import ControlPlane, free_ports, gpushare_extender, wait_for
 from gpushare.testing.failover import Replica
-from gpushare.testing.preemption import Case, Seed, preemptor
+from gpushare.testing.preemption import ISSUE_CASES, Case, Scenario, Seed, preemptor
 from gpushare.testing.rbac import EXTENDER_RULES
 from gpushare.testing.service_proxy import ServiceProxy
 
@@ -55,7 +55,7 @@ pytestmark = pytest.mark.cluster
 SCHEDULER = "gpushare-preempt"
 HOLDS = ("kube-system", "gpushare-preemption-holds-test")
 LEASE_NAMESPACE = "kube-system"
-APART_S = 1.1  # start times are whole seconds
+APART_S = 1.1  # start times are whole seconds: one more second orders two pods
 
 
 @dataclass
@@ -126,34 +126,40 @@ def gpu_of(c: Case, pods: set[str]) -> set[tuple[str, tuple[int, ...]]]:
     return {placed for p in pods if (placed := c.placement(p)) is not None}
 
 
+@contextlib.contextmanager
+def issue_case(stack: Stack, scenario: Scenario) -> Iterator[Case]:
+    """Issue 25's case ``scenario`` (``gpushare.testing.preemption.ISSUE_CASES``), seeded."""
+    namespace = "pre-case" + scenario.name.replace("'", "p")
+    with Case(stack.kube, namespace, scenario.nodes, SCHEDULER) as c:
+        c.seed_waves(scenario.waves)
+        yield c
+
+
+CASE_1, CASE_2, CASE_3, CASE_3P, CASE_4 = ISSUE_CASES
+
+
 def test_case_1_evicts_the_two_lows_of_one_gpu_and_binds_there(stack: Stack) -> None:
-    with case(stack, "pre-case1", {"c1-n": [16, 16]}) as c:
-        c.seed(Seed("a", "c1-n", {0: 8}), Seed("b", "c1-n", {1: 8}))
-        time.sleep(APART_S)
-        c.seed(Seed("c", "c1-n", {0: 8}), Seed("d", "c1-n", {1: 8}))
-        c.submit(preemptor("high", 16))
+    with issue_case(stack, CASE_1) as c:
+        c.submit(preemptor("high", CASE_1.ask))
         evicted = c.wait_terminating(2)
         assert len(evicted) == 2
         (gpus,) = {placed[1] for placed in gpu_of(c, evicted)}
-        assert c.nominated("high") == "c1-n"
+        assert c.nominated("high") == "s1"
         c.release(evicted)
-        assert c.wait_bound("high") == ("c1-n", gpus)
+        assert c.wait_bound("high") == ("s1", gpus)
         assert c.terminating() == set()
         assert c.overcommitted() == []
 
 
 def test_case_2_evicts_one_12_gib_low_that_kube_scheduler_never_sends(stack: Stack) -> None:
-    with case(stack, "pre-case2", {"c2-n": [16, 16]}) as c:
-        c.seed(Seed("a", "c2-n", {0: 12}))
-        time.sleep(APART_S)
-        c.seed(Seed("b", "c2-n", {1: 12}))
-        c.submit(preemptor("high", 8))
+    with issue_case(stack, CASE_2) as c:
+        c.submit(preemptor("high", CASE_2.ask))
         assert c.wait_terminating(1) == {"b"}, "the most recently started 12 GiB low"
         assert [v for v in stack.holds().values() if '"pre-case2/high"' in v]
         # While b terminates, GPU 1's freed 8 GiB are held: a low pod asking 10 does not fit.
         c.submit(preemptor("late-low", 10, priority="gpushare-low"))
         c.release({"b"})
-        assert c.wait_bound("high") == ("c2-n", (1,))
+        assert c.wait_bound("high") == ("s2", (1,))
         time.sleep(3)  # kube-scheduler retries late-low with backoff (1-2 s)
         assert c.placement("late-low") is None, "GPU 1 was held for high; GPU 0 has 4 free"
         assert c.terminating() == set()
@@ -166,49 +172,26 @@ def test_case_2_evicts_one_12_gib_low_that_kube_scheduler_never_sends(stack: Sta
 
 
 def test_case_3_evicts_node_bs_two_lows_only(stack: Stack) -> None:
-    nodes = {"c3-a": [16, 16], "c3-b": [16, 16]}
-    with case(stack, "pre-case3", nodes) as c:
-        c.seed(
-            Seed("a-h0", "c3-a", {0: 8}, "gpushare-high"), Seed("a-l0", "c3-a", {0: 8}),
-            Seed("a-h1", "c3-a", {1: 8}, "gpushare-high"), Seed("a-l1", "c3-a", {1: 8}),
-            Seed("b-l0", "c3-b", {0: 8}), Seed("b-l1", "c3-b", {0: 8}),
-            Seed("b-h0", "c3-b", {1: 8}, "gpushare-high"),
-            Seed("b-h1", "c3-b", {1: 8}, "gpushare-high"),
-        )  # fmt: skip
-        c.submit(preemptor("high", 16))
-        assert c.wait_terminating(2) == {"b-l0", "b-l1"}
+    with issue_case(stack, CASE_3) as c:
+        c.submit(preemptor("high", CASE_3.ask))
+        assert c.wait_terminating(2) == {"s3-b-l0", "s3-b-l1"}
         c.release()
-        assert c.wait_bound("high") == ("c3-b", (0,))
+        assert c.wait_bound("high") == ("s3-b", (0,))
         assert c.overcommitted() == []
 
 
 def test_case_3_prime_evicts_2_pods_where_kube_scheduler_evicts_8(stack: Stack) -> None:
-    nodes = {f"c3p-a{i}": [16, 16] for i in range(3)} | {"c3p-b": [16, 16]}
-    with case(stack, "pre-case3p", nodes) as c:
-        seeds = []
-        for i in range(3):
-            node = f"c3p-a{i}"
-            seeds += [
-                Seed(f"a{i}-h0", node, {0: 8}, "gpushare-high"), Seed(f"a{i}-l0", node, {0: 8}),
-                Seed(f"a{i}-h1", node, {1: 8}, "gpushare-high"), Seed(f"a{i}-l1", node, {1: 8}),
-            ]  # fmt: skip
-        seeds += [
-            Seed("b-l0", "c3p-b", {0: 8}), Seed("b-l1", "c3p-b", {0: 8}),
-            Seed("b-h0", "c3p-b", {1: 8}, "gpushare-high"),
-            Seed("b-h1", "c3p-b", {1: 8}, "gpushare-high"),
-        ]  # fmt: skip
-        c.seed(*seeds)
-        c.submit(preemptor("high", 16))
-        assert c.wait_terminating(2) == {"b-l0", "b-l1"}
+    with issue_case(stack, CASE_3P) as c:
+        c.submit(preemptor("high", CASE_3P.ask))
+        assert c.wait_terminating(2) == {"s3p-b-l0", "s3p-b-l1"}
         c.release()
-        assert c.wait_bound("high") == ("c3p-b", (0,))
+        assert c.wait_bound("high") == ("s3p-b", (0,))
         assert c.terminating() == set()
 
 
 def test_case_4_a_pod_no_gpu_can_hold_evicts_nothing(stack: Stack) -> None:
-    with case(stack, "pre-case4", {"c4-n": [16, 16]}) as c:
-        c.seed(*(Seed(f"p{i}", "c4-n", {i // 2: 8}) for i in range(4)))
-        c.submit(preemptor("high", 20))
+    with issue_case(stack, CASE_4) as c:
+        c.submit(preemptor("high", CASE_4.ask))
         time.sleep(6)  # several scheduling cycles with backoff 1-2 s
         assert c.terminating() == set()
         assert c.placement("high") is None

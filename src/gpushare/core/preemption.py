@@ -43,6 +43,7 @@ false (never seen below a few hundred checks on 8-GPU nodes; ``bench/preemption.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -115,6 +116,7 @@ class PreemptionStatus(enum.StrEnum):
     EVICT = "fits once the victims are evicted"
     NO_HELP = "evicting every lower-priority pod would not make room"
     NEVER = "can never fit the node"
+    COSTLIER = "no set here costs less than one found on another node"
 
 
 _HELPS = frozenset({PreemptionStatus.WAIT, PreemptionStatus.EVICT})
@@ -169,6 +171,7 @@ def plan_preemption(
     pending: Sequence[PendingPod] = (),
     budgets: Mapping[str, int] | None = None,
     max_checks: int = DEFAULT_MAX_CHECKS,
+    better_than: VictimCost | None = None,
 ) -> Preemption:
     """The cheapest set of ``residents`` to evict so that ``pod`` (priority ``priority``, its
     request in the node's unit) fits ``state`` (module doc).
@@ -177,7 +180,10 @@ def plan_preemption(
     ``pending`` the node's pods waiting for their device-plugin start (the handshake rule: a
     victim's entry goes with it); ``budgets`` the disruptions each PodDisruptionBudget allows
     now, by the names in ``Resident.budgets``; ``now_s`` the clock of ``Resident.started_s``.
-    ``ValueError`` for ``max_checks`` < 1.
+    ``better_than``: the cost of the best set found on other nodes: only a cheaper one is
+    looked for (``COSTLIER`` when there is none), which cuts most of the search when a
+    preemptor's candidate nodes are weighed one after another (``best_preemption`` then picks
+    the same node). ``ValueError`` for ``max_checks`` < 1.
     """
     if max_checks < 1:
         raise ValueError(f"max_checks must be >= 1, got {max_checks}")
@@ -212,7 +218,12 @@ def plan_preemption(
     everything = search.verdict(candidates)
     if not everything.fits:
         return Preemption(PreemptionStatus.NO_HELP, name, everything)
-    chosen, exhaustive = search.cheapest()
+    if better_than is not None and search.lower_bound() >= better_than:
+        return Preemption(PreemptionStatus.COSTLIER, name, everything)
+    found = search.cheapest(better_than)
+    if found is None:
+        return Preemption(PreemptionStatus.COSTLIER, name, everything)
+    chosen, exhaustive = found
     fit = search.verdict(chosen)
     return Preemption(
         PreemptionStatus.EVICT,
@@ -288,10 +299,27 @@ def with_holds(
     return state
 
 
+def _steps(prefix_sums: Sequence[float]) -> list[float]:
+    """The items of a prefix-sum sequence (``_Group.work_s``)."""
+    return [b - a for a, b in itertools.pairwise(prefix_sums)]
+
+
 def _without(state: NodeState, gone: Iterable[Resident]) -> NodeState:
     for resident in gone:
         state = state.without(resident.allocation)
     return state
+
+
+@dataclass(frozen=True, slots=True)
+class _Delta:
+    """What one resident holds, by GPU position: memory, compute and whole GPUs, and its CPU
+    and memory."""
+
+    memory: tuple[tuple[int, int], ...]
+    compute: tuple[tuple[int, int], ...]
+    whole: tuple[int, ...]
+    cpu_milli: int
+    memory_mib: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +355,8 @@ class _Search:
         self._now_s = now_s
         self._checks_left = max_checks
         self._exhausted = False
+        self._position = {gpu.index: p for p, gpu in enumerate(base.node.gpus)}
+        self._deltas: dict[int, _Delta] = {}
         self.groups = self._group(candidates)
 
     def work(self, resident: Resident) -> float:
@@ -350,14 +380,23 @@ class _Search:
                 (resident.priority, tuple(sorted(resident.budgets)), footprint), []
             ).append(resident)
         groups: list[_Group] = []
-        for key in sorted(by_key, key=_group_order):
-            members = sorted(by_key[key], key=lambda r: (self.work(r), r.key))
+        for same in by_key.values():
+            members = sorted(same, key=lambda r: (self.work(r), r.key))
             sums = [0.0]
             for member in members:
                 sums.append(sums[-1] + self.work(member))
             groups.append(
                 _Group(tuple(members), members[0].priority, members[0].budgets, tuple(sums))
             )
+        # Groups of lower priority and without budgets first, larger footprints first among
+        # them: cheap sets are found early. The first member's key makes the order total.
+        groups.sort(
+            key=lambda g: (
+                bool(g.budgets), g.priority, sorted(g.budgets),
+                -sum(c.gpu_share * len(c.gpu_indices) for c in g.members[0].allocation.containers),
+                g.members[0].key,
+            )
+        )  # fmt: skip
         return groups
 
     def verdict(self, removed: Iterable[Resident]) -> FitResult:
@@ -365,7 +404,66 @@ class _Search:
         gone = list(removed)
         keys = {r.key for r in gone}
         pending = [p for p in self._pending if p.key not in keys] if keys else self._pending
-        return handshake_fit(_without(self._base, gone), self._pod, pending)
+        return handshake_fit(self._state_without(gone), self._pod, pending)
+
+    def _delta(self, resident: Resident) -> _Delta:
+        """What ``resident`` holds per GPU position (computed once per search)."""
+        found = self._deltas.get(id(resident))
+        if found is None:
+            position = self._position
+            memory: dict[int, int] = {}
+            compute: dict[int, int] = {}
+            whole: list[int] = []
+            for c in resident.allocation.containers:
+                for index in c.gpu_indices:
+                    p = position.get(index)
+                    if p is None:
+                        continue
+                    memory[p] = memory.get(p, 0) + c.gpu_share
+                    if c.compute_milli:
+                        compute[p] = compute.get(p, 0) + c.compute_milli
+                    if c.exclusive:
+                        whole.append(p)
+            allocation = resident.allocation
+            found = _Delta(
+                tuple(memory.items()), tuple(compute.items()), tuple(whole),
+                allocation.cpu_milli, allocation.memory_mib,
+            )  # fmt: skip
+            self._deltas[id(resident)] = found
+        return found
+
+    def _state_without(self, gone: Sequence[Resident]) -> NodeState:
+        """The base state with ``gone`` taken away, built once (as ``NodeState.without`` one
+        allocation after another would, without the states in between)."""
+        if not gone:
+            return self._base
+        base = self._base
+        used = list(base.gpu_used)
+        compute = list(base.gpu_compute_used)
+        whole = list(base.gpu_whole)
+        cpu, memory = base.cpu_used_milli, base.memory_used_mib
+        two_dimensional = False
+        for resident in gone:
+            delta = self._delta(resident)
+            for p, amount in delta.memory:
+                used[p] -= amount
+            for p, amount in delta.compute:
+                compute[p] -= amount
+                two_dimensional = True
+            for p in delta.whole:
+                whole[p] = False
+                two_dimensional = True
+            cpu -= delta.cpu_milli
+            memory -= delta.memory_mib
+        return NodeState(
+            node=base.node,
+            gpu_used=tuple(used),
+            cpu_used_milli=cpu,
+            memory_used_mib=memory,
+            workload_tags=base.workload_tags,
+            gpu_compute_used=tuple(compute) if two_dimensional else base.gpu_compute_used,
+            gpu_whole=tuple(whole) if two_dimensional else base.gpu_whole,
+        )
 
     def _fits(self, removed: Iterable[Resident]) -> bool:
         self._checks_left -= 1
@@ -431,10 +529,63 @@ class _Search:
                 kept[i] = [r for r in kept[i] if r is not resident]
         return [len(rs) for rs in kept]  # a prefix of as many is as good (module doc)
 
-    def cheapest(self) -> tuple[list[Resident], bool]:
-        """The cheapest set found and whether the search was exhaustive."""
-        best_counts = self._greedy()
-        best = self._cost_of(best_counts)
+    def lower_bound(self) -> VictimCost:
+        """No set of candidates costs less: the lowest priority, the fewest victims that could
+        free the GPUs the pod needs (``_fewest``), the least work that many could lose."""
+        count = self._fewest()
+        works = sorted(w for g in self.groups for w in _steps(g.work_s))
+        return VictimCost(0, min(g.priority for g in self.groups), count, sum(works[:count]))
+
+    def _fewest(self) -> int:
+        """At least this many victims are needed (memory alone): for a pod with one GPU
+        container asking ``k`` GPUs, each GPU needs its largest candidates until its free
+        memory holds the share (all of them for a whole GPU); the ``k`` GPUs needing fewest
+        are summed (their ``k``-th smallest when a candidate spans several GPUs, as it may
+        free two at once). 1 for any other pod."""
+        containers = self._pod.gpu_containers
+        if len(containers) != 1:
+            return 1
+        container = containers[0]
+        base = self._base
+        on_gpu: list[list[int]] = [[] for _ in base.node.gpus]
+        wide = False
+        for group in self.groups:
+            delta = self._delta(group.members[0])
+            wide = wide or len(delta.memory) > 1
+            for p, amount in delta.memory:
+                on_gpu[p].extend([amount] * len(group.members))
+        needs: list[float] = []
+        for p, gpu in enumerate(base.node.gpus):
+            used = base.gpu_used[p]
+            if not gpu.healthy or not container.allows_at(p, gpu.model):
+                needs.append(float("inf"))
+            elif container.exclusive:
+                freed = sum(on_gpu[p])
+                whole = base.gpu_whole[p] and not freed
+                needs.append(len(on_gpu[p]) if freed >= used and not whole else float("inf"))
+            else:
+                short = container.gpu_share - (gpu.capacity - used)
+                count, freed = 0, 0
+                for amount in sorted(on_gpu[p], reverse=True):
+                    if freed >= short:
+                        break
+                    freed, count = freed + amount, count + 1
+                needs.append(count if freed >= short else float("inf"))
+        needs.sort()
+        chosen = needs[: container.gpu_count]
+        if len(chosen) < container.gpu_count or chosen[-1] == float("inf"):
+            return 1  # cannot tell: the search finds out
+        return max(1, int(chosen[-1] if wide else sum(chosen)))
+
+    def cheapest(self, better_than: VictimCost | None = None) -> tuple[list[Resident], bool] | None:
+        """The cheapest set found and whether the search was exhaustive; with
+        ``better_than``, only a set that costs less counts (``None`` when none was found)."""
+        best_counts: list[int] | None
+        if better_than is None:
+            best_counts = self._greedy()
+            best = self._cost_of(best_counts)
+        else:
+            best_counts, best = None, better_than
         groups = self.groups
         counts: list[int] = []
 
@@ -460,10 +611,6 @@ class _Search:
                     return
 
         descend(0, VictimCost())
+        if best_counts is None:
+            return None
         return self._members(best_counts), not self._exhausted
-
-
-def _group_order(key: tuple[int, tuple[str, ...], object]) -> tuple[bool, int, str, str]:
-    """Groups of lower priority and without budgets first: cheap sets are found early."""
-    priority, budgets, footprint = key
-    return (bool(budgets), priority, repr(budgets), repr(footprint))

@@ -130,9 +130,12 @@ class BudgetBook:
 
     def __init__(self) -> None:
         self._budgets: dict[str, DisruptionBudget] = {}
+        self.version = 0
+        """Changes with every budget added, changed or removed."""
 
     def on_change(self, change: Change) -> None:
         """The cache's listener for PodDisruptionBudgets."""
+        self.version += 1
         if change.action is Action.DELETE:
             self._budgets.pop(change.key, None)
             return
@@ -156,3 +159,4 @@ class BudgetBook:
         """Add or replace ``budgets`` (tests and the in-memory extender)."""
         for budget in budgets:
             self._budgets[budget.key] = budget
+        self.version += 1

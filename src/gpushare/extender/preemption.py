@@ -51,13 +51,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
+from gpushare.core.model import Allocation, ContainerAllocation, NodeState, PodRequest
 from gpushare.core.preemption import (
     DEFAULT_MAX_CHECKS,
     Hold,
     Preemption,
     PreemptionStatus,
     Resident,
+    VictimCost,
     best_preemption,
     plan_preemption,
     with_holds,
@@ -112,6 +113,8 @@ UNEVICTABLE = 2**31
 """The priority given to a pod that must not be a victim (a bind in flight, a pod unknown)."""
 EXTENDER = "gpushare"
 SCHEDULER = "kube-scheduler"
+READ_LIMIT = 200_000
+"""Pods whose reading (``Preemptor.residents``) is kept at most; past it, all are read anew."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +284,10 @@ class Preemptor:
         self._busy: set[str] = set()
         self._tries: dict[str, _Victim] = {}  # victim UID -> last eviction try
         self._tasks: set[asyncio.Task[None]] = set()
+        # pod key -> (its object, its allocation, the budgets' version, what it reads as):
+        # the state replaces a pod's dict on every change, so an entry is valid while both are
+        # the very objects it was read from.
+        self._read: dict[str, tuple[Json | None, Allocation, int, Resident]] = {}
 
     # -- views (filter, prioritize, bind) ----------------------------------------------------
 
@@ -325,29 +332,43 @@ class Preemptor:
         """The pods with allocations on ``node`` as preemption sees them: a pod not yet seen
         bound (its bind in flight) or unknown is never a victim."""
         residents = []
+        version = self.budgets.version
         for allocation in self.state.allocations(node):
             pod = self.state.pod(allocation.pod)
-            if pod is None or pod_node_name(pod) != node or not pod_uid(pod):
-                residents.append(Resident(allocation, priority=UNEVICTABLE))
+            known = self._read.get(allocation.pod)
+            if (
+                known is not None
+                and known[0] is pod
+                and known[1] is allocation
+                and known[2] == version
+            ):
+                residents.append(known[3])
                 continue
-            residents.append(
-                Resident(
+            if pod is None or pod_node_name(pod) != node or not pod_uid(pod):
+                resident = Resident(allocation, priority=UNEVICTABLE)
+            else:
+                resident = Resident(
                     allocation,
                     priority=pod_priority(pod),
                     started_s=pod_started_s(pod),
                     budgets=self.budgets.selecting(pod),
                     terminating=pod_deleting(pod),
                 )
-            )
+            self._read[allocation.pod] = (pod, allocation, version, resident)
+            residents.append(resident)
+        if len(self._read) > READ_LIMIT:
+            self._read.clear()  # bounded: pods gone are forgotten now and then
         return residents
 
     def plans(self, pod: Json, request: PodRequest, nodes: Iterable[str]) -> list[Preemption]:
         """What preemption can do for ``pod`` (read as ``request``) on each of ``nodes``
-        (unknown and non-GPU-share nodes left out)."""
+        (unknown and non-GPU-share nodes left out); a node whose best set costs no less than
+        one already found is ``COSTLIER`` (``best_preemption`` over them is the best)."""
         key, priority = request.key, pod_priority(pod)
         allowed = self.budgets.allowed()
         now = self._wall()
         out = []
+        incumbent: VictimCost | None = None  # the cheapest set so far: later nodes must beat it
         for name in nodes:
             info = self.state.node(name)
             view = self.view(name, key, priority)
@@ -356,18 +377,20 @@ class Preemptor:
             placed = on_node(request, info.unit, info.node, info.serves, info.uuids)
             if isinstance(placed, NotOnNode):
                 continue
-            out.append(
-                plan_preemption(
-                    view.without(self.state.allocation(key)),
-                    placed,
-                    priority,
-                    self.residents(name),
-                    now_s=now,
-                    pending=self.state.pending(name),
-                    budgets=allowed,
-                    max_checks=self.options.max_checks,
-                )
+            plan = plan_preemption(
+                view.without(self.state.allocation(key)),
+                placed,
+                priority,
+                self.residents(name),
+                now_s=now,
+                pending=self.state.pending(name),
+                budgets=allowed,
+                max_checks=self.options.max_checks,
+                better_than=incumbent,
             )
+            out.append(plan)
+            if plan.helps and plan.cost is not None:
+                incumbent = plan.cost if incumbent is None else min(incumbent, plan.cost)
         return out
 
     # -- filter: the nodes kube-scheduler will not send -------------------------------------
@@ -404,8 +427,10 @@ class Preemptor:
         if self.holds.of(key) is not None or key in self._busy:
             return ExtenderPreemptionResult()  # its victims are terminating: wait for them
         refused = plan.nodes if plan is not None and plan.uid == uid else set()
+        started = self._clock()
         options = self.plans(pod, request, sorted(set(offered) | refused))
         best = best_preemption(options)
+        decided = self._clock()
         if best is None:
             self.metrics.preemptions.labels("dropped").inc()
             self._quiet[key] = self._clock() + self.options.retry_s
@@ -420,6 +445,11 @@ class Preemptor:
                 return ExtenderPreemptionResult()
         finally:
             self._busy.discard(key)
+        log.debug(
+            "preempt %s: %d node(s) weighed in %.1f ms, the hold on %s recorded in %.1f ms",
+            key, len(options), 1000 * (decided - started), best.node,
+            1000 * (self._clock() - decided),
+        )  # fmt: skip
         gpu_pods = self._uids_on(best.node)
         extra = [u for u in offered[best.node] if u not in gpu_pods]
         uids = list(hold.victim_uids) + extra

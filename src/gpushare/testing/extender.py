@@ -331,9 +331,7 @@ class RecordingNotes:
 
     notes: list[tuple[str, str, str, bool]] = field(default_factory=list)
 
-    def note(
-        self, pod: str, uid: str, reason: str, message: str, *, warning: bool = False
-    ) -> None:
+    def note(self, pod: str, uid: str, reason: str, message: str, *, warning: bool = False) -> None:
         """Keep the Event."""
         self.notes.append((pod, reason, message, warning))
 

@@ -119,12 +119,15 @@ def preemptor(
 @dataclass
 class Case:
     """One case in namespace ``name``, on its own kwok nodes (GPU sizes in GiB per node),
-    scheduled by ``scheduler``. Use as a context manager: nodes and namespace go at exit."""
+    scheduled by ``scheduler``. Use as a context manager: nodes and namespace go at exit.
+    ``linger``: seeded pods carry :data:`FINALIZER` (an evicted one stays terminating until
+    :meth:`release`); without it an evicted pod goes at once (kwok)."""
 
     kube: Client
     name: str
     nodes: Mapping[str, Sequence[int]]
     scheduler: str
+    linger: bool = True
     _made: dict[str, Node] = field(default_factory=dict)
 
     def __enter__(self) -> Case:
@@ -135,6 +138,7 @@ class Case:
                 gpu_node(n, list(gpus), unit=MemoryUnit.GIB, labels={CASE_LABEL: self.name})
                 for n, gpus in self.nodes.items()
             ],
+            timeout=600.0,
         )
         self._made = {n: core_node(list(g), name=n) for n, g in self.nodes.items()}
         self.kube.create(Namespace(metadata=ObjectMeta(name=self.name)))
@@ -164,6 +168,13 @@ class Case:
             lambda: self._running({s.name for s in seeds}) or None,
             60,
         )
+
+    def seed_waves(self, waves: Sequence[Sequence[Seed]]) -> None:
+        """Seed each wave, a second after the one before (``Scenario.waves``)."""
+        for i, wave in enumerate(waves):
+            if i:
+                time.sleep(1.1)
+            self.seed(*wave)
 
     def _running(self, names: set[str]) -> bool:
         running = {
@@ -199,7 +210,7 @@ class Case:
                 namespace=self.name,
                 annotations=annotations,
                 labels=dict(seed.labels),
-                finalizers=[FINALIZER],
+                finalizers=[FINALIZER] if self.linger else None,
             ),
             spec=PodSpec(
                 nodeName=seed.node,
@@ -304,3 +315,72 @@ class Case:
             for (node, gpu), amount in sorted(used.items())
             if amount > self.nodes[node][gpu]
         ]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One case of the table in docs/usage.md, "Priorities and preemption": ``nodes`` (GPU
+    sizes in GiB), low and high pods seeded in ``waves`` (each wave starts a second after the
+    one before: whole-second start times order them), a high-priority pod asking ``ask`` GiB,
+    and the right outcome in words."""
+
+    name: str
+    nodes: Mapping[str, Sequence[int]]
+    waves: tuple[tuple[Seed, ...], ...]
+    ask: int
+    right: str
+
+
+def _node_a(node: str) -> tuple[tuple[Seed, ...], tuple[Seed, ...]]:
+    """GPU0 and GPU1 each high + low (the table's node A), as two waves: the lows started
+    later (kube-scheduler prefers the node whose victims started last)."""
+    highs = (
+        Seed(f"{node}-h0", node, {0: 8}, "gpushare-high"),
+        Seed(f"{node}-h1", node, {1: 8}, "gpushare-high"),
+    )
+    return highs, (Seed(f"{node}-l0", node, {0: 8}), Seed(f"{node}-l1", node, {1: 8}))
+
+
+def _node_b(node: str) -> tuple[Seed, ...]:
+    """GPU0 low + low, GPU1 high + high (the table's node B)."""
+    return (
+        Seed(f"{node}-l0", node, {0: 8}),
+        Seed(f"{node}-l1", node, {0: 8}),
+        Seed(f"{node}-h0", node, {1: 8}, "gpushare-high"),
+        Seed(f"{node}-h1", node, {1: 8}, "gpushare-high"),
+    )
+
+
+def _a_and_b(a_nodes: Sequence[str], b_node: str) -> tuple[tuple[Seed, ...], ...]:
+    """Nodes like A and one like B, A's lows the most recently started."""
+    first = tuple(s for n in a_nodes for s in _node_a(n)[0]) + _node_b(b_node)
+    return first, tuple(s for n in a_nodes for s in _node_a(n)[1])
+
+
+ISSUE_CASES = (
+    Scenario(
+        "1", {"s1": [16, 16]},
+        ((Seed("a", "s1", {0: 8}), Seed("b", "s1", {1: 8})),
+         (Seed("c", "s1", {0: 8}), Seed("d", "s1", {1: 8}))),
+        16, "evict the 2 lows of one GPU, bind there",
+    ),
+    Scenario(
+        "2", {"s2": [16, 16]},
+        ((Seed("a", "s2", {0: 12}),), (Seed("b", "s2", {1: 12}),)),
+        8, "evict one 12 GiB low, bind there",
+    ),
+    Scenario("3", {"s3-a": [16, 16], "s3-b": [16, 16]},
+             _a_and_b(["s3-a"], "s3-b"), 16, "evict B's 2 lows only"),
+    Scenario(
+        "3'", {**{f"s3p-a{i}": [16, 16] for i in range(3)}, "s3p-b": [16, 16]},
+        _a_and_b([f"s3p-a{i}" for i in range(3)], "s3p-b"), 16, "2 evicted",
+    ),
+    Scenario(
+        "4", {"s4": [16, 16]},
+        (tuple(Seed(f"p{i}", "s4", {i // 2: 8}) for i in range(4)),),
+        20, "evict nothing: it can never fit",
+    ),
+)  # fmt: skip
+"""The table of docs/usage.md, "Priorities and preemption", as ``bench/preemption.py
+--cases`` replays it under both preemptions; ``tests/cluster/test_preemption.py`` holds the
+right outcomes."""

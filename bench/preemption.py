@@ -1,0 +1,394 @@
+"""GPU-aware preemption against kube-scheduler's own, on the real control plane (issue 25).
+
+Run: ``make bench-preemption`` (or ``.venv/bin/python bench/preemption.py [--nodes 100]
+[--preemptors 200] [--seed 20261127]``). Needs the test control plane (``make controlplane``).
+``--cases`` replays issue 25's five cases instead (``gpushare.testing.preemption.ISSUE_CASES``)
+under both preemptions and prints which pods each evicted and where the high pod went.
+
+Set-up, the same for both runs: ``--nodes`` kwok nodes of eight 16 GiB GPUs, every GPU full of
+low-priority pods (PriorityClass 100) of mixed sizes (2, 4, 8, 12 or 16 GiB, seeded; created
+bound, as the extender would have placed them, started one second apart per wave); then
+``--preemptors`` high-priority pods (1000) of mixed sizes (4, 8, 12 or 16 GiB on one GPU, and
+one in ten 8 GiB on two GPUs) arrive at 20 pods/s. An evicted pod goes at once (kwok), so the
+time to bind is scheduling, not grace periods.
+
+* **gpushare**: ``gpushare extender`` as shipped (preemption on), kube-scheduler with
+  ``preemptVerb``;
+* **kube-scheduler**: the same extender with ``--no-preemption`` and no ``preemptVerb``:
+  kube-scheduler's DefaultPreemption on node totals, with today's (gpushare 0.1) extender.
+
+Measured from the pods alone, after every preemptor is bound or ``--settle`` seconds passed:
+evictions (low pods gone), evictions per bound preemptor, wasted evictions (a victim on whose
+GPUs no preemptor is bound at the end), preemptors bound, time from creation to binding (p50,
+p99, of the bound ones), GPUs over capacity (from every remaining pod's
+allocation annotations), and the extender's mean ``preempt``/``filter`` handling time. Binds are
+seen through a watch (no polling that would load the API server it measures). Prints progress
+and a table; ``--json FILE`` writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Pod
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpushare.kube.codec import ALLOCATION
+from gpushare.testing.controlplane import (
+    Binaries,
+    ControlPlane,
+    ManagedProcess,
+    free_ports,
+    gpushare_argv,
+    gpushare_extender,
+    wait_until,
+)
+from gpushare.testing.preemption import ISSUE_CASES, Case, Seed, preemptor
+
+SCHEDULER = "gpushare-bench-preempt"
+LOG_LEVEL = ["warning"]  # --extender-log-level
+GPU_GIB = 16
+LOW_SIZES = (2, 4, 8, 12, 16)
+HIGH_SIZES = (4, 8, 12, 16)
+
+
+@dataclass
+class Result:
+    """One run's numbers (module doc)."""
+
+    mode: str
+    preemptors: int
+    bound: int
+    evictions: int
+    wasted: int
+    p50_s: float
+    p99_s: float
+    overcommitted: int
+    preempt_ms: float
+    filter_ms: float
+    seconds: float
+
+    @property
+    def per_bound(self) -> float:
+        return self.evictions / self.bound if self.bound else float("nan")
+
+
+def fill(nodes: list[str], rng: random.Random) -> Iterator[Seed]:
+    """Every GPU of ``nodes`` full of low-priority pods of ``LOW_SIZES``."""
+    for node in nodes:
+        for gpu in range(8):
+            left, i = GPU_GIB, 0
+            while left:
+                size = rng.choice([s for s in LOW_SIZES if s <= left])
+                yield Seed(f"{node}-g{gpu}-{i}", node, {gpu: size})
+                left -= size
+                i += 1
+
+
+def arrivals(count: int, rng: random.Random) -> list[tuple[str, int, int]]:
+    """(name, GiB per GPU, GPUs) of each preemptor, in arrival order."""
+    return [
+        (f"high-{i:03d}", 8, 2) if i % 10 == 9 else (f"high-{i:03d}", rng.choice(HIGH_SIZES), 1)
+        for i in range(count)
+    ]
+
+
+def request_means_ms(url: str) -> dict[str, float]:
+    """The extender's mean handling time per verb, ms (its ``/metrics``)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/metrics", timeout=30) as response:
+        body = response.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(body):
+        if family.name != "gpushare_extender_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            verb = sample.labels.get("verb", "")
+            if sample.name.endswith("_sum"):
+                sums[verb] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[verb] = sample.value
+    return {v: 1000 * sums[v] / counts[v] for v in sums if counts.get(v)}
+
+
+@contextlib.contextmanager
+def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[str]:
+    """The extender of ``mode`` and a kube-scheduler for ``SCHEDULER`` calling it, for the
+    ``with`` body; yields the extender's URL."""
+    preempting = mode == "gpushare"
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    holds = f"kube-system/gpushare-bench-holds-{tag}"
+    argv = gpushare_argv(
+        "extender", "--kubeconfig", str(plane.kubeconfig), "--host", "127.0.0.1",
+        "--port", str(port), "--handshake-timeout", "0", "--log-level", LOG_LEVEL[0],
+        *(("--preemption-holds", holds) if preempting else ("--no-preemption",)),
+    )  # fmt: skip
+    extender = ManagedProcess(f"extender-{tag}", argv, plane.root / f"bench-{tag}").start()
+    try:
+        wait_until("extender ready", lambda: _ok(f"{url}/readyz"), 120, processes=[extender])
+        entry = gpushare_extender(f"{url}/gpushare-scheduler", preempt=preempting)
+        with plane.scheduler(
+            f"kube-scheduler-{tag}",
+            profiles=[{"schedulerName": SCHEDULER}],
+            extenders=[entry],
+            podInitialBackoffSeconds=1,
+            podMaxBackoffSeconds=10,
+        ):
+            yield url
+    finally:
+        extender.stop()
+        if LOG_LEVEL[0] != "warning":  # keep it: the control plane's directory goes at the end
+            kept = Path("out/bench") / f"extender-{tag}.log"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_bytes(extender.log_path.read_bytes())
+            print(f"[{tag}] extender log: {kept}", flush=True)
+
+
+def run(plane: ControlPlane, kube: Client, mode: str, args: argparse.Namespace) -> Result:
+    """One run (module doc) in its own namespace and nodes."""
+    rng = random.Random(args.seed)
+    names = [f"{mode[:3]}-{i:03d}" for i in range(args.nodes)]
+    layout = {n: [GPU_GIB] * 8 for n in names}
+    with Case(kube, f"bench-{mode}", layout, SCHEDULER, linger=False) as case:
+        seeds = list(fill(names, rng))
+        print(f"[{mode}] seeding {len(seeds)} low-priority pods on {len(names)} nodes", flush=True)
+        started = time.monotonic()
+        half = len(seeds) // 2
+        case.seed_waves([seeds[:half], seeds[half:]])  # two start times
+        print(f"[{mode}]   {time.monotonic() - started:.0f} s", flush=True)
+        with serving(plane, mode, mode) as url, plane.client() as watcher:
+            return measure(
+                case, mode, args, rng=rng, url=url, seeds={s.name: s for s in seeds},
+                watcher=watcher,
+            )  # fmt: skip
+
+
+@dataclass
+class CaseResult:
+    """Issue 25's case under one preemption: the pods evicted and where the high pod went."""
+
+    case: str
+    mode: str
+    evicted: list[str]
+    bound: str | None
+
+
+def replay_cases(plane: ControlPlane, kube: Client, wait_s: float) -> list[CaseResult]:
+    """Issue 25's cases (``ISSUE_CASES``) under both preemptions: evicted pods go at once; the
+    high pod gets ``wait_s`` seconds to bind (and 3 more for evictions still coming)."""
+    results = []
+    for mode in ("kube-scheduler", "gpushare"):
+        for scenario in ISSUE_CASES:
+            tag = f"{mode[:3]}-case{scenario.name.replace(chr(39), 'p')}"
+            nodes = {f"{tag}-{n}": gpus for n, gpus in scenario.nodes.items()}
+            waves = [
+                tuple(dataclasses.replace(s, node=f"{tag}-{s.node}") for s in wave)
+                for wave in scenario.waves
+            ]
+            with Case(kube, tag, nodes, SCHEDULER, linger=False) as case:
+                case.seed_waves(waves)
+                seeded = set(case.pods())
+                with serving(plane, mode, tag):
+                    case.submit(preemptor("high", scenario.ask))
+                    deadline = time.monotonic() + wait_s
+                    while time.monotonic() < deadline and case.placement("high") is None:
+                        time.sleep(0.25)
+                    time.sleep(3)
+                    placed = case.placement("high")
+                evicted = sorted(seeded - set(case.pods()))
+                bound = None if placed is None else f"{placed[0]} GPU {placed[1]}"
+                results.append(CaseResult(scenario.name, mode, evicted, bound))
+                what = f"evicted {evicted}, bound: {bound}"
+                print(f"[case {scenario.name}, {mode}] {what}", flush=True)
+    return results
+
+
+def _ok(url: str) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+class BoundWatch:
+    """When each of ``names`` is first seen bound (monotonic seconds), from a watch of the
+    namespace in a thread of its own (its own client: a sync client is not shared across
+    threads); use as a context manager."""
+
+    def __init__(self, kube: Client, namespace: str, names: set[str]) -> None:
+        self._kube, self._namespace, self._names = kube, namespace, names
+        self.bound_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> BoundWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        version = None
+        while not self._stop.is_set():
+            try:
+                for _, pod in self._kube.watch(
+                    Pod, namespace=self._namespace, resource_version=version, server_timeout=5
+                ):
+                    meta, spec = pod.metadata, pod.spec
+                    if meta is None:
+                        continue
+                    version = meta.resourceVersion
+                    name = meta.name
+                    fresh = name in self._names and name not in self.bound_at
+                    if fresh and spec is not None and spec.nodeName:
+                        self.bound_at[str(name)] = time.monotonic()
+                    if self._stop.is_set():
+                        return
+            except Exception:  # the server ended the watch mid-stream: watch again from there
+                continue
+
+
+def measure(
+    case: Case,
+    mode: str,
+    args: argparse.Namespace,
+    *,
+    rng: random.Random,
+    url: str,
+    seeds: dict[str, Seed],
+    watcher: Client,
+) -> Result:
+    """Send the preemptors, wait, judge (module doc)."""
+    created: dict[str, float] = {}
+    wanted = arrivals(args.preemptors, rng)
+    with BoundWatch(watcher, case.name, {name for name, _, _ in wanted}) as watch:
+        start = time.monotonic()
+        for name, gib, gpus in wanted:
+            case.submit(preemptor(name, gib, gpus=gpus))
+            created[name] = time.monotonic()
+            time.sleep(0.05)
+        deadline = time.monotonic() + args.settle
+        ticks = 0
+        while len(watch.bound_at) < len(wanted) and time.monotonic() < deadline:
+            time.sleep(1)
+            ticks += 1
+            if ticks % 10 == 0:
+                took = time.monotonic() - start
+                print(f"[{mode}]   {len(watch.bound_at)}/{len(wanted)} bound after {took:.0f} s")
+        sys.stdout.flush()
+        bound_at = dict(watch.bound_at)
+    elapsed = time.monotonic() - start
+    pods = case.pods()
+    evicted = [s for name, s in seeds.items() if name not in pods]
+    where: dict[str, set[int]] = {}
+    for name in bound_at:
+        placed = case.placement(name)
+        if placed is not None:
+            where.setdefault(placed[0], set()).update(placed[1])
+    wasted = [s for s in evicted if not where.get(s.node, set()) & set(s.gpus)]
+    waits = sorted(bound_at[n] - created[n] for n in bound_at)
+    means = request_means_ms(url)
+    over = len(case.overcommitted())
+    _check_records(pods)
+    return Result(
+        mode, len(wanted), len(bound_at), len(evicted), len(wasted),
+        _quantile(waits, 0.5), _quantile(waits, 0.99), over,
+        means.get("preempt", 0.0), means.get("filter", 0.0), elapsed,
+    )  # fmt: skip
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def _check_records(pods: dict[str, Pod]) -> None:
+    """Every bound pod carries an allocation record (else ``overcommitted`` would miss it)."""
+    for name, pod in pods.items():
+        if pod.spec is not None and pod.spec.nodeName and pod.metadata is not None:
+            assert ALLOCATION in (pod.metadata.annotations or {}), f"{name}: no allocation"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--preemptors", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=20261127)
+    parser.add_argument("--settle", type=float, default=180.0, help="seconds to wait for binds")
+    parser.add_argument("--json", type=Path, help="write the numbers here")
+    parser.add_argument(
+        "--extender-log-level", default="warning", help="the extenders' --log-level (logs: "
+        "the control plane's temporary directory)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cases",
+        action="store_true",
+        help="replay issue 25's five cases under both preemptions instead (a table)",
+    )
+    args = parser.parse_args()
+    LOG_LEVEL[0] = args.extender_log_level
+    print(f"load averages at start: {os.getloadavg()}", flush=True)
+    results = []
+    with ControlPlane(Binaries.locate()) as plane, plane.client() as kube:
+        if args.cases:
+            replayed = replay_cases(plane, kube, wait_s=20.0)
+            print("| case | kube-scheduler: evicted, bound | gpushare: evicted, bound |")
+            print("|---|---|---|")
+            for name in dict.fromkeys(r.case for r in replayed):
+                cells = [
+                    f"{len(r.evicted)} ({', '.join(r.evicted) or '-'}), {r.bound or 'never'}"
+                    for mode in ("kube-scheduler", "gpushare")
+                    for r in replayed
+                    if r.case == name and r.mode == mode
+                ]
+                print(f"| {name} | {cells[0]} | {cells[1]} |")
+            if args.json is not None:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps([asdict(r) for r in replayed], indent=2))
+            return 0
+        for mode in ("gpushare", "kube-scheduler"):
+            results.append(run(plane, kube, mode, args))
+    print(f"load averages at end: {os.getloadavg()}")
+    header = (
+        f"{'run':<15}{'bound':>10}{'evictions':>10}{'per bound':>10}{'wasted':>8}"
+        f"{'p50 s':>8}{'p99 s':>8}{'over':>6}{'preempt ms':>12}{'filter ms':>11}"
+    )
+    print(header)
+    for r in results:
+        print(
+            f"{r.mode:<15}{f'{r.bound}/{r.preemptors}':>10}{r.evictions:>10}{r.per_bound:>10.2f}"
+            f"{r.wasted:>8}{r.p50_s:>8.1f}{r.p99_s:>8.1f}{r.overcommitted:>6}"
+            f"{r.preempt_ms:>12.1f}{r.filter_ms:>11.1f}"
+        )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    ours = results[0]
+    return 0 if ours.wasted == 0 and ours.bound == ours.preemptors and not ours.overcommitted else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
