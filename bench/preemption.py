@@ -45,7 +45,6 @@ from pathlib import Path
 
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.kube.codec import ALLOCATION
 from gpushare.testing.controlplane import (
@@ -57,6 +56,7 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     wait_until,
 )
+from gpushare.testing.metrics import sample_sum
 from gpushare.testing.preemption import ISSUE_CASES, Case, Seed, preemptor
 
 SCHEDULER = "gpushare-bench-preempt"
@@ -107,23 +107,12 @@ def arrivals(count: int, rng: random.Random) -> list[tuple[str, int, int]]:
     ]
 
 
-def request_means_ms(url: str) -> dict[str, float]:
-    """The extender's mean handling time per verb, ms (its ``/metrics``)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(f"{url}/metrics", timeout=30) as response:
-        body = response.read().decode()
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(body):
-        if family.name != "gpushare_extender_request_duration_seconds":
-            continue
-        for sample in family.samples:
-            verb = sample.labels.get("verb", "")
-            if sample.name.endswith("_sum"):
-                sums[verb] = sample.value
-            elif sample.name.endswith("_count"):
-                counts[verb] = sample.value
-    return {v: 1000 * sums[v] / counts[v] for v in sums if counts.get(v)}
+def mean_ms(url: str, verb: str) -> float:
+    """The extender's mean handling time of ``verb``, ms (its ``/metrics``); 0 when none."""
+    name = "gpushare_extender_request_duration_seconds"
+    count = sample_sum(f"{url}/metrics", f"{name}_count", {"verb": verb})
+    total = sample_sum(f"{url}/metrics", f"{name}_sum", {"verb": verb})
+    return 1000 * total / count if count else 0.0
 
 
 @contextlib.contextmanager
@@ -307,7 +296,7 @@ def measure(
             where.setdefault(placed[0], set()).update(placed[1])
     wasted = [s for s in evicted if not where.get(s.node, set()) & set(s.gpus)]
     waits = sorted(bound_at[n] - created[n] for n in bound_at)
-    means = request_means_ms(url)
+    means = {verb: mean_ms(url, verb) for verb in ("preempt", "filter")}
     over = len(case.overcommitted())
     _check_records(pods)
     return Result(

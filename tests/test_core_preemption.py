@@ -458,22 +458,17 @@ def test_the_choice_is_the_cheapest_and_minimal_by_brute_force(
         assert plan.exhaustive
         assert plan.cost == min(feasible)
         if plan.status is PreemptionStatus.EVICT:  # weighed against other nodes' best sets
-            costlier = plan_preemption(
-                state, pod, priority, residents, now_s=NOW_S, budgets=budgets,
-                better_than=min(feasible),
-            )  # fmt: skip
-            assert costlier.status is PreemptionStatus.COSTLIER
-            cheaper = plan_preemption(
-                state, pod, priority, residents, now_s=NOW_S, budgets=budgets,
-                better_than=VictimCost(99, 99, 99, 0.0),
-            )  # fmt: skip
-            assert cheaper.cost == plan.cost
             best = min(feasible)
-            just_above = replace(best, work_lost_s=best.work_lost_s + 0.5)
-            found = plan_preemption(
-                state, pod, priority, residents, now_s=NOW_S, budgets=budgets,
-                better_than=just_above,
-            )  # fmt: skip
+
+            def against(other: VictimCost) -> Preemption:
+                return plan_preemption(
+                    state, pod, priority, residents, now_s=NOW_S, budgets=budgets,
+                    better_than=other,
+                )  # fmt: skip
+
+            assert against(best).status is PreemptionStatus.COSTLIER
+            assert against(VictimCost(99, 99, 99, 0.0)).cost == best
+            found = against(replace(best, work_lost_s=best.work_lost_s + 0.5))
             assert found.status is PreemptionStatus.EVICT
             assert found.cost == best
         chosen = [r for r in residents if r.key in plan.victims]

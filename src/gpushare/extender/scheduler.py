@@ -34,6 +34,13 @@
   releases the assumption. Binds of one pod are serialised, and the decide-and-assume step of
   all binds runs under one ``asyncio.Lock``, so concurrent binds never overcommit a GPU.
 
+**Preemption** (``gpushare.extender.preemption``, when a ``Preemptor`` is given): the GPUs held
+for a preemptor while its victims terminate count as taken for pods of lower or equal priority
+in filter, prioritize and bind (a node with holds is evaluated for each pod's priority, never
+from the per-shape caches), the refusal names the holds, and a filter that passes no node tells
+the preemptor which nodes refused the pod for want of GPU room now (kube-scheduler 1.37 never
+asks the ``preempt`` verb about them when their totals fit).
+
 A pod whose memory is written in MiB or percent (gpu-manager's and HAMi's dialects) is resolved
 into each node's unit before its fit there (``gpushare.kube.codec.resolve``): filter, prioritize
 and bind place it as the equal pod in that unit; a node it cannot be resolved on (MiB on a node
