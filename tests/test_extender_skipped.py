@@ -157,7 +157,9 @@ def test_the_issues_problems_show_in_inspect_metrics_and_filter() -> None:
     assert result["NodeNames"] == []
     reason = result["FailedNodes"][NODE]
     assert reason.startswith("gpushare: no GPU has enough free; container main; requested 8; ")
-    assert "free/capacity per GPU -62/40, -4/40" in reason
+    # charged above capacity: the GPUs read 0 free, never less (issue 26, item 5); the
+    # skipped pods' lines say what is charged
+    assert "free/capacity per GPU 0/40, 0/40" in reason
     assert "pod default/neg on node n: allocation cannot be read" in reason
     assert "pod default/big on node n: allocation does not fit the GPU" in reason
 

@@ -100,14 +100,16 @@ class FitResult:
         if self.free_per_gpu:
             parts.append(describe_free_per_gpu(self.free_per_gpu, self.capacity_per_gpu))
         if self.compute_free_per_gpu:
-            shown = ", ".join(map(str, self.compute_free_per_gpu))
+            shown = ", ".join(str(max(f, 0)) for f in self.compute_free_per_gpu)
             parts.append(f"compute free per GPU {shown} (of {GPU_COMPUTE_MILLI})")
         return "; ".join(parts)
 
 
 def describe_free_per_gpu(free: tuple[int, ...], capacity: tuple[int, ...]) -> str:
-    """``free/capacity per GPU 4/16, 0/16``: the numbers every rejection message carries."""
-    pairs = ", ".join(f"{f}/{c}" for f, c in zip(free, capacity, strict=True))
+    """``free/capacity per GPU 4/16, 0/16``: the numbers every rejection message carries. A
+    GPU charged above its capacity (a skipped pod, a preemption hold while its victims run)
+    reads 0 free, not less: what is charged there says the rest."""
+    pairs = ", ".join(f"{max(f, 0)}/{c}" for f, c in zip(free, capacity, strict=True))
     return f"free/capacity per GPU {pairs}"
 
 

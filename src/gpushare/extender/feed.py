@@ -8,7 +8,8 @@ every ``ExtenderState`` change must happen — so no hand-over is needed.
   ``UPSERT`` → ``upsert_node`` (a no-op when nothing the extender reads changed, so status
   heartbeats cost a decode); ``DELETE`` → ``remove_node``. A node whose inventory or capacity
   cannot be read is removed (filter then calls it unknown; the log says why) rather than kept
-  with GPUs that may no longer be true.
+  with GPUs that may no longer be true; one whose inventory and capacity disagree
+  (``NodeInfo.mismatch``) is kept, and the disagreement logged once each time it changes.
 * **Pods** (only those asking ``aliyun.com/gpu-mem``): ``UPSERT`` → ``observe_pod``, which
   commits the allocation recorded on a bound pod and releases the allocation of a pod that
   finished (``Succeeded``/``Failed``); ``DELETE`` (deleted, gone in a relist, or no longer
@@ -89,12 +90,16 @@ class StateFeeder:
         if change.action is Action.DELETE:
             self.state.remove_node(change.key)
             return
+        before = self.state.node(change.key)
         try:
-            self.state.upsert_node(change.obj)
+            info = self.state.upsert_node(change.obj)
         except CodecError as error:
             self.errors += 1
             log.warning("node %s cannot be read and is left out: %s", change.key, error)
             self.state.remove_node(change.key)
+        else:
+            if info.mismatch and (before is None or before.mismatch != info.mismatch):
+                log.warning("%s", info.mismatch)
         self._report_skips()
 
     def on_pod(self, change: Change) -> None:

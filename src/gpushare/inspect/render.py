@@ -369,11 +369,11 @@ def _fit_json(fit: NodeFit) -> dict[str, Any]:
         "container": None if result is None else result.container,
         "requested": None if result is None else result.requested,
         "available": None if result is None else result.available,
-        "free_per_gpu": [] if result is None else list(result.free_per_gpu),
+        "free_per_gpu": [] if result is None else [max(f, 0) for f in result.free_per_gpu],
         "capacity_per_gpu": [] if result is None else list(result.capacity_per_gpu),
         "text": fit.text,
     } | (
-        {"compute_free_per_gpu": list(result.compute_free_per_gpu)}
+        {"compute_free_per_gpu": [max(f, 0) for f in result.compute_free_per_gpu]}
         if result is not None and result.compute_free_per_gpu
         else {}
     )

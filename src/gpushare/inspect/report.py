@@ -523,6 +523,8 @@ def build_report(
         if isinstance(node_read, str):
             problems.append(node_read)
             continue
+        if node_read[0].mismatch:
+            problems.append(node_read[0].mismatch)
         infos[node_read[0].node.name] = node_read
     if node is not None and node not in infos and not problems:
         problems.append(f"node {node}: not found")

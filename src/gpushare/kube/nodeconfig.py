@@ -7,7 +7,10 @@ labels choose the selector entries) at start, on every ConfigMap change and ever
 ``node_poll_s``; it calls ``on_change`` with the node's configuration whenever it changes, from
 either side, or is good again after an error. A configuration that cannot be read goes to
 ``on_invalid`` with the error (once per distinct error) and changes nothing: the last good
-configuration stays in force until the ConfigMap is fixed. A deleted ConfigMap is an empty
+configuration stays in force until the ConfigMap is fixed; whatever the ConfigMap holds (an
+error of any kind while reading it is logged with its traceback and refused the same way), the
+watch goes on. What is read is bounded (``yaml_document``: size, no aliases, depth, values) and
+everything echoed too (``gpushare.kube.codec.common.shown``). A deleted ConfigMap is an empty
 configuration (the flags' values). :meth:`NodeConfigWatch.wait_synced` returns once the
 ConfigMap is listed, the Node read and the configuration read, so that the plugin starts with
 the configuration rather than moving to it.
@@ -34,6 +37,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 
 from gpushare.kube.codec import CodecError, node_labels
+from gpushare.kube.codec.common import shown
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig, node_config
 from gpushare.kube.configmap import configmap_reflector
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
@@ -50,10 +54,57 @@ RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
 """The rules of the device plugin's Role in the ConfigMap's namespace (PolicyRule JSON)."""
 
 
+MAX_DOCUMENT_BYTES = 256 * 1024
+"""The node configuration read at most (a ConfigMap holds 1 MiB; a real one is a few KiB)."""
+MAX_DEPTH = 16
+"""Nesting levels read at most (the format needs 4)."""
+MAX_NODES = 100_000
+"""YAML nodes (scalars, lists, maps) read at most."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, bounded: no anchors or aliases (an alias repeats a value without
+    its bytes: a few hundred bytes can stand for a billion values), at most ``MAX_DEPTH``
+    levels (PyYAML composes recursively) and ``MAX_NODES`` nodes."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(
+                None, None, "anchors and aliases (&name, *name) are not accepted",
+                event.start_mark,
+            )  # fmt: skip
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {MAX_NODES:,} values", event.start_mark
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def yaml_document(text: str) -> object:
-    """``text`` read as YAML (safe); ``ValueError`` ``not YAML at line N: <problem>``."""
+    """``text`` read as YAML (safe, bounded: ``_BoundedLoader``, at most
+    ``MAX_DOCUMENT_BYTES``); ``ValueError`` ``not YAML at line N: <problem>``, or naming the
+    bound crossed."""
+    if len(text.encode("utf-8", "replace")) > MAX_DOCUMENT_BYTES:
+        raise ValueError(
+            f"{len(text):,} characters: more than the {MAX_DOCUMENT_BYTES // 1024} KiB read"
+        )
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader: no Python objects
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -166,11 +217,25 @@ class NodeConfigWatch:
         try:
             config = self.read()
         except CodecError as error:
-            if str(error) != self._error:
-                self._error = str(error)
-                await self._on_invalid(error)
+            await self._refuse(error)
+            return
+        except Exception as error:  # any content, any bug: the watch goes on and says why
+            log.exception("node config: reading ConfigMap %s/%s failed", self.namespace, self.name)
+            await self._refuse(
+                CodecError(
+                    f"node {self.node_name}: configmap {self.namespace}/{self.name}",
+                    "data", type(error).__name__, f"cannot be read: {shown(str(error))}",
+                    "a document docs/node-config.md describes",
+                )
+            )  # fmt: skip
             return
         recovered, self._error = bool(self._error), ""
         if recovered or config != self.config or config.sources != self.config.sources:
             self.config = config
             await self._on_change(config)
+
+    async def _refuse(self, error: CodecError) -> None:
+        """Tell ``on_invalid`` once per distinct error; the last good configuration stays."""
+        if str(error) != self._error:
+            self._error = str(error)
+            await self._on_invalid(error)

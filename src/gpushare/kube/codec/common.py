@@ -1,12 +1,14 @@
-"""What every codec module shares: resource and annotation names, ``CodecError``, Kubernetes
-quantities, and typed accessors for plain JSON dicts. Pure; no I/O."""
+"""What every codec module shares: resource and annotation names, ``CodecError`` and the bounded
+echo of values in messages (``shown``, ``shown_names``), Kubernetes quantities, and typed
+accessors for plain JSON dicts. Pure; no I/O."""
 
 from __future__ import annotations
 
 import enum
 import json
 import re
-from collections.abc import Mapping
+import reprlib
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, TypeGuard
 
@@ -49,14 +51,40 @@ Json = Mapping[str, Any]
 """A Kubernetes object as decoded JSON."""
 
 
+_ECHO = reprlib.Repr()
+_ECHO.maxlevel = 3
+_ECHO.maxstring = 80
+_ECHO.maxother = 80
+_ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxset = _ECHO.maxdict = _ECHO.maxfrozenset = 4
+ECHO_CHARS = 120
+"""Characters of a value that an error message echoes at most (``shown``)."""
+NAMES_SHOWN = 3
+"""Items of a list that a message names before it counts the rest (``shown_names``)."""
+
+
+def shown(value: object) -> str:
+    """``value`` as an error message echoes it: a ``repr`` bounded in depth, items and length
+    (``reprlib``; never the whole of a value the cluster handed over, which may be a YAML alias
+    expanded a billion times or a list of thousands), at most ``ECHO_CHARS`` characters."""
+    text = _ECHO.repr(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
+
+
+def shown_names(names: Sequence[str], sep: str = ", ") -> str:
+    """``a, b, c and 4,995 more``: the first ``NAMES_SHOWN`` of ``names`` (each at most 80
+    characters) and how many are left out."""
+    head = [n if len(n) <= 80 else n[:77] + "..." for n in names[:NAMES_SHOWN]]
+    more = len(names) - len(head)
+    return sep.join(head) + (f" and {more:,} more" if more > 0 else "")
+
+
 class CodecError(ValueError):
     """A Kubernetes object ``subject`` (``pod ns/name``, ``node n``) whose ``key`` holds a
-    ``value`` gpushare cannot read; ``accepted`` says what would be read."""
+    ``value`` gpushare cannot read; ``accepted`` says what would be read. The message echoes
+    ``value`` bounded (``shown``)."""
 
     def __init__(self, subject: str, key: str, value: object, problem: str, accepted: str) -> None:
-        shown = repr(value)
-        shown = shown if len(shown) <= 120 else shown[:117] + "..."
-        super().__init__(f"{subject}: {key}={shown}: {problem}; accepted: {accepted}")
+        super().__init__(f"{subject}: {key}={shown(value)}: {problem}; accepted: {accepted}")
         self.subject, self.key, self.value, self.accepted = subject, key, value, accepted
 
 

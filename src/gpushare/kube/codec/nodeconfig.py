@@ -44,7 +44,7 @@ from fractions import Fraction
 from typing import NoReturn
 
 from gpushare.core.serves import Serves
-from gpushare.kube.codec.common import CodecError, Json, MemoryUnit, is_int, mapping
+from gpushare.kube.codec.common import CodecError, Json, MemoryUnit, is_int, mapping, shown
 
 __all__ = [
     "NODE_CONFIG_KEY",
@@ -219,7 +219,7 @@ class _Reader:
             elif isinstance(item, str) and _UUID.match(item):
                 uuids.add(item)
             else:
-                self.error(key, raw, f"{item!r} is neither a GPU index nor a GPU UUID")
+                self.error(key, raw, f"{shown(item)} is neither a GPU index nor a GPU UUID")
         return frozenset(indices), frozenset(uuids)
 
 

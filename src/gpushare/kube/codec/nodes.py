@@ -19,10 +19,14 @@ from gpushare.kube.codec.common import (
     is_int,
     mapping,
     parse_json,
+    shown,
     whole_quantity,
 )
 
 _UNIT_NAMES = frozenset(unit.value for unit in MemoryUnit)
+MAX_GPU_UNITS = 1 << 24
+"""The largest GPU an inventory may announce, in its unit (16 TiB in MiB; an H100 has 81,559
+MiB): anything above is not a GPU but a forged or broken annotation."""
 
 # -- nodes -----------------------------------------------------------------------------------
 
@@ -53,6 +57,7 @@ class NodeInfo:
     uuids: tuple[str, ...] = ()
     labelled: bool = False
     serves: Serves = Serves.BOTH
+    mismatch: str = ""
 
     @property
     def refusal(self) -> str:
@@ -91,8 +96,11 @@ def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]
             item.get("uuid", ""),
             item.get("healthy", True),
         )
-        if not (is_int(index) and index >= 0 and is_int(memory) and memory > 0):
-            raise bad(f"GPU {index!r}: index must be an integer >= 0 and memory > 0")
+        if not (is_int(index) and index >= 0 and is_int(memory) and 0 < memory <= MAX_GPU_UNITS):
+            raise bad(
+                f"GPU {shown(index)}: index must be an integer >= 0 and memory 1.."
+                f"{MAX_GPU_UNITS:,} (units of the inventory)"
+            )
         if not (isinstance(model, str) and isinstance(uuid, str) and isinstance(healthy, bool)):
             raise bad(f"GPU {index}: model and uuid must be strings, healthy a boolean")
         gpus.append((Gpu(index, model, memory, healthy), uuid))
@@ -101,6 +109,27 @@ def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]
         raise bad(f"GPU indices repeat: {indices}")
     gpus.sort(key=lambda pair: pair[0].index)
     return unit, [gpu for gpu, _ in gpus], [uuid for _, uuid in gpus], Serves(serves)
+
+
+def _mismatch(obj: Json, subject: str, announced: int, unit: MemoryUnit) -> str:
+    """Why the inventory's ``announced`` units and ``status.capacity`` disagree, or ``""``."""
+    status = obj.get("status")
+    capacity = status.get("capacity") if isinstance(status, dict) else None
+    raw = capacity.get(GPU_MEM) if isinstance(capacity, dict) else None
+    if raw is None:
+        return ""
+    try:
+        counted = whole_quantity(raw, subject, f"status.capacity.{GPU_MEM}")
+    except CodecError as error:
+        return str(error)
+    if counted == announced:
+        return ""
+    return (
+        f"{subject}: annotation {INVENTORY} announces {announced:,} {unit} of GPU memory and "
+        f"status.capacity {GPU_MEM} counts {counted:,}: kube-scheduler counts the capacity, "
+        "gpushare places on the inventory's GPUs (the device plugin publishes both; they "
+        "differ for a moment while it re-registers)"
+    )
 
 
 def node_info(obj: Json) -> NodeInfo:
@@ -116,8 +145,9 @@ def node_info(obj: Json) -> NodeInfo:
     if INVENTORY in annotations:
         unit, gpus, uuids, serves = _inventory(annotations[INVENTORY], subject)
         return NodeInfo(
-            Node(name, tuple(gpus)), labelled, unit, "inventory", tuple(uuids), labelled, serves
-        )
+            Node(name, tuple(gpus)), labelled, unit, "inventory", tuple(uuids), labelled, serves,
+            _mismatch(obj, subject, sum(g.capacity for g in gpus), unit),
+        )  # fmt: skip
     status = mapping(obj.get("status"), subject, "status")
     capacity = mapping(status.get("capacity"), subject, "status.capacity")
     total = whole_quantity(capacity.get(GPU_MEM, "0"), subject, f"status.capacity.{GPU_MEM}")

@@ -38,6 +38,7 @@ from gpushare.kube.codec.common import (
     mapping,
     parse_json,
     pod_key,
+    shown,
     whole_quantity,
 )
 from gpushare.kube.codec.dialects import (
@@ -76,7 +77,8 @@ def _per_container(
         value = parse(item)
         if name not in names or value is None:
             problem = "no such GPU container" if name not in names else "invalid value"
-            raise CodecError(subject, f"annotation {key}", raw, f"{name!r}: {problem}", accepted)
+            problem = f"{shown(name)}: {problem}"
+            raise CodecError(subject, f"annotation {key}", raw, problem, accepted)
         result[name] = value
     return result
 

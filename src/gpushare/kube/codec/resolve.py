@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 from gpushare.core.model import ContainerRequest, Node, PodRequest
 from gpushare.core.serves import Serves, serves_refusal
-from gpushare.kube.codec.common import INVENTORY, MemoryUnit
+from gpushare.kube.codec.common import INVENTORY, MemoryUnit, shown_names
 from gpushare.kube.codec.dialects import MemoryBasis
 
 __all__ = [
@@ -170,7 +170,7 @@ def _by_type(c: ContainerRequest, models: list[str]) -> ContainerRequest | NotOn
         asked = _choice("GPUs of type", c.gpu_types, c.excluded_gpu_types)
         return NotOnNode(NO_GPU_TYPE, (
             f"container {c.name} asks {asked} (nvidia.com/use-gputype, nouse-gputype) "
-            f"and the node's GPUs are {', '.join(models) or 'none'}"
+            f"and the node's GPUs are {shown_names(sorted(set(models))) or 'none'}"
         ))  # fmt: skip
     return replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
 
@@ -195,15 +195,18 @@ def _by_uuid(c: ContainerRequest, node: Node, uuids: Sequence[str]) -> Container
         asked = _choice("GPU", c.gpu_uuids, c.excluded_gpu_uuids)
         return NotOnNode(NO_GPU_UUID, (
             f"container {c.name} asks {asked} (nvidia.com/use-gpuuuid, nouse-gpuuuid) "
-            f"and the node's GPUs are {', '.join(uuids)}"
+            f"and none of the node's {len(uuids)} GPUs is one of them"
         ))  # fmt: skip
     return replace(c, allowed_positions=positions, gpu_uuids=(), excluded_gpu_uuids=())
 
 
 def _choice(what: str, wanted: tuple[str, ...], avoided: tuple[str, ...]) -> str:
-    """``"<what> A/B, not C"``: a container's choice of GPUs, for a refusal."""
-    parts = [f"{what} {'/'.join(wanted)}"] * bool(wanted)
-    return ", ".join(parts + [f"not {'/'.join(avoided)}"] * bool(avoided))
+    """``"<what> A/B, not C"``: a container's choice of GPUs, for a refusal; long lists are
+    cut (``shown_names``: ``A/B/C and 4,997 more``), so that a refusal the same pod gets on
+    every node stays short and the same text (kube-scheduler writes one line per distinct
+    reason into the pod's status)."""
+    parts = [f"{what} {shown_names(wanted, '/')}"] * bool(wanted)
+    return ", ".join(parts + [f"not {shown_names(avoided, '/')}"] * bool(avoided))
 
 
 def _names_any(model: str, types: tuple[str, ...]) -> bool:
