@@ -111,3 +111,58 @@ def test_a_label_change_read_by_the_poll_is_not_read_again_and_a_configmap_chang
     finally:
         kube.delete(ConfigMap, configmap, namespace="kube-system")
         delete_nodes(kube, [node])
+
+
+BILLION_LAUGHS = (  # 623 bytes: level 8 expands to 9^8 values wherever something walks it
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + "".join(
+        f"{b}: &{b} [{','.join(['*' + a] * 9)}]\n"
+        for a, b in zip("abcdefg", "bcdefgh", strict=True)
+    )
+    + "nodes: [{name: x, serves: *h}]\n"
+)
+DEEP = "nodes: " + "[" * 5000 + "]" * 5000 + "\n"
+
+
+def test_a_watch_refuses_an_alias_bomb_and_deep_nesting_and_applies_the_next_good_config(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    """Issue 26, items 2 and 3: a 623-byte alias bomb and a document nested 5,000 deep are
+    each refused with a line that names the problem (nothing expanded: the message is short),
+    and the watch lives on: a valid configuration after them is applied."""
+    node = f"nc-attack-{next(_names)}-{int(time.time())}"
+    configmap = f"config-{node}"
+    create_nodes(kube, [plain_node(node)])
+    apply_node_config(kube, configmap, "defaults: {serves: both}\n")
+
+    async def scenario() -> None:
+        client = connect(control_plane.kubeconfig, trust_env=False)
+        changes: asyncio.Queue[NodeConfig] = asyncio.Queue()
+        refused: asyncio.Queue[CodecError] = asyncio.Queue()
+        watch = NodeConfigWatch(
+            client, node, changes.put, refused.put, namespace="kube-system", name=configmap
+        )
+        task = asyncio.create_task(watch.run(), name=WATCH_TASK)
+        try:
+            await watch.wait_synced(WAIT_S)
+            await asyncio.wait_for(changes.get(), WAIT_S)
+            for text, why in ((BILLION_LAUGHS, "anchors and aliases"), (DEEP, "nested deeper")):
+                apply_node_config(kube, configmap, text)
+                error = await asyncio.wait_for(refused.get(), WAIT_S)
+                assert why in str(error)
+                assert len(str(error)) < 600
+            apply_node_config(kube, configmap, "defaults: {serves: whole}\n")
+            good = await asyncio.wait_for(changes.get(), WAIT_S)
+            assert str(good.serves) == "whole"
+            assert not task.done()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 90))
+    finally:
+        kube.delete(ConfigMap, configmap, namespace="kube-system")
+        delete_nodes(kube, [node])
