@@ -914,11 +914,19 @@ def test_only_kube_scheduler_may_reach_the_extender(
     deployment = find(objects, "Deployment", "gpushare-extender")
     assert policy["podSelector"] == deployment["spec"]["selector"]
     assert policy["policyTypes"] == ["Ingress"]
-    if peers is None:
-        assert policy["ingress"] == []  # never a rule without `from`: that would admit anyone
+    # the replicas reach the leader's peer port (mutual TLS), and only that (issue 26, item 1)
+    replicas = {
+        "ports": [{"port": "peer", "protocol": "TCP"}],
+        "from": [{"podSelector": deployment["spec"]["selector"]}],
+    }
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "peer", "containerPort": 12346, "protocol": "TCP"} in container["ports"]
+    if peers is None:  # never a rule without `from`: that would admit anyone
+        assert policy["ingress"] == [replicas]
     else:
         assert policy["ingress"] == [
-            {"ports": [{"port": "http", "protocol": "TCP"}], "from": peers}
+            {"ports": [{"port": "http", "protocol": "TCP"}], "from": peers},
+            replicas,
         ]
     if values.get("scheduler"):
         labels = find(objects, "Deployment", "gpushare-scheduler")["spec"]["template"]["metadata"][

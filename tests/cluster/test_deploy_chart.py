@@ -62,6 +62,7 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.holds import parse_holds_ref
 from gpushare.kube.lease import LeaseConfig
+from gpushare.kube.peers import parse_selector
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import (
     ControlPlane,
@@ -750,6 +751,12 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         # helm-generated Secret, mounted where the Deployment's --tls-* flags say).
         ext = flag_values(only_container(chart, "Deployment", EXTENDER)["args"])
         assert ext["host"] == "$(POD_IP)"
+        # the forward hop: mutual TLS on the peer port, the release CA, the Service's name,
+        # the replicas' labels (issue 26, item 1)
+        assert (ext["peer-port"], ext["peer-ca"], ext["peer-server-name"]) == (
+            "12346", "/etc/gpushare/tls/ca.crt", f"{EXTENDER}.{NAMESPACE}.svc",
+        )  # fmt: skip
+        assert parse_selector(ext["peer-selector"])["app.kubernetes.io/component"] == "extender"
         assert (ext["tls-cert"], ext["tls-key"]) == (
             "/etc/gpushare/tls/tls.crt",
             "/etc/gpushare/tls/tls.key",
@@ -765,6 +772,10 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             handshake_timeout_s=float(ext["handshake-timeout"]),
             bind_timeout_s=float(ext["bind-timeout"]),
             backoff=Backoff(initial_s=0.05, max_s=0.5),
+            peer_port=free_ports(1)[0],  # the chart's 12346: a pod's own; here any free one
+            peer_ca=secret["ca.crt"] if ext["peer-ca"] == "/etc/gpushare/tls/ca.crt" else None,
+            peer_server_name=ext["peer-server-name"],
+            peer_selector=parse_selector(ext["peer-selector"]),
             preemption=PreemptionOptions(
                 wait_s=float(ext["preemption-wait"]),
                 hold_max_s=float(ext["preemption-hold-max"]),

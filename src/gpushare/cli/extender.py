@@ -27,6 +27,12 @@ the preemptor (``gpushare.extender.preemption``; docs/usage.md, "Priorities and 
 ``--preemption-holds NAMESPACE/NAME`` is the ConfigMap its holds are kept in,
 ``--preemption-wait`` how long it waits for kube-scheduler's call, ``--preemption-hold-max``
 how long a hold may last.
+With ``--leader-elect`` and TLS, followers forward to the leader's peer listener
+(``--peer-port``, mutual TLS): they verify its certificate against ``--peer-ca`` (the release
+CA) for ``--peer-server-name`` (the DNS name every replica's certificate carries) and, with
+``--peer-selector``, that the Lease's address is a replica pod's IP
+(``gpushare.extender.forward``). Renewed certificate files are loaded without a restart
+(``--tls-reload-interval``).
 ``--leader-elect`` runs one of several replicas: only the holder of the Lease
 (``--leader-elect-resource-namespace/-name``) decides; the others forward the verbs to it
 (``gpushare.cli.leader``; docs/install.md, "High availability").
@@ -47,6 +53,7 @@ from gpushare.cli.options import connect_or_exit, kube_options, log_level_option
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
 from gpushare.extender.apiserver import EVENT_BURST, EVENT_QPS
+from gpushare.extender.forward import DEFAULT_PEER_PORT
 from gpushare.extender.holds import HoldBook
 from gpushare.extender.limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -61,6 +68,7 @@ from gpushare.extender.workload import live_policy
 from gpushare.kube.codec import CodecError
 from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
 from gpushare.kube.lease import LeaseConfig
+from gpushare.kube.peers import parse_selector
 
 DEFAULT_HOST = "127.0.0.1"
 """``--host``: loopback, so that a bare ``gpushare extender`` is reachable from nowhere else
@@ -183,6 +191,37 @@ def build_state(
     help="Require client certificates signed by this PEM CA (mutual TLS).",
 )
 @click.option(
+    "--peer-port",
+    type=click.IntRange(1, 65535),
+    default=DEFAULT_PEER_PORT,
+    show_default=True,
+    help="With --leader-elect and TLS: the port followers forward to (mutual TLS, --peer-ca).",
+)
+@click.option(
+    "--peer-ca",
+    type=click.Path(path_type=Path),
+    help="With --leader-elect and TLS: the CA that signed every replica's certificate (the "
+    "chart's ca.crt); the leader is verified against it and requires it of followers.",
+)
+@click.option(
+    "--peer-server-name",
+    help="With --leader-elect and TLS: the DNS name every replica's certificate carries (the "
+    "Service's, e.g. gpushare-extender.kube-system.svc); the leader's is checked for it.",
+)
+@click.option(
+    "--peer-selector",
+    help="With --leader-elect: labels of the replica pods, label=value[,...]; a follower "
+    "forwards only to an address that is one of their pod IPs. The chart sets it.",
+)
+@click.option(
+    "--tls-reload-interval",
+    "tls_reload_s",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Seconds between looks at the TLS files: a renewed certificate is loaded in place.",
+)
+@click.option(
     "--max-request-body-mib",
     "max_request_body_mib",
     type=click.FloatRange(min=0, min_open=True),
@@ -278,6 +317,11 @@ def extender(
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_client_ca: Path | None,
+    peer_port: int,
+    peer_ca: Path | None,
+    peer_server_name: str | None,
+    peer_selector: str | None,
+    tls_reload_s: float,
     max_request_body_mib: float,
     request_head_timeout_s: float,
     request_body_timeout_s: float,
@@ -298,8 +342,20 @@ def extender(
     if in_memory and leader_election is not None:
         raise click.UsageError("--in-memory takes no --leader-elect (there is no API server)")
     problems = tls_problems(tls_cert, tls_key, tls_client_ca)
+    if leader_election is not None and tls_cert is not None:
+        if peer_ca is None or not peer_server_name:
+            problems.append(
+                "--leader-elect with TLS needs --peer-ca and --peer-server-name (followers verify "
+                "the leader and authenticate to it; the chart passes both)"
+            )
+        elif not peer_ca.is_file():
+            problems.append(f"--peer-ca {peer_ca}: no such file")
     if problems:
         raise click.UsageError("bad TLS configuration:\n  " + "\n  ".join(problems))
+    try:
+        selector = parse_selector(peer_selector) if peer_selector else None
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--peer-selector") from None
     tls = uvicorn_tls(tls_cert, tls_key, tls_client_ca)
     try:
         holds_configmap = parse_holds_ref(holds_ref)
@@ -359,6 +415,11 @@ def extender(
         tls_client_ca=tls_client_ca,
         limits=limits,
         leader_election=leader_election,
+        peer_port=peer_port,
+        peer_ca=peer_ca,
+        peer_server_name=peer_server_name,
+        peer_selector=selector,
+        tls_reload_s=tls_reload_s,
         preemption=preemption_options,
         holds_configmap=holds_configmap,
     )

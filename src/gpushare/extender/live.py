@@ -61,13 +61,20 @@ from gpushare.extender.apiserver import (
 )
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
 from gpushare.extender.feed import StateFeeder
-from gpushare.extender.forward import LEADER_URL_ANNOTATION, LeaderForwarder, leader_url
+from gpushare.extender.forward import (
+    DEFAULT_PEER_PORT,
+    LEADER_URL_ANNOTATION,
+    LeaderForwarder,
+    PeerTls,
+    leader_url,
+)
 from gpushare.extender.holds import BudgetBook, HoldBook
 from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
 from gpushare.extender.preemption import PreemptionOptions, Preemptor
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
 from gpushare.extender.state import ExtenderState
+from gpushare.extender.tlsreload import TlsReloader
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import PodBinder
 from gpushare.kube.cache import ClusterCache
@@ -77,6 +84,7 @@ from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
 from gpushare.kube.evictions import Evictor
 from gpushare.kube.holds import DEFAULT_HOLDS, HoldStore
 from gpushare.kube.lease import LeaderElector, LeaseConfig
+from gpushare.kube.peers import PeerPods
 from gpushare.kube.watch import Backoff
 
 log = logging.getLogger(__name__)
@@ -104,9 +112,14 @@ class LiveOptions:
     decides); ``rebuild_timeout_s``: bound on the relist of a new leader; ``forward_timeout_s``:
     bound on a request a follower forwards to the leader; ``advertise_address``: the address
     followers reach this replica at (default ``$POD_IP``, else 127.0.0.1), published on the
-    Lease. ``preemption``: GPU-aware preemption (``None``: off; ``preempt`` then keeps
-    kube-scheduler's choice); ``holds_configmap``: where its holds are kept,
-    ``(namespace, name)``.
+    Lease. ``peer_port``/``peer_ca``/``peer_server_name``: with TLS and leader election, the
+    peer listener followers forward to (mutual TLS against the release CA ``peer_ca``, the
+    leader's certificate checked for ``peer_server_name``: ``gpushare.extender.forward``);
+    ``peer_selector``: the labels of the replica pods a leader URL must point at (``None``: not
+    checked). ``tls_reload_s``: how often the TLS files are looked at for a renewal
+    (``gpushare.extender.tlsreload``). ``preemption``: GPU-aware preemption (``None``: off;
+    ``preempt`` then keeps kube-scheduler's choice); ``holds_configmap``: where its holds are
+    kept, ``(namespace, name)``.
     """
 
     host: str = "0.0.0.0"
@@ -133,6 +146,11 @@ class LiveOptions:
     rebuild_timeout_s: float = 30.0
     forward_timeout_s: float = 25.0
     advertise_address: str | None = None
+    peer_port: int = DEFAULT_PEER_PORT
+    peer_ca: Path | None = None
+    peer_server_name: str | None = None
+    peer_selector: dict[str, str] | None = None
+    tls_reload_s: float = 30.0
     preemption: PreemptionOptions | None = field(default_factory=PreemptionOptions)
     holds_configmap: tuple[str, str] = DEFAULT_HOLDS
 
@@ -217,21 +235,40 @@ class LiveExtender:
         self.elector: LeaderElector | None = None
         self.leadership: Leadership | None = None
         self.forwarder: LeaderForwarder | None = None
+        self.peer_tls: PeerTls | None = None
+        self.peer_server: uvicorn.Server | None = None
         if options.leader_election is not None:
             election = options.leader_election
+            if options.tls_cert is not None and options.tls_key is not None:
+                if options.peer_ca is None or not options.peer_server_name:
+                    raise ValueError(
+                        "leader election with TLS needs peer_ca and peer_server_name (the "
+                        "release CA and the DNS name every replica's certificate carries)"
+                    )
+                self.peer_tls = PeerTls(
+                    options.tls_cert, options.tls_key, options.peer_ca, options.peer_server_name
+                )
             if LEADER_URL_ANNOTATION not in election.holder_annotations:
-                scheme = "https" if options.tls_cert else "http"
                 address = options.advertise_address or os.environ.get("POD_IP") or "127.0.0.1"
-                url = leader_url(scheme, address, options.port)
+                url = (
+                    leader_url("https", address, options.peer_port)
+                    if self.peer_tls is not None
+                    else leader_url("http", address, options.port)
+                )
                 annotations = {**election.holder_annotations, LEADER_URL_ANNOTATION: url}
                 election = dataclasses.replace(election, holder_annotations=annotations)
             self.elector = LeaderElector(client, election)
             self.leadership = Leadership(self.elector, self._rebuild)
+            peers = (
+                PeerPods(client, election.namespace, options.peer_selector)
+                if options.peer_selector
+                else None
+            )
             self.forwarder = LeaderForwarder(
                 self.leadership,
                 timeout_s=options.forward_timeout_s,
-                tls_cert=options.tls_cert,
-                tls_key=options.tls_key,
+                tls=self.peer_tls,
+                peers=peers,
             )
         self.registry = CollectorRegistry()
         self.preemptor: Preemptor | None = None
@@ -282,6 +319,40 @@ class LiveExtender:
                 **uvicorn_tls(options.tls_cert, options.tls_key, options.tls_client_ca),
             )
         )
+        self.reloaders: list[TlsReloader] = []
+        if options.tls_cert is not None and options.tls_key is not None:
+            client_cas = [options.tls_client_ca] if options.tls_client_ca is not None else []
+            self.reloaders.append(
+                TlsReloader(
+                    options.tls_cert, options.tls_key, client_cas,
+                    contexts=lambda: _contexts(self.server), interval_s=options.tls_reload_s,
+                )
+            )  # fmt: skip
+        if self.peer_tls is not None:
+            self.peer_server = uvicorn.Server(
+                uvicorn.Config(
+                    self.app,
+                    host=options.host,
+                    port=options.peer_port,
+                    lifespan="off",
+                    ws="none",
+                    log_config=None,
+                    access_log=options.access_log,
+                    timeout_graceful_shutdown=options.graceful_shutdown_s,
+                    **uvicorn_settings(options.limits),
+                    **self.peer_tls.server_settings(),
+                )
+            )
+            forwarder = self.forwarder
+            assert forwarder is not None
+            peer_server = self.peer_server
+            self.reloaders.append(
+                TlsReloader(
+                    self.peer_tls.cert, self.peer_tls.key, [self.peer_tls.ca],
+                    contexts=lambda: _contexts(peer_server), on_change=forwarder.reload_tls,
+                    interval_s=options.tls_reload_s,
+                )
+            )  # fmt: skip
 
     def _on_skip(self, skipped: SkippedPod, pod: Json | None) -> None:
         """A Warning Event on a pod the ledger skipped (called on the loop, by the feeder)."""
@@ -295,15 +366,26 @@ class LiveExtender:
     def request_stop(self) -> None:
         """Ask :meth:`run` to finish (from any thread): the server stops within ~0.1 s."""
         self.server.should_exit = True
+        if self.peer_server is not None:
+            self.peer_server.should_exit = True
 
     async def run(self, sockets: list[socket.socket] | None = None) -> None:
         """Serve until stopped; on already bound ``sockets`` when given (tests), else on
         ``options.host``/``port``. Raises the cache's error if it failed before syncing."""
         self.cache.start()
         sync = asyncio.create_task(self._sync(), name="gpushare-extender-sync")
+        side = [asyncio.create_task(r.run(), name="gpushare-tls-reload") for r in self.reloaders]
+        if self.peer_server is not None:
+            side.append(asyncio.create_task(self.peer_server.serve(), name="gpushare-peer"))
         try:
             await self.server.serve(sockets=sockets)
         finally:
+            if self.peer_server is not None:
+                self.peer_server.should_exit = True
+            for task in side:
+                if task.get_name() != "gpushare-peer":
+                    task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
             sync.cancel()
             try:
                 with contextlib.suppress(asyncio.CancelledError):
@@ -343,6 +425,12 @@ class LiveExtender:
             raise
         if self.elector is not None:
             await self.elector.run()  # campaigns until stopped (cancelled with this task)
+
+
+def _contexts(server: uvicorn.Server) -> list[ssl.SSLContext]:
+    """The SSL context a started uvicorn server serves with (none before it started)."""
+    context = getattr(server.config, "ssl", None)
+    return [context] if isinstance(context, ssl.SSLContext) else []
 
 
 async def serve(client: AsyncClient, options: LiveOptions) -> None:
