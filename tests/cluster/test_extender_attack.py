@@ -204,12 +204,10 @@ def test_a_forged_nodes_body_changes_nothing(target: Target) -> None:
 
 def test_slow_and_half_sent_requests_are_cut_off(target: Target) -> None:
     before = target.inspect()
-    started = time.monotonic()
     assert target.raw(b"POST /gpushare-scheduler/filter HTT") == b""  # closed
     assert target.raw(head(100 * 1024 * 1024)).startswith(b"HTTP/1.1 413")  # 100 MB announced
     assert target.raw(head(1000) + b'{"Pod": ').startswith(b"HTTP/1.1 408")
     target.raw(head(1000) + b'{"Pod": {"metadata"', close_after_send=True)  # disconnect
-    assert time.monotonic() - started < 15
     wait_until(
         "the disconnect logged as one line",
         lambda: "client disconnected before sending the whole body" in target.log(),

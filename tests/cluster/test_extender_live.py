@@ -59,6 +59,7 @@ from gpushare.testing.controlplane import (
 )
 from gpushare.testing.live_extender import ExtenderThread, http_get
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
+from gpushare.testing.pods import delete_namespace
 from gpushare.testing.rbac import EXTENDER_RULES_BUT_NODES as EXTENDER_RULES
 from gpushare.testing.rbac import READ_NODES
 
@@ -203,7 +204,7 @@ def live(control_plane: ControlPlane) -> Iterator[Live]:
         )
         stack.callback(delete_nodes, kube, [N1, N2, N3, N4])
         kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-        stack.callback(_delete_namespace, kube)
+        stack.callback(delete_namespace, kube, NAMESPACE)
         for placed in PLACED:
             kube.create(
                 make_pod(
@@ -235,15 +236,6 @@ def live(control_plane: ControlPlane) -> Iterator[Live]:
             )
         )
         yield Live(kube, extender, before)
-
-
-def _delete_namespace(kube: Client) -> None:
-    # No kube-controller-manager here: delete pods outright, the namespace stays Terminating.
-    for pod in kube.list(Pod, namespace=NAMESPACE):
-        assert pod.metadata is not None
-        assert pod.metadata.name is not None
-        kube.delete(Pod, pod.metadata.name, namespace=NAMESPACE, grace_period=0)
-    kube.delete(Namespace, NAMESPACE)
 
 
 def test_ready_after_sync_with_the_ledger_rebuilt(live: Live) -> None:

@@ -48,6 +48,7 @@ from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_
 from gpushare.testing.live_extender import ExtenderThread
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.outcome import Ask, Spec
+from gpushare.testing.pods import delete_namespace
 from gpushare.testing.rbac import EXTENDER_RULES
 
 pytestmark = pytest.mark.cluster
@@ -144,14 +145,6 @@ class Run:
     timings: dict[str, float]
 
 
-def _delete_namespace(kube: Client) -> None:
-    for pod in kube.list(Pod, namespace=NAMESPACE):
-        assert pod.metadata is not None
-        assert pod.metadata.name is not None
-        kube.delete(Pod, pod.metadata.name, namespace=NAMESPACE, grace_period=0)
-    kube.delete(Namespace, NAMESPACE)
-
-
 @pytest.fixture(scope="module")
 def run(control_plane: ControlPlane) -> Iterator[Run]:
     """Nodes, extender, scheduler; 200 pods, restart after 100 bound, 100 more; wait until
@@ -166,7 +159,7 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
         )
         stack.callback(delete_nodes, kube, list(NODES))
         kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-        stack.callback(_delete_namespace, kube)
+        stack.callback(delete_namespace, kube, NAMESPACE)
         kubeconfig = control_plane.service_account_kubeconfig(
             "gpushare-extender-scale", "kube-system", EXTENDER_RULES
         )

@@ -58,9 +58,13 @@ def test_timing_rules_of_client_go_are_enforced(timing: dict[str, Any], message:
 class Candidate:
     """One elector on its own service-account client, with a log of when it led."""
 
-    def __init__(self, kubeconfig: Path, lease: str, identity: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, lease: str, identity: str, timing: dict[str, Any] | None = None
+    ) -> None:
         self.client = connect(kubeconfig, trust_env=False)
-        self.elector = LeaderElector(self.client, LeaseConfig(NAMESPACE, lease, identity, **TIMING))
+        self.elector = LeaderElector(
+            self.client, LeaseConfig(NAMESPACE, lease, identity, **(timing or TIMING))
+        )
         self.started_leading: list[float] = []
         self.stopped_leading: list[float] = []
         self.elector.on_change(self._changed)
@@ -92,9 +96,11 @@ async def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 15
 
 
 @contextlib.asynccontextmanager
-async def candidates(kubeconfigs: list[Path]) -> AsyncIterator[list[Candidate]]:
+async def candidates(
+    kubeconfigs: list[Path], timing: dict[str, Any] | None = None
+) -> AsyncIterator[list[Candidate]]:
     lease = f"lease-{uuid.uuid4().hex[:8]}"
-    group = [Candidate(k, lease, f"c{i}") for i, k in enumerate(kubeconfigs)]
+    group = [Candidate(k, lease, f"c{i}", timing) for i, k in enumerate(kubeconfigs)]
     try:
         yield group
     finally:
@@ -176,18 +182,21 @@ def test_a_holder_that_cannot_renew_stops_deciding_before_anyone_acquires(
     asyncio.run(scenario())
 
 
-def test_a_clean_release_hands_over_within_two_seconds(kubeconfig: Path) -> None:
+def test_a_clean_release_hands_over_at_the_next_retry_not_at_expiry(kubeconfig: Path) -> None:
+    """With a 120 s lease, a takeover within the 30 s waited for can only come from the
+    release (issue 26, item 7: no wall-clock bound; the takeover time is printed)."""
+    slow = {"lease_duration_s": 120.0, "renew_deadline_s": 60.0, "retry_period_s": 0.25}
+
     async def scenario() -> None:
-        async with candidates([kubeconfig] * 2) as (first, second):
+        async with candidates([kubeconfig] * 2, slow) as (first, second):
             first.start()
             await wait_until("c0 leads", first.elector.is_leader)
             second.start()
-            await asyncio.sleep(0.5)
+            await wait_until("c1 has seen the Lease", lambda: second.elector.observed is not None)
             await first.stop(release=True)
             released = time.monotonic()
-            took_over = await wait_until("c1 leads", second.elector.is_leader, 5.0)
+            took_over = await wait_until("c1 leads", second.elector.is_leader, 30.0)
             print(f"takeover {took_over - released:.2f}s after the release")
-            assert took_over - released <= 2.0
 
     asyncio.run(scenario())
 

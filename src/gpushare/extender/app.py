@@ -61,6 +61,7 @@ from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.outcomes import outcome_of
 from gpushare.extender.preemption import Preemptor
 from gpushare.extender.report import cluster_report, node_report
+from gpushare.extender.requeue import Requeuer
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
 from gpushare.extender.state import Binder, EventSink, ExtenderState, UnwiredBinder
@@ -112,11 +113,15 @@ def _peer(request: Request) -> str:
     return f"{request.client.host}:{request.client.port}" if request.client else "?"
 
 
-async def _expire_forever(state: ExtenderState, interval_s: float) -> None:
+async def _expire_forever(
+    state: ExtenderState, interval_s: float, requeuer: Requeuer | None
+) -> None:
     while True:
         await asyncio.sleep(interval_s)
         for allocation in state.expire():
             log.info("assumed allocation of pod %s on %s expired", allocation.pod, allocation.node)
+            if requeuer is not None:
+                requeuer.changed(allocation.node)
 
 
 def _as_scheduler_chose(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
@@ -150,6 +155,7 @@ def create_app(
     divert: Callable[[Request, bytes], Awaitable[Diverted | None]] | None = None,
     readiness: Callable[[], bool] | None = None,
     preemptor: Preemptor | None = None,
+    requeuer: Requeuer | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
 
@@ -164,8 +170,9 @@ def create_app(
     refuse a verb) and ``readiness`` (more conditions for ``/readyz``) are the leader-election
     hooks; ``preemptor``: GPU-aware preemption (``gpushare.extender.preemption``: the
     ``preempt`` verb, holds in filter, prioritize and bind, and its loop, run while the app
-    serves). The ``Scheduler`` is ``app.state.scheduler``, the ``ExtenderMetrics``
-    ``app.state.metrics``.
+    serves); ``requeuer``: requeue the pods the filter refused everywhere when a node changes
+    (``gpushare.extender.requeue``; its loop runs while the app serves). The ``Scheduler`` is
+    ``app.state.scheduler``, the ``ExtenderMetrics`` ``app.state.metrics``.
     """
     limits = limits or RequestLimits()
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
@@ -177,6 +184,7 @@ def create_app(
         clock_ns=clock_ns,
         nodes_from_requests=nodes_from_requests,
         preemptor=preemptor,
+        on_refused=requeuer.refused if requeuer is not None else None,
     )
     metrics = ExtenderMetrics(state, registry)
     base = "/" + prefix.strip("/") if prefix.strip("/") else ""
@@ -277,9 +285,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tasks = []
         if expire_interval_s:
-            tasks.append(asyncio.create_task(_expire_forever(state, expire_interval_s)))
+            tasks.append(asyncio.create_task(_expire_forever(state, expire_interval_s, requeuer)))
         if preemptor is not None:
             tasks.append(asyncio.create_task(preemptor.run(), name="gpushare-preemption"))
+        if requeuer is not None:
+            tasks.append(asyncio.create_task(requeuer.run(), name="gpushare-requeue"))
         try:
             yield
         finally:

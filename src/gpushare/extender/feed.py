@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpushare.core.ledger import LedgerOutcome, LedgerResult
+from gpushare.core.model import Allocation
 from gpushare.core.skipped import SkippedPod
 from gpushare.extender.state import ExtenderState
 from gpushare.kube.cache import CacheStats, ClusterCache
@@ -58,16 +59,23 @@ class SyncSource(Protocol):
 class StateFeeder:
     """Applies cache changes to ``state`` (module doc). ``errors`` counts the changes that
     could not be applied (garbage, refused allocations), for tests and logs; ``on_skip`` is
-    called with each newly skipped pod and its object (``None`` when no longer known)."""
+    called with each newly skipped pod and its object (``None`` when no longer known);
+    ``on_node_change`` with the name of each node added or whose GPU view changed, and
+    ``on_release`` with the node of each allocation a deleted or finished pod released
+    (``gpushare.extender.requeue``)."""
 
     def __init__(
         self,
         state: ExtenderState,
         on_skip: Callable[[SkippedPod, Json | None], None] | None = None,
+        on_node_change: Callable[[str], None] | None = None,
+        on_release: Callable[[str], None] | None = None,
     ) -> None:
         self.state = state
         self.errors = 0
         self.on_skip = on_skip
+        self.on_node_change = on_node_change
+        self.on_release = on_release
 
     def _report_skips(self) -> int:
         """Log (and hand to ``on_skip``) the pods skipped since the last call; how many."""
@@ -100,6 +108,8 @@ class StateFeeder:
         else:
             if info.mismatch and (before is None or before.mismatch != info.mismatch):
                 log.warning("%s", info.mismatch)
+            if before != info and self.on_node_change is not None:
+                self.on_node_change(change.key)
         self._report_skips()
 
     def on_pod(self, change: Change) -> None:
@@ -109,6 +119,8 @@ class StateFeeder:
             released = self.state.forget_pod(key)
             if released is not None:
                 log.info("pod %s is gone: released its GPUs on %s", key, released.node)
+                if self.on_release is not None:
+                    self.on_release(released.node)
             self._report_skips()
             return
         previous = change.previous
@@ -121,6 +133,8 @@ class StateFeeder:
             if not self._report_skips():
                 log.warning("pod %s cannot be read; left as it was: %s", key, error)
             return
+        if isinstance(result, Allocation) and self.on_release is not None:
+            self.on_release(result.node)  # finished
         if (
             isinstance(result, LedgerResult)
             and not result.ok

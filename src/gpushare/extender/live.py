@@ -10,6 +10,8 @@
 * the starlette app of :func:`~gpushare.extender.app.create_app` with an
   :class:`~gpushare.extender.apiserver.ApiBinder` and an
   :class:`~gpushare.extender.apiserver.ApiEventSink` on the same lightkube client;
+* a :class:`~gpushare.extender.requeue.Requeuer` that requeues in kube-scheduler the pods the
+  filter refused everywhere once a node's GPU view or holds change;
 * a uvicorn ``Server`` that serves the app while the cache runs; the HTTP port opens at once
   (health checks answer during the initial list).
 
@@ -72,6 +74,7 @@ from gpushare.extender.holds import BudgetBook, HoldBook
 from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
 from gpushare.extender.preemption import PreemptionOptions, Preemptor
+from gpushare.extender.requeue import RequeueOptions, Requeuer
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.tlsreload import TlsReloader
@@ -85,6 +88,7 @@ from gpushare.kube.evictions import Evictor
 from gpushare.kube.holds import DEFAULT_HOLDS, HoldStore
 from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.kube.peers import PeerPods
+from gpushare.kube.requeue import PodRequeuer
 from gpushare.kube.watch import Backoff
 
 log = logging.getLogger(__name__)
@@ -119,7 +123,8 @@ class LiveOptions:
     checked). ``tls_reload_s``: how often the TLS files are looked at for a renewal
     (``gpushare.extender.tlsreload``). ``preemption``: GPU-aware preemption (``None``: off;
     ``preempt`` then keeps kube-scheduler's choice); ``holds_configmap``: where its holds are
-    kept, ``(namespace, name)``.
+    kept, ``(namespace, name)``. ``requeue``: how the pods the filter refused everywhere are
+    requeued in kube-scheduler when a node changes (``gpushare.extender.requeue``).
     """
 
     host: str = "0.0.0.0"
@@ -153,6 +158,7 @@ class LiveOptions:
     tls_reload_s: float = 30.0
     preemption: PreemptionOptions | None = field(default_factory=PreemptionOptions)
     holds_configmap: tuple[str, str] = DEFAULT_HOLDS
+    requeue: RequeueOptions = field(default_factory=RequeueOptions)
 
 
 def tls_problems(cert: Path | None, key: Path | None, client_ca: Path | None) -> list[str]:
@@ -216,9 +222,22 @@ class LiveExtender:
             budgets=preempting,
             holds=options.holds_configmap if preempting else None,
         )
-        self.feeder = StateFeeder(self.state, on_skip=self._on_skip)
+        self.registry = CollectorRegistry()
+        self.requeuer = Requeuer(
+            PodRequeuer(client).requeue,
+            self.state.pod,
+            deciding=self._deciding,
+            options=options.requeue,
+            registry=self.registry,
+        )
+        self.feeder = StateFeeder(
+            self.state,
+            on_skip=self._on_skip,
+            on_node_change=self.requeuer.changed,
+            on_release=self.requeuer.released,
+        )
         self.feeder.attach(self.cache)
-        self.holds = HoldBook(self.state.touch)
+        self.holds = HoldBook(self._holds_changed)
         self.budgets = BudgetBook()
         self.cache.on_holds(self.holds.on_change)
         self.cache.on_budget(self.budgets.on_change)
@@ -270,7 +289,6 @@ class LiveExtender:
                 tls=self.peer_tls,
                 peers=peers,
             )
-        self.registry = CollectorRegistry()
         self.preemptor: Preemptor | None = None
         if options.preemption is not None:
             self.preemptor = Preemptor(
@@ -304,6 +322,7 @@ class LiveExtender:
             readiness=self._ready,
             registry=self.registry,
             preemptor=self.preemptor,
+            requeuer=self.requeuer,
         )
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -353,6 +372,11 @@ class LiveExtender:
                     interval_s=options.tls_reload_s,
                 )
             )  # fmt: skip
+
+    def _holds_changed(self, node: str) -> None:
+        """A preemption hold on ``node`` came or went: what fits there changed."""
+        self.state.touch(node)
+        self.requeuer.changed(node)
 
     def _on_skip(self, skipped: SkippedPod, pod: Json | None) -> None:
         """A Warning Event on a pod the ledger skipped (called on the loop, by the feeder)."""

@@ -91,7 +91,14 @@ from gpushare.extender.wire import (
     NodeList,
     RequestError,
 )
-from gpushare.kube.codec import CodecError, node_info, object_name, pod_priority, pod_request
+from gpushare.kube.codec import (
+    CodecError,
+    Json,
+    node_info,
+    object_name,
+    pod_priority,
+    pod_request,
+)
 from gpushare.kube.codec.resolve import NotOnNode, on_node
 
 __all__ = [
@@ -109,7 +116,8 @@ class Scheduler:
     ``clock_ns`` gives the wall-clock nanoseconds written as ``ALIYUN_COM_GPU_MEM_ASSUME_TIME``;
     ``events`` records bind outcomes; ``nodes_from_requests`` lets ``Nodes`` requests add or
     change nodes (``--in-memory`` only; never on a cluster, where the API server is the only
-    source of node state)."""
+    source of node state); ``on_refused`` is called with each GPU pod the filter passes on no
+    node without an ``Error`` (``gpushare.extender.requeue``)."""
 
     def __init__(
         self,
@@ -121,8 +129,10 @@ class Scheduler:
         clock_ns: Callable[[], int] = time.time_ns,
         nodes_from_requests: bool = False,
         preemptor: Preemptor | None = None,
+        on_refused: Callable[[Json], None] | None = None,
     ) -> None:
         self.state = state
+        self.on_refused = on_refused
         self.nodes_from_requests = nodes_from_requests
         self.policy = policy
         self.preemptor = preemptor
@@ -262,6 +272,9 @@ class Scheduler:
             self.preemptor.unschedulable(args.pod, pod, list(failed))
         if not error:
             error = held_error(passed, held)
+        refused = pod is not None and pod.gpu_containers and not passed and not error
+        if refused and self.on_refused is not None:
+            self.on_refused(args.pod)
         if names_mode or args.nodes is None:
             return ExtenderFilterResult(None, passed, failed, unresolvable, error)
         keep = set(passed)
