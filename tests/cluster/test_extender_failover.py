@@ -19,8 +19,8 @@ from gpushare.testing.failover import FailoverPlan, FailoverResult, run_failover
 
 pytestmark = pytest.mark.cluster
 
-# Created at 20 pods/s (a 5 s burst): the kill, at up to 66 pods bound plus up to 1 s, lands
-# while pods are still arriving, however fast the machine binds them.
+# Created at 20 pods/s (a 5 s burst): the kill, at up to 66 pods bound or once half the burst
+# is sent (a loaded machine binds slowly), plus up to 1 s, lands while pods are still arriving.
 PLAN = FailoverPlan(
     nodes=10, gpus_per_node=8, gpu_gib=16, pods=100, replicas=3, kills=1, create_interval_s=0.05
 )

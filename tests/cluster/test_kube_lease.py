@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from lightkube.models.rbac_v1 import PolicyRule
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from gpushare.kube.client import connect
@@ -67,11 +68,14 @@ class Candidate:
         )
         self.started_leading: list[float] = []
         self.stopped_leading: list[float] = []
+        self.started_wall: list[float] = []
         self.elector.on_change(self._changed)
         self.task: asyncio.Task[None] | None = None
 
     def _changed(self, leading: bool) -> None:
         (self.started_leading if leading else self.stopped_leading).append(time.monotonic())
+        if leading:
+            self.started_wall.append(time.time())
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.elector.run())
@@ -139,14 +143,16 @@ def test_a_dead_holder_is_replaced_after_the_observed_lease_expires(kubeconfig: 
             second.start()
             await asyncio.sleep(1.0)  # c1 has observed c0's renewals
             await first.stop(release=False)  # SIGKILL: no release, no more renewals
-            died = time.monotonic()
-            took_over = await wait_until("c1 leads", second.elector.is_leader)
-            waited = took_over - died
-            print(f"takeover {waited:.2f}s after the holder stopped renewing")
-            # c0's last renewal was at most one retry period before it died: c1 must wait out
-            # the rest of the lease, and takes over within one retry period of its expiry.
-            assert TIMING["lease_duration_s"] - TIMING["retry_period_s"] - 0.1 <= waited
-            assert waited <= TIMING["lease_duration_s"] + 2 * TIMING["retry_period_s"] + 0.5
+            record = await first.client.get(Lease, first.elector.config.name, namespace=NAMESPACE)
+            assert record.spec is not None
+            assert record.spec.renewTime is not None
+            last_renewal = record.spec.renewTime.timestamp()  # c0's last write, wall clock
+            await wait_until("c1 leads", second.elector.is_leader, timeout_s=60.0)
+            took_over = second.started_wall[0]
+            print(f"takeover {took_over - last_renewal:.2f}s after the last renewal")
+            # c1 saw that renewal no earlier than it was written, and waits a whole lease from
+            # then: no bound on how late (a loaded machine only delays it).
+            assert took_over >= last_renewal + TIMING["lease_duration_s"]
             assert second.elector.holder == "c1"
 
     asyncio.run(scenario())
@@ -164,20 +170,22 @@ def test_a_holder_that_cannot_renew_stops_deciding_before_anyone_acquires(
         async with candidates([revocable, healthy]) as (first, second):
             first.start()
             await wait_until("c0 leads", first.elector.is_leader)
+            seen: list[bool] = []  # c0's own verdict at the moment c1 acquires
+            second.elector.on_change(
+                lambda leading: seen.append(first.elector.is_leader()) if leading else None
+            )
             second.start()
             await asyncio.sleep(0.5)
             with control_plane.client() as admin:  # every renew of c0 now answers 403
                 admin.delete(
                     ClusterRoleBinding, f"gpushare-test:{NAMESPACE}:gpushare-lease-revoked"
                 )
-            await wait_until("c1 leads", second.elector.is_leader)
-            assert first.stopped_leading, "c0 never noticed it lost the lease"
-            # c0's own clock turned is_leader() false before c1 could acquire
-            assert first.stopped_leading[0] < second.started_leading[0]
+            await wait_until("c1 leads", second.elector.is_leader, timeout_s=60.0)
+            # c0's own clock had turned is_leader() false when c1 acquired (checked then, not
+            # by comparing callback times, which a loaded loop delays)
+            assert seen == [False]
+            await wait_until("c0 notices it lost the lease", lambda: bool(first.stopped_leading))
             assert not first.elector.is_leader()
-            gap = second.started_leading[0] - first.stopped_leading[0]
-            print(f"c0 stopped deciding {gap:.2f}s before c1 took the lease")
-            assert gap >= TIMING["lease_duration_s"] - TIMING["renew_deadline_s"] - 0.5
 
     asyncio.run(scenario())
 

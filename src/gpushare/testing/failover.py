@@ -232,13 +232,14 @@ def bound_count(kube: Client, namespace: str) -> int:
 
 @dataclass
 class Burst:
-    """Pods being created in a thread (:func:`start_burst`): the creations the API server
-    refused (``"HTTP <status>: <answer>"``) and, once done, how long the burst took (seconds
-    from its start)."""
+    """Pods being created in a thread (:func:`start_burst`): how many creations were sent
+    (``sent``), those the API server refused (``"HTTP <status>: <answer>"``) and, once done, how
+    long the burst took (seconds from its start)."""
 
     thread: threading.Thread
     failures: list[str] = field(default_factory=list)
     took_s: float | None = None
+    sent: int = 0
 
     def running(self) -> bool:
         """Whether pods are still being created."""
@@ -266,6 +267,7 @@ def start_burst(
         start = time.monotonic()
         for body in bodies:
             status, answer = plane.api_request("POST", path, body)
+            burst.sent += 1
             if status != 201:
                 burst.failures.append(f"HTTP {status}: {answer}")
             if interval_s:
@@ -363,10 +365,13 @@ def run_failover(
             plane, namespace, bodies, interval_s=plan.create_interval_s, name="failover-burst"
         )
         kills: list[Kill] = []
-        for threshold in thresholds:
+        for index, threshold in enumerate(thresholds):
+            # At the threshold, or at the latest once (index + 1) / (kills + 1) of the burst
+            # is sent, however slowly a loaded machine binds: each kill lands mid-burst.
+            latest = (index + 1) * plan.pods // (plan.kills + 1)
 
-            def enough(t: int = threshold) -> bool | None:
-                return bound_count(kube, namespace) >= t or None
+            def enough(t: int = threshold, sent: int = latest) -> bool | None:
+                return bound_count(kube, namespace) >= t or burst.sent >= sent or None
 
             wait_for(f"{threshold} pods bound", enough, plan.settle_s)
             time.sleep(rng.uniform(0.0, 1.0))
