@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-scale clean controlplane node-runtime helm image manifests
+.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-scale clean controlplane node-runtime observe-tools helm image manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ controlplane:
 node-runtime:
 	scripts/install-node-runtime.sh
 
+observe-tools:
+	scripts/install-observe-tools.sh
+
 helm:
 	scripts/build-helm.sh
 
@@ -43,7 +46,7 @@ image:
 manifests: helm
 	scripts/render-manifests.sh
 
-pytest: $(STAMP) controlplane node-runtime helm image
+pytest: $(STAMP) controlplane node-runtime observe-tools helm image
 	$(BIN)/pytest
 
 bench: $(STAMP)

@@ -318,6 +318,8 @@ class DevicePluginDaemon:
                 events=self._node_event,
                 check_interval_s=options.mps_check_interval_s,
             )
+            supervisor = self.mps
+            self.metrics.watch_mps(lambda: supervisor.healthy)
 
     @property
     def services(self) -> list[DevicePluginService]:

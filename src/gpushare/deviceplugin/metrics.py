@@ -35,6 +35,10 @@ gpushare_device_plugin_node_config_invalid        gauge      node              1
 gpushare_device_plugin_node_config_deferred       gauge      node              1 while a node
                                                                                config waits for
                                                                                pods
+gpushare_device_plugin_mps_daemon_up              gauge      node              1 while the managed
+                                                                               MPS control daemon
+                                                                               answers (only with
+                                                                               ``--mps-managed``)
 gpushare_gpu_memory_used_bytes                    gauge      node, gpu, uuid   used memory (NVML)
 gpushare_gpu_utilization_ratio                    gauge      node, gpu, uuid   share of NVML's
                                                                                last sample period
@@ -88,6 +92,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     start_http_server,
 )
@@ -420,6 +425,17 @@ class DevicePluginMetrics:
     def observe_registration(self) -> None:
         """One successful registration with kubelet."""
         self._registrations.labels(self.node).inc()
+
+    def watch_mps(self, up: Callable[[], bool]) -> None:
+        """Export ``gpushare_device_plugin_mps_daemon_up``: ``up()`` at each scrape (the managed
+        MPS control daemon answers; ``gpushare.deviceplugin.mps.MpsSupervisor.healthy``)."""
+        gauge = Gauge(
+            "gpushare_device_plugin_mps_daemon_up",
+            "1 while the MPS control daemon the device plugin manages answers, else 0.",
+            ["node"],
+            registry=self.registry,
+        )
+        gauge.labels(self.node).set_function(lambda: 1.0 if up() else 0.0)
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from gpushare.core.skipped import SkippedPod
 from gpushare.extender.apiserver import (
@@ -223,6 +223,11 @@ class LiveExtender:
             holds=options.holds_configmap if preempting else None,
         )
         self.registry = CollectorRegistry()
+        Gauge(
+            "gpushare_extender_leader",
+            "1 while this replica decides (it leads, or runs without leader election), else 0.",
+            registry=self.registry,
+        ).set_function(lambda: 1.0 if self._deciding() else 0.0)
         self.requeuer = Requeuer(
             PodRequeuer(client).requeue,
             self.state.pod,
