@@ -41,8 +41,8 @@ from gpushare.kube.codec.preemption import holds_data
 from gpushare.kube.refs import PodRef
 from gpushare.kube.requeue import REQUEUE_ANNOTATION, PodRequeuer, RequeueOutcome
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
-from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.controlplane import ControlPlane, wait_for
+from gpushare.testing.live_extender import ExtenderThread, extender_with_scheduler
 from gpushare.testing.metrics import sample_sum
 from gpushare.testing.nodes import (
     FakeGpu,
@@ -88,14 +88,8 @@ def rig(control_plane: ControlPlane) -> Iterator[Rig]:
         options = LiveOptions(
             policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5), holds_configmap=HOLDS
         )
-        extender = stack.enter_context(ExtenderThread(kubeconfig, options))
-        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
-        stack.enter_context(
-            control_plane.scheduler(
-                "kube-scheduler-requeue",
-                profiles=[{"schedulerName": SCHEDULER_NAME}],
-                extenders=[gpushare_extender(extender.url_prefix)],
-            )
+        extender = stack.enter_context(
+            extender_with_scheduler(control_plane, kubeconfig, options, SCHEDULER_NAME)
         )
         yield Rig(kube, extender, control_plane)
 

@@ -42,8 +42,8 @@ from gpushare.deviceplugin.nodeconfig import NodeConfigMetrics
 from gpushare.extender.live import LiveOptions
 from gpushare.kube.codec import ALLOCATION
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import REPO_ROOT, ControlPlane, gpushare_extender, wait_for
-from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.controlplane import REPO_ROOT, ControlPlane, wait_for
+from gpushare.testing.live_extender import extender_with_scheduler
 from gpushare.testing.nodes import FakeGpu, create_nodes, delete_nodes, fake_gpu_uuid, gpu_node
 from gpushare.testing.nvml import FakeDevice, FakeNvml
 from gpushare.testing.outcome import Ask, Spec, make_pod
@@ -130,14 +130,8 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
             "gpushare-extender-prom", "kube-system", [*EXTENDER_RULES]
         )
         options = LiveOptions(policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5))
-        extender = stack.enter_context(ExtenderThread(kubeconfig, options))
-        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
-        stack.enter_context(
-            control_plane.scheduler(
-                "kube-scheduler-prom",
-                profiles=[{"schedulerName": SCHEDULER_NAME}],
-                extenders=[gpushare_extender(extender.url_prefix)],
-            )
+        extender = stack.enter_context(
+            extender_with_scheduler(control_plane, kubeconfig, options, SCHEDULER_NAME)
         )
         for i, (node, gib) in enumerate([(NODES[0], 4), (NODES[0], 8), (NODES[1], 6)]):
             spec = Spec(f"p{i}", (Ask("main", 1, gib),))

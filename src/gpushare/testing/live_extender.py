@@ -14,6 +14,7 @@ tests that care verify through kube-scheduler).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import socket
@@ -22,12 +23,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gpushare.extender.live import LiveExtender, LiveOptions
 from gpushare.kube.client import AsyncClient, connect
-from gpushare.testing.controlplane import ControlPlaneError, unverified_context
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    gpushare_extender,
+    unverified_context,
+    wait_for,
+)
 
 
 class ExtenderThread:
@@ -167,3 +175,20 @@ def http_get(
                 return error.code, None
     except OSError:
         return 0, None
+
+
+@contextlib.contextmanager
+def extender_with_scheduler(
+    control_plane: ControlPlane, kubeconfig: Path, options: LiveOptions, scheduler_name: str
+) -> Iterator[ExtenderThread]:
+    """The live extender on ``kubeconfig`` (ready: caches synced) and a kube-scheduler of its
+    own (profile ``scheduler_name``) that calls it as the chart wires it
+    (``gpushare_extender``); both stopped after the ``with`` body."""
+    with ExtenderThread(kubeconfig, options) as extender:
+        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
+        with control_plane.scheduler(
+            f"kube-scheduler-{scheduler_name}",
+            profiles=[{"schedulerName": scheduler_name}],
+            extenders=[gpushare_extender(extender.url_prefix)],
+        ):
+            yield extender
