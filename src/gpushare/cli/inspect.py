@@ -44,9 +44,10 @@ from typing import Any
 
 import click
 
+from gpushare.cli.inspectweb import DEFAULT_WEB_PORT, ReportError, serve_gpu_map
 from gpushare.inspect.gcpause import gc_paused
 from gpushare.inspect.render import render_detail, render_summary, report_json
-from gpushare.inspect.report import Snapshot, build_report
+from gpushare.inspect.report import Report, Snapshot, build_report
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
 from gpushare.kube.codec import GPUSHARE_LABEL, object_name
 from gpushare.kube.codec.preemption import holds_of
@@ -250,6 +251,19 @@ def _no_gpushare_nodes(problems: tuple[str, ...]) -> InspectError:
     help="NAMESPACE/NAME of the extender's preemption holds ConfigMap (the chart's: "
     "<release namespace>/<fullname>-preemption-holds).",
 )
+@click.option(
+    "--web",
+    is_flag=True,
+    help="Serve the GPU map, a live page of the same report, on 127.0.0.1 (open the printed "
+    "URL in a browser; Ctrl-C stops it).",
+)
+@click.option(
+    "--web-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_WEB_PORT,
+    show_default=True,
+    help="Port of --web on 127.0.0.1 (0: any free port).",
+)
 def inspect(
     *,
     node: str | None,
@@ -260,33 +274,35 @@ def inspect(
     namespace: str | None,
     timeout_s: float,
     holds_ref: str,
+    web: bool,
+    web_port: int,
 ) -> None:
     """Show GPU memory per node and GPU: allocated/total, pending pods, unhealthy GPUs.
 
     NODE limits the view to one node. Reads the API server directly (nodes and pods list),
-    so it works while the scheduler extender is down.
+    so it works while the scheduler extender is down. --web serves the same report as a live
+    page (the GPU map) on 127.0.0.1.
     """
     try:
         holds_configmap = parse_holds_ref(holds_ref)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--preemption-holds") from None
     source = find_kubeconfig(kubeconfig)
+    if web:
+
+        async def read_report() -> dict[str, Any]:
+            try:
+                objects = await _read(source, context, namespace, timeout_s, holds_configmap)
+                with gc_paused():
+                    return report_json(_report(objects, node, pod_rows=True))
+            except click.ClickException as error:
+                raise ReportError(error.format_message()) from None
+
+        serve_gpu_map(read_report, web_port)
+        return
     objects = asyncio.run(_read(source, context, namespace, timeout_s, holds_configmap))
-    if node is not None and node not in _node_names(objects.nodes):
-        raise InspectError(f"node {node} not found")
     with gc_paused():
-        try:
-            holds, refused = holds_of(objects.holds)
-            snapshot = Snapshot(nodes=objects.nodes, pods=objects.pods, holds=tuple(holds))
-            rows = details or output == "json"  # the summary table shows no pod
-            report = build_report(snapshot, node=node, pod_rows=rows, now_s=time.time())
-            notes = [*refused, *([objects.holds_problem] if objects.holds_problem else [])]
-            if notes:
-                report = dataclasses.replace(report, problems=(*report.problems, *notes))
-        except Exception as error:  # a bug, not the cluster: still one line, never a traceback
-            raise _bug(error) from error
-        if node is None and not any(n.gpushare for n in report.nodes):
-            raise _no_gpushare_nodes(report.problems)
+        report = _report(objects, node, pod_rows=details or output == "json")
         try:
             if output == "json":
                 text = json.dumps(report_json(report), indent=2)
@@ -295,6 +311,26 @@ def inspect(
         except Exception as error:
             raise _bug(error) from error
     click.echo(text)
+
+
+def _report(objects: ClusterObjects, node: str | None, *, pod_rows: bool) -> Report:
+    """The report of ``objects`` (``node``: only that node; ``pod_rows``: with each node's
+    pods, which the summary table does not show). ``InspectError`` for an unknown node, no
+    GPU-share node, or a bug (one line, never a traceback)."""
+    if node is not None and node not in _node_names(objects.nodes):
+        raise InspectError(f"node {node} not found")
+    try:
+        holds, refused = holds_of(objects.holds)
+        snapshot = Snapshot(nodes=objects.nodes, pods=objects.pods, holds=tuple(holds))
+        report = build_report(snapshot, node=node, pod_rows=pod_rows, now_s=time.time())
+        notes = [*refused, *([objects.holds_problem] if objects.holds_problem else [])]
+        if notes:
+            report = dataclasses.replace(report, problems=(*report.problems, *notes))
+    except Exception as error:  # a bug, not the cluster: still one line, never a traceback
+        raise _bug(error) from error
+    if node is None and not any(n.gpushare for n in report.nodes):
+        raise _no_gpushare_nodes(report.problems)
+    return report
 
 
 def _bug(error: Exception) -> InspectError:
