@@ -1,11 +1,12 @@
 # gpushare — one-command set-up: `make run` (the simulator on the embedded default) and
 # `make test` (ruff, mypy --strict and the whole pytest suite). Both create .venv on first use.
+# `make demo` starts a local GPU-sharing cluster to play with.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-scale clean controlplane node-runtime observe-tools helm image manifests
+.PHONY: run demo demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-scale clean controlplane node-runtime observe-tools helm image manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +16,14 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/gpushare simulate --out out/simulate
+
+# A local GPU-sharing cluster (kwok GPU nodes, the extender, a second kube-scheduler) with the
+# examples of examples/ applied; it keeps running: `make demo-down` stops it.
+demo: $(STAMP) controlplane
+	$(BIN)/python -m gpushare.demo up
+
+demo-down: $(STAMP)
+	$(BIN)/python -m gpushare.demo down
 
 test: lint typecheck pytest
 

@@ -8,6 +8,7 @@ are copied to pytest's temporary directory (``.../controlplane-logs0``) at the e
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -43,3 +44,12 @@ def pytest_runtest_makereport(
             for name, text in plane.logs().items():
                 report.sections.append((f"control plane: {name} (last lines)", text))
     return report
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect garbage after each test: a resource it leaked (an unclosed socket, transport or
+    file, a ResourceWarning that ``filterwarnings = error`` fails) is then reported by its own
+    teardown, not by whichever later test the garbage collector happened to run in."""
+    yield
+    gc.collect()

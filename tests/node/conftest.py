@@ -11,6 +11,7 @@ When a test fails, the tail of the node's and gpushare's logs is attached to its
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 from collections.abc import Generator, Iterator
 
@@ -100,3 +101,12 @@ def pytest_runtest_makereport(
             for proc in (stack.extender, stack.plugin):
                 report.sections.append((f"gpushare: {proc.name} (last lines)", proc.log_tail(60)))
     return report
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect garbage after each test: a resource it leaked (an unclosed socket, transport or
+    file, a ResourceWarning that ``filterwarnings = error`` fails) is then reported by its own
+    teardown, not by whichever later test the garbage collector happened to run in."""
+    yield
+    gc.collect()

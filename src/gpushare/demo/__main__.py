@@ -1,0 +1,213 @@
+"""``python -m gpushare.demo up|down|status`` (``make demo``): a local GPU-sharing cluster.
+
+* ``up`` starts the demo cluster (``gpushare.demo.cluster``) in the background, showing its
+  progress; applies the examples (``examples/*.yaml``); waits until each example pod is placed
+  or refused; prints where they went, why the others wait, and ``kubectl inspect gpushare -d``;
+  and leaves the cluster running with a kubeconfig to play with. A second ``up`` finds it
+  running and only shows it.
+* ``status`` shows whether it runs, its kubeconfig and ``kubectl inspect gpushare``.
+* ``down`` stops it (SIGTERM; every component stops, nothing is left behind).
+
+The state lives in ``--dir`` (default ``out/demo`` of the repository): ``state.json`` while it
+runs, ``demo.log``, ``kubeconfig`` and the components' ``logs/``. Test-and-demo code: it runs
+the project's test control plane (``gpushare.testing``), not part of the runtime packages.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpushare.core.policies import policy_names
+from gpushare.demo.cluster import DEFAULT_POLICY, read_state, serve
+from gpushare.demo.examples import (
+    apply_examples,
+    describe,
+    files_of,
+    outcome,
+)
+from gpushare.testing.controlplane import REPO_ROOT, gpushare_argv
+
+DEFAULT_DIR = REPO_ROOT / "out" / "demo"
+SERVE = (sys.executable, "-m", "gpushare.demo", "serve")
+START_TIMEOUT_S = 600.0
+
+
+def _directory(option: Path | None) -> Path:
+    return (option or DEFAULT_DIR).resolve()
+
+
+dir_option = click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the demo keeps its state, kubeconfig and logs (default: out/demo).",
+)
+
+
+@click.group()
+def demo() -> None:
+    """A local GPU-sharing cluster from gpushare's real components (kwok nodes with GPUs)."""
+
+
+policy_option = click.option(
+    "--policy",
+    type=click.Choice(policy_names()),
+    default=DEFAULT_POLICY,
+    show_default=True,
+    help="The extender's placement policy (binpack: the examples land as docs/usage.md says).",
+)
+
+
+@demo.command()
+@dir_option
+@policy_option
+def up(directory: Path | None, policy: str) -> None:
+    """Start the demo cluster, apply the examples, show where they went."""
+    folder = _directory(directory)
+    state = read_state(folder)
+    if state is None:
+        state = _start(folder, policy)
+    else:
+        click.echo(f"The demo runs already (PID {state['pid']}).")
+    from lightkube import Client, KubeConfig  # noqa: PLC0415 (after the cluster is up)
+    from lightkube.core.exceptions import ApiError  # noqa: PLC0415
+
+    config = KubeConfig.from_file(state["kubeconfig"])
+    with Client(config, field_manager="gpushare-demo") as kube:
+        click.echo(f"Applying {', '.join(files_of())}, one at a time ...")
+        try:
+            created, settled = apply_examples(kube)
+        except ApiError as error:
+            raise click.ClickException(f"applying the examples failed: {error}") from None
+        click.echo(f"Created {len(created)} objects.")
+        if not settled:
+            click.echo("Some example pods were neither placed nor refused within 120 s.")
+        click.echo("\nThe example pods:")
+        click.echo(describe(outcome(kube)))
+        click.echo("\n$ kubectl inspect gpushare -d")
+        click.echo(_inspect(state, "-d"))
+    _next_steps(state)
+
+
+def _start(folder: Path, policy: str) -> dict[str, Any]:
+    """Start ``serve`` detached and follow its log until it is ready (or fails)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / "demo.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0  # this start's lines follow
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [*SERVE, "--dir", str(folder), "--policy", policy],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives this command
+        )
+    click.echo(f"Starting the demo cluster (log: {log_path}) ...")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        offset = _show_new(log_path, offset)
+        state = read_state(folder)
+        if state is not None and state.get("pid") == process.pid:
+            return state
+        if process.poll() is not None:
+            _show_new(log_path, offset)
+            raise click.ClickException(
+                f"the demo cluster did not start (exit {process.returncode}); its log: {log_path}"
+            )
+        if time.monotonic() > deadline:
+            process.terminate()
+            raise click.ClickException(
+                f"the demo cluster was not ready within {START_TIMEOUT_S:.0f} s; log: {log_path}"
+            )
+        time.sleep(0.5)
+
+
+def _show_new(path: Path, offset: int) -> int:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return offset
+    for line in data[offset:].decode(errors="replace").splitlines():
+        if line.startswith("[demo]"):
+            click.echo("  " + line.removeprefix("[demo] "))
+    return len(data)
+
+
+def _inspect(state: dict[str, Any], *args: str) -> str:
+    argv = [*gpushare_argv("inspect", *args), "--kubeconfig", state["kubeconfig"]]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return (result.stdout or result.stderr).rstrip()
+
+
+def _next_steps(state: dict[str, Any]) -> None:
+    kubectl = state.get("kubectl", "kubectl")
+    click.echo(
+        "\nThe cluster keeps running. To use it:\n"
+        f"  export KUBECONFIG={state['kubeconfig']}\n"
+        f"  {kubectl} get pods -A -o wide\n"
+        "  .venv/bin/gpushare inspect -d                  # kubectl inspect gpushare -d\n"
+        "  .venv/bin/gpushare inspect --web               # the GPU map on http://127.0.0.1:8089/\n"
+        "  pods with schedulerName: gpushare-scheduler go through the extender\n"
+        "Stop it with: make demo-down"
+    )
+
+
+@demo.command()
+@dir_option
+def status(directory: Path | None) -> None:
+    """Whether the demo runs; its kubeconfig and the GPU summary."""
+    folder = _directory(directory)
+    state = read_state(folder)
+    if state is None:
+        click.echo(f"The demo is not running ({folder}).")
+        raise SystemExit(3)
+    minutes = (time.time() - float(state["started"])) / 60
+    click.echo(f"The demo runs (PID {state['pid']}, up {minutes:.0f} min).")
+    click.echo(f"KUBECONFIG={state['kubeconfig']}")
+    click.echo(_inspect(state))
+
+
+@demo.command()
+@dir_option
+def down(directory: Path | None) -> None:
+    """Stop the demo cluster."""
+    folder = _directory(directory)
+    state = read_state(folder)
+    if state is None:
+        click.echo("The demo is not running.")
+        return
+    pid = int(state["pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while read_state(folder) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if read_state(folder) is not None:
+        raise click.ClickException(f"the demo (PID {pid}) did not stop within 60 s")
+    click.echo("The demo cluster stopped.")
+
+
+@demo.command(hidden=True)
+@dir_option
+@policy_option
+def serve_command(directory: Path | None, policy: str) -> None:
+    """Run the demo cluster in the foreground (what ``up`` starts in the background)."""
+    serve(_directory(directory), policy)
+
+
+serve_command.name = "serve"
+
+
+def main() -> None:
+    demo.main(prog_name="python -m gpushare.demo")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The demo cluster: the project's real components on this machine, kept running in the
+background until ``gpushare demo down``.
+
+:func:`serve` (run detached by ``python -m gpushare.demo up``) starts, in this order:
+
+* the test control plane (``gpushare.testing.controlplane.ControlPlane``): etcd,
+  kube-apiserver, kube-controller-manager (Deployments, ReplicaSets, ServiceAccounts), the
+  default kube-scheduler and kwok (the kubelet stand-in that runs the pods of fake nodes);
+* kwok GPU nodes (:data:`NODES`): GPUs of four models and sizes, in GiB, each advertising the
+  gpu-manager and HAMi resources too (``--dialects tencent,hami``, split count 10), as a device
+  plugin with those dialects would;
+* ``gpushare extender`` as its own process on the admin kubeconfig (``--policy``, default
+  :data:`DEFAULT_POLICY`), ``--handshake-timeout 0``
+  (no device plugin starts the pods of kwok nodes: docs/extender.md, "The handshake rule");
+* a second kube-scheduler, ``gpushare-scheduler``, wired to the extender as the chart's second
+  scheduler is (filter, prioritize, bind and preempt; ``aliyun.com/gpu-mem`` and the dialects'
+  resources managed; ``gpushare.testing.controlplane.gpushare_extender``).
+
+It then writes ``state.json`` in its folder (its PID, the kubeconfig, the extender's URL, the
+kubectl it was built with) and waits for SIGTERM or SIGINT, when it stops everything and
+removes the file. Everything it logs goes to ``demo.log`` and the components' logs to ``logs/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightkube.resources.core_v1 import ServiceAccount
+
+from gpushare.kube.codec import MemoryUnit
+from gpushare.testing.controlplane import (
+    Binaries,
+    ControlPlane,
+    ManagedProcess,
+    free_ports,
+    gpushare_argv,
+    gpushare_extender,
+    http_ok,
+    wait_until,
+)
+from gpushare.testing.nodes import FakeGpu, create_nodes, gpu_node
+
+__all__ = ["DEFAULT_POLICY", "NODES", "SCHEDULER_NAME", "DemoNode", "read_state", "serve"]
+
+SCHEDULER_NAME = "gpushare-scheduler"
+STATE = "state.json"
+DEFAULT_POLICY = "binpack"
+"""The demo's placement policy: the examples land as docs/usage.md describes them (the binpack
+demo on one GPU, the notebooks on one card); ``--policy fgd-spare`` shows the default."""
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    """One kwok node: ``count`` GPUs of ``model`` with ``memory_gib`` each."""
+
+    name: str
+    model: str
+    count: int
+    memory_gib: int
+
+
+NODES = (
+    DemoNode("demo-t4-0", "Tesla-T4", 1, 15),
+    DemoNode("demo-a10-0", "NVIDIA-A10", 2, 22),
+    DemoNode("demo-v100-0", "Tesla-V100-SXM2-16GB", 2, 16),
+    DemoNode("demo-a100-0", "NVIDIA-A100-SXM4-40GB", 4, 40),
+)
+"""The demo's GPU nodes (models as the device plugin publishes them: spaces as dashes)."""
+
+
+def _log(message: str) -> None:
+    print(f"[demo] {time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def read_state(directory: Path) -> dict[str, Any] | None:
+    """The running demo's ``state.json`` in ``directory``, or ``None`` when there is none or
+    its process is gone."""
+    path = directory / STATE
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return state
+
+
+def serve(directory: Path, policy: str = DEFAULT_POLICY) -> None:
+    """Run the demo cluster (module doc) with the extender's ``policy`` until SIGTERM or
+    SIGINT."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / STATE).unlink(missing_ok=True)
+    try:
+        _run(directory, stop, policy)
+    finally:
+        (directory / STATE).unlink(missing_ok=True)
+    _log("stopped")
+
+
+def _run(directory: Path, stop: threading.Event, policy: str) -> None:
+    logs = directory / "logs"
+    with contextlib.ExitStack() as stack:
+        _log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok")
+        binaries = Binaries.locate()
+        plane = stack.enter_context(ControlPlane(binaries, log_dir=logs, controller_manager=True))
+        kube = stack.enter_context(plane.client())
+        wait_until(
+            "kube-controller-manager's default ServiceAccount",
+            lambda: bool(list(kube.list(ServiceAccount, namespace="default"))),
+            60,
+        )
+        _log(f"creating {len(NODES)} kwok GPU nodes")
+        create_nodes(
+            kube,
+            [
+                gpu_node(
+                    node.name,
+                    [FakeGpu(i, node.memory_gib, node.model) for i in range(node.count)],
+                    unit=MemoryUnit.GIB,
+                    dialects=("tencent", "hami"),
+                    split_count=10,
+                    labels={"nvidia.com/gpu.product": node.model},  # as GPU feature discovery
+                )
+                for node in NODES
+            ],
+        )
+        (port,) = free_ports(1)
+        extender_url = f"http://127.0.0.1:{port}"
+        argv = gpushare_argv(
+            "extender", "--kubeconfig", str(plane.kubeconfig), "--port", str(port),
+            "--handshake-timeout", "0", "--policy", policy,
+        )  # fmt: skip
+        _log(f"starting gpushare extender on {extender_url} (policy {policy})")
+        extender = ManagedProcess("gpushare-extender", argv, logs).start()
+        stack.callback(extender.stop)
+        wait_until(
+            "the extender ready", lambda: http_ok(f"{extender_url}/readyz"), 60,
+            processes=[extender],
+        )  # fmt: skip
+        _log(f"starting the second kube-scheduler {SCHEDULER_NAME!r} wired to the extender")
+        entry = gpushare_extender(f"{extender_url}/gpushare-scheduler", dialects=True)
+        stack.enter_context(
+            plane.scheduler(
+                SCHEDULER_NAME, profiles=[{"schedulerName": SCHEDULER_NAME}], extenders=[entry]
+            )
+        )
+        kubeconfig = directory / "kubeconfig"
+        shutil.copyfile(plane.kubeconfig, kubeconfig)
+        state = {
+            "pid": os.getpid(),
+            "kubeconfig": str(kubeconfig),
+            "extender": extender_url,
+            "kubectl": str(binaries.path("kubectl")),
+            "nodes": [node.name for node in NODES],
+            "policy": policy,
+            "started": time.time(),
+        }
+        (directory / STATE).write_text(json.dumps(state, indent=2))
+        _log("ready")
+        while not stop.wait(1.0):
+            plane.check_running()
+            extender.check_running()
+        _log("stopping")
