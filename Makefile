@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-scale clean controlplane node-runtime observe-tools helm image manifests
+.PHONY: run demo demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,10 @@ bench-failover: $(STAMP) controlplane
 # low-priority pods, 200 high-priority pods (docs/usage.md, "Priorities and preemption").
 bench-preemption: $(STAMP) controlplane
 	$(BIN)/python bench/preemption.py --json out/bench/preemption.json
+
+# The simulator against kube-scheduler + the extender on the same pods (out/replay/replay.png).
+bench-replay: $(STAMP) controlplane
+	$(BIN)/python bench/replay.py --out out/replay
 
 # The profilers (py-spy, pyinstrument) for benchmark work; not needed by `make test`.
 $(VENV)/.bench-installed: $(STAMP)
