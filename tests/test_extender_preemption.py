@@ -156,6 +156,32 @@ def test_case_1_kube_schedulers_two_victims_on_two_gpus_become_two_on_one(rig: R
     assert {r for v in hold.victims for r in rig.notes.reasons(v)} == {EVENT_VICTIM}
 
 
+def test_victims_kube_scheduler_never_evicted_are_evicted_after_the_handover(rig: Rig) -> None:
+    """kube-scheduler lost the preempt answer (a connection reset as the answer went out): the
+    hold stays and, once ``handover_s`` has passed with the victims still running, the leader
+    evicts them itself."""
+    rig.node("n1", gpus=1)
+    low(rig, "a", "n1", 0, 8, EARLY)
+    low(rig, "b", "n1", 0, 8, LATE)
+    pod = high(16)
+    rig.state.remember_pod(pod)
+    offered = offer("n1", victims=("a", "b"))
+    run(rig.preemptor.preempt(ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offered)))
+    hold = rig.preemptor.holds.of("default/high")
+    assert hold is not None
+    assert hold.evictor == "kube-scheduler"
+    rig.wall.now_s += 9
+    rig.clock.now_s += 9
+    run(rig.preemptor.tick())
+    assert rig.evictor.calls == [], "kube-scheduler may still evict"
+    rig.wall.now_s += 2
+    rig.clock.now_s += 2
+    run(rig.preemptor.tick())
+    assert sorted(rig.evictor.evicted) == ["default/a", "default/b"]
+    run(rig.preemptor.tick())
+    assert len(rig.evictor.evicted) == 2, "each victim once"
+
+
 def test_a_candidate_without_victims_as_kubernetes_1_38_sends_it_is_answered(rig: Rig) -> None:
     rig.node("n1")
     low(rig, "a", "n1", 0, 12, EARLY)

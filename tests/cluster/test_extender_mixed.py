@@ -10,10 +10,11 @@ whole GiB) and whole GPUs of 100 and 200, HAMi ``nvidia.com/gpu`` with ``gpumem`
 ``gpumem-percentage``, with and without ``gpucores``, over one or two GPUs, and whole GPUs
 (``gpucores: 100``). They ask more than fits, so some stay Pending.
 
-All 300 are created in one burst; once 60 are bound the extender is killed with SIGKILL (binds
-in flight lost with it) and started again at once on the same port, rebuilding its ledger from
-the API server. When every pod is bound or fits nowhere, the pods' annotations alone (never
-the extender's state: ``gpushare.testing.outcome2d``) prove: every bound pod has one record,
+All 300 are created in one burst; once 60 are bound (or half are sent, on a slow machine) the
+extender is killed with SIGKILL (binds in flight lost with it) and started again at once on the
+same port, rebuilding its ledger from the API server. When every pod is bound or fits
+nowhere, the pods' annotations alone (never the extender's state:
+``gpushare.testing.outcome2d``) prove: every bound pod has one record,
 for its node and unit, matching its request resolved into that unit (compute and ``whole``
 included); no GPU above capacity in memory or above 1000 in compute; no GPU held whole holds
 anything else; and every Pending pod fits no node it may use in what those records leave free
@@ -133,9 +134,12 @@ def run(control_plane: ControlPlane) -> Iterator[Run]:
         burst = start_burst(control_plane, NAMESPACE, bodies, name="mixed-burst")
 
         def enough() -> bool | None:
-            return bound_count(kube, NAMESPACE) >= KILL_AFTER or None
+            # However slowly a loaded machine binds, the kill lands while pods still arrive:
+            # at KILL_AFTER bound, or once half the burst is sent and something is bound.
+            bound = bound_count(kube, NAMESPACE)
+            return bound >= KILL_AFTER or (burst.sent >= PODS // 2 and bound >= 1) or None
 
-        wait_for(f"{KILL_AFTER} pods bound", enough, 90)
+        wait_for(f"{KILL_AFTER} pods bound or half the burst sent", enough, 90)
         extender.kill()
         burst_running_at_kill = burst.running()
         bound_at_kill = bound_count(kube, NAMESPACE)
@@ -186,5 +190,5 @@ def test_every_dialect_and_whole_gpus_landed_on_both_units(run: Run) -> None:
 
 def test_the_extender_was_killed_mid_burst(run: Run) -> None:
     print(f"bound at the kill: {run.bound_at_kill}, at the end: {len(run.outcome.bound)}")
-    assert KILL_AFTER <= run.bound_at_kill < len(run.outcome.bound)
+    assert 1 <= run.bound_at_kill < len(run.outcome.bound)
     assert run.burst_running_at_kill, "the burst had created every pod before the kill"

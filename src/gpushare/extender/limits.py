@@ -12,7 +12,8 @@ numbers (``gpushare extender`` flags; docs/extender.md, "Limits", says how they 
                             started a new one, is closed; 10 s
 ``body_timeout_s``          a body not complete this long after its head gets **408**; 10 s
 ``keep_alive_timeout_s``    an idle connection between requests is closed (uvicorn's
-                            ``timeout_keep_alive``); 5 s
+                            ``timeout_keep_alive``); 120 s, above the 90 s after which
+                            kube-scheduler closes an idle connection itself (below)
 ``max_connections``         a connection opened while this many are open is closed at once,
                             and uvicorn answers 503 past it (``limit_concurrency``); 1,000
 ``max_head_bytes``          a request head above it gets 400 (h11's
@@ -25,6 +26,14 @@ connection cap are a small subclass of uvicorn's h11 protocol (``guarded_h11``),
 bounds a reader of ASGI ``receive`` (``read_body``) that raises ``LimitError``, which the
 app answers with its status and ``Connection: close``. 408 and 413 responses name the limit
 and the flag that sets it.
+
+Why the keep-alive outlasts the client's: kube-scheduler's extender client (client-go's
+``SetTransportDefaults`` on Go's ``http.Transport``, ``IdleConnTimeout`` 90 s) reuses idle
+connections. A server that closes one first races a request the client sends on it at that
+moment; Go retries only requests it knows were not sent or are idempotent, so a filter, bind or
+preempt POST caught in the race fails with "connection reset by peer" (seen under load, a
+preemption then waited for kube-scheduler's next attempt). Closing idle connections after the
+client does leaves the close to the client, which never races itself.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ class RequestLimits:
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
     head_timeout_s: float | None = 10.0
     body_timeout_s: float | None = 10.0
-    keep_alive_timeout_s: int = 5
+    keep_alive_timeout_s: int = 120
     max_connections: int | None = 1000
     max_head_bytes: int = 64 * 1024
 

@@ -10,7 +10,10 @@ its own dry run found victims (docs/usage.md, "Priorities and preemption", has t
   pod can never fit there). The nodes the pod's last filter refused by GPU alone (kube-scheduler
   sends them no victims in 1.37, so they never reach this verb) are weighed too. Only the one
   best node is answered, so the extender knows where the pod will go and holds its GPUs there;
-  kube-scheduler then evicts the victims and nominates the pod. When the best node is one
+  kube-scheduler then evicts the victims and nominates the pod. If the victims are still
+  running ``handover_s`` after the answer (kube-scheduler never got it: a connection reset, a
+  timeout, a restart), the leader evicts them itself, as for a hold of its own. When the best
+  node is one
   kube-scheduler did not send, the extender answers no node and preempts there itself. A
   candidate with no victims (Kubernetes 1.38 sends them) is weighed like any other; an answer
   never names a node without victims (1.37 refuses that).
@@ -125,7 +128,9 @@ class PreemptionOptions:
     grace period, ``terminationGracePeriodSeconds``, default ``default_grace_s``, plus the
     margin, at most the maximum); ``retry_s``: how long a pod for which nothing helped (or a
     budget refused) is not planned for again; ``max_checks``: the search budget per node
-    (``gpushare.core.preemption``); ``interval_s``: how often holds are reconciled."""
+    (``gpushare.core.preemption``); ``interval_s``: how often holds are reconciled;
+    ``handover_s``: how long after answering ``preempt`` the extender leaves the evictions to
+    kube-scheduler (which evicts within a second of the answer) before evicting itself."""
 
     wait_s: float = 2.0
     hold_margin_s: float = 30.0
@@ -134,6 +139,7 @@ class PreemptionOptions:
     retry_s: float = 10.0
     max_checks: int = DEFAULT_MAX_CHECKS
     interval_s: float = 0.5
+    handover_s: float = 10.0
 
 
 class PreemptionEvents(Protocol):
@@ -632,8 +638,12 @@ class Preemptor:
         return refusals
 
     async def _evict(self, hold: Hold) -> None:
-        """Evict the victims of ``hold`` still running and not tried in the last few seconds."""
-        if self._evictor is None or hold.evictor != EXTENDER:
+        """Evict the victims of ``hold`` still running and not tried in the last few seconds;
+        for a hold answered to kube-scheduler, only once ``handover_s`` has passed."""
+        if self._evictor is None:
+            return
+        handed_over = hold.evictor != EXTENDER
+        if handed_over and self._wall() - hold.created_s < self.options.handover_s:
             return
         now = self._clock()
         for victim, uid in zip(hold.victims, hold.victim_uids, strict=True):
@@ -646,6 +656,12 @@ class Preemptor:
             if not self._deciding():
                 return  # only the leader evicts
             tried.tried = now
+            if handed_over:
+                log.info(
+                    "preemption for %s: %s still runs %.0f s after the answer to kube-scheduler "
+                    "(it may never have received it); evicting it",
+                    hold.pod, victim, self._wall() - hold.created_s,
+                )  # fmt: skip
             namespace, _, name = victim.partition("/")
             answer = await self._evictor.evict(PodRef(namespace, name, uid))
             if answer.outcome is not EvictionOutcome.EVICTED:

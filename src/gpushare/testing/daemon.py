@@ -41,7 +41,11 @@ async def running_daemon(
         yield daemon, kubelet, client
     finally:
         stop.set()
-        await asyncio.wait_for(task, stop_timeout_s)
-        await kubelet.stop()
-        await client.close()
+        try:
+            await asyncio.wait_for(task, stop_timeout_s)
+        finally:  # a daemon that failed or hung still leaves no kubelet or connection behind
+            try:
+                await kubelet.stop()
+            finally:
+                await client.close()
     assert not daemon.runner.socket_path.exists()

@@ -108,6 +108,7 @@ class ServiceProxy:
 
     async def _probe(self, backend: tuple[str, int]) -> bool:
         host, port = backend
+        writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(1.0):
                 reader, writer = await asyncio.open_connection(host, port)
@@ -117,9 +118,11 @@ class ServiceProxy:
                 writer.write(request.encode())
                 await writer.drain()
                 status = await reader.readline()
-                writer.close()
         except (OSError, TimeoutError):
             return False
+        finally:  # a backend too slow to answer in time still gets its connection closed
+            if writer is not None:
+                writer.close()
         parts = status.split()
         return len(parts) >= 2 and parts[1] == b"200"
 
@@ -128,20 +131,29 @@ class ServiceProxy:
         ready = list(self.ready)
         start = next(self._turn)
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        for i in range(len(ready)):
-            host, port = ready[(start + i) % len(ready)]
-            try:
-                upstream = await asyncio.open_connection(host, port)
-                break
-            except OSError:
-                continue
-        if upstream is None:  # no ready endpoint: the connection is refused (closed)
-            client_w.close()
+        try:
+            for i in range(len(ready)):
+                host, port = ready[(start + i) % len(ready)]
+                try:
+                    upstream = await asyncio.open_connection(host, port)
+                    break
+                except OSError:
+                    continue
+        finally:
+            if upstream is None:  # no ready endpoint, or stopped meanwhile: refuse (close)
+                client_w.close()
+        if upstream is None:
             return
         server_r, server_w = upstream
-        await asyncio.gather(
-            self._pipe(client_r, server_w), self._pipe(server_r, client_w), return_exceptions=True
-        )
+        try:
+            await asyncio.gather(
+                self._pipe(client_r, server_w),
+                self._pipe(server_r, client_w),
+                return_exceptions=True,
+            )
+        finally:  # cancelled at stop: both ends are closed all the same
+            server_w.close()
+            client_w.close()
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
