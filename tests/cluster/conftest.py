@@ -2,8 +2,10 @@
 
 The binaries come from ``make controlplane`` (``scripts/build-controlplane.sh``). If they are
 missing the session fixture errors out with instructions: cluster tests are never skipped.
-When a test fails, the tail of every control-plane log is attached to its report; the full logs
-are copied to pytest's temporary directory (``.../controlplane-logs0``) at the end.
+When a test fails, the tail of every control-plane log, and of every other log under the
+plane's directory written while the test ran (extender replicas, device plugins), is attached
+to its report; the full logs are copied to pytest's temporary directory
+(``.../controlplane-logs0``) at the end.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def pytest_runtest_makereport(
         if isinstance(plane, ControlPlane):
             for name, text in plane.logs().items():
                 report.sections.append((f"control plane: {name} (last lines)", text))
+            for path, text in plane.logs_written_since(call.start).items():
+                report.sections.append((f"{path} (last lines)", text))
     return report
 
 

@@ -173,6 +173,22 @@ class ControlPlane(ApiAccess):
         procs = {**self._finished, **self.processes}
         return {name: proc.log_tail(lines) for name, proc in procs.items()}
 
+    def logs_written_since(self, epoch_s: float, lines: int = 40) -> dict[str, str]:
+        """The last ``lines`` of every other ``*.log`` under the plane's directory (what
+        tests start beside it: extender replicas, device plugins) written at or after
+        ``epoch_s`` (``time.time()``), by path relative to that directory."""
+        own = {proc.log_path for proc in {**self._finished, **self.processes}.values()}
+        found = {}
+        for path in sorted(self.root.rglob("*.log")):
+            try:
+                if path in own or path.stat().st_mtime < epoch_s:
+                    continue
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            found[str(path.relative_to(self.root))] = "\n".join(text)
+        return found
+
     # ---- extra schedulers --------------------------------------------------------------
 
     @contextlib.contextmanager
