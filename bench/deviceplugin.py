@@ -113,10 +113,11 @@ async def one_round(plane: ControlPlane, node: str, pods: int, seed: int) -> lis
         await cache.wait_synced(30)
         while len(cache.pods()) < len(plan):  # every pod in the cache before timing
             await asyncio.sleep(0.05)
-        allocator = HandshakeAllocator(node, lambda: GPUS, lambda: MemoryUnit.GIB, cache)
+        service = DevicePluginService(GPUS, MemoryUnit.GIB)
+        service.allocator = HandshakeAllocator(node, service, cache)
         order = [(size, gpu) for _, size, gpu in plan]
         random.Random(seed).shuffle(order)
-        return await timed_calls(DevicePluginService(GPUS, MemoryUnit.GIB, allocator), order, True)
+        return await timed_calls(service, order, True)
     finally:
         await cache.stop()
         await client.close()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from fractions import Fraction
 from typing import Any
 
@@ -14,6 +13,7 @@ from gpushare.deviceplugin.inventory import PhysicalGpu, parse_fake_gpus
 from gpushare.deviceplugin.nodeconfig import Configured, configure, deferral
 from gpushare.kube.codec import CodecError, MemoryUnit
 from gpushare.kube.codec.nodeconfig import MemoryReserve, NodeConfig
+from gpushare.testing.pods import placed_pod_json
 
 NODE = "gpu-1"
 GPUS = parse_fake_gpus("2x16GiB:T4")
@@ -63,27 +63,7 @@ def test_a_unit_whose_device_list_would_not_fit_kubelets_message_is_a_bad_memory
 
 def pod(name: str, placed: dict[int, int] | None, phase: str = "Running") -> dict[str, Any]:
     """A pod on NODE asking ``sum(placed)`` GiB, with its allocation (GPU → GiB) if placed."""
-    total = sum((placed or {1: 1}).values())
-    annotations: dict[str, str] = {}
-    if placed:
-        containers = [
-            {"name": f"c{i}", "gpus": [gpu], "share": units}
-            for i, (gpu, units) in enumerate(placed.items())
-        ]
-        annotations["gpushare.io/allocation"] = json.dumps(
-            {"node": NODE, "unit": "GiB", "containers": containers}
-        )
-    return {
-        "metadata": {"name": name, "namespace": "ns", "uid": name, "annotations": annotations},
-        "spec": {
-            "nodeName": NODE,
-            "containers": [
-                {"name": f"c{i}", "resources": {"limits": {"aliyun.com/gpu-mem": str(units)}}}
-                for i, units in enumerate((placed or {1: total}).values())
-            ],
-        },
-        "status": {"phase": phase},
-    }
+    return placed_pod_json(name, NODE, placed, phase=phase)
 
 
 NOW = configure(GPUS, NodeConfig(), MemoryUnit.GIB, NODE)

@@ -123,16 +123,11 @@ async def plugin(
     try:
         await pods.wait_synced(30)
         events = EventRecorder(client, component=EVENT_COMPONENT)
-        allocator = HandshakeAllocator(
-            node,
-            lambda: gpus,
-            lambda: MemoryUnit.GIB,
-            pods,
-            mps=mps,
-            mps_paths=mps_paths,
-            events=events,
+        service = DevicePluginService(gpus, MemoryUnit.GIB)
+        service.allocator = allocator = HandshakeAllocator(
+            node, service, pods, mps=mps, mps_paths=mps_paths, events=events
         )
-        server = await serve(DevicePluginService(gpus, MemoryUnit.GIB, allocator), socket_dir)
+        server = await serve(service, socket_dir)
         try:
             async with aio.insecure_channel(server.address) as channel:
                 yield api_pb2_grpc.DevicePluginStub(channel)

@@ -71,6 +71,7 @@ from gpushare.kube.events import EventType
 from gpushare.kube.refs import PodRef
 
 __all__ = [
+    "Advertised",
     "AllocateEvents",
     "EmptyAllocator",
     "HandshakeAllocator",
@@ -164,14 +165,29 @@ def container_envs(
     return envs
 
 
+class Advertised(Protocol):
+    """What a resource advertises now (``DevicePluginService``): the node's GPUs (with health)
+    and the memory unit of one device."""
+
+    @property
+    def gpus(self) -> list[PhysicalGpu]:
+        """The current GPUs."""
+        ...
+
+    @property
+    def unit(self) -> MemoryUnit:
+        """The current memory unit."""
+        ...
+
+
 class HandshakeAllocator:
     """The ``Allocator`` of ``DevicePluginService`` (module doc).
 
-    ``gpus`` returns the node's current GPUs; ``unit`` the node's current memory unit; ``pods`` the
-    node's pods (listed again when the cache has no match); ``dialect`` the resource whose
-    Allocate this answers (``aliyun.com/gpu-mem`` by default; a dialect's resource:
-    ``gpushare.deviceplugin.dialects``), only its pods are matched, by its units; ``mps`` adds
-    the MPS variables (``mps_envs``);
+    ``advertised`` gives the node's current GPUs and memory unit (the service this answers
+    for: ``DevicePluginService.allocator``); ``pods`` the node's pods (listed again when the
+    cache has no match); ``dialect`` the resource whose Allocate this answers
+    (``aliyun.com/gpu-mem`` by default; a dialect's resource: ``gpushare.deviceplugin.dialects``),
+    only its pods are matched, by its units; ``mps`` adds the MPS variables (``mps_envs``);
     ``mps_paths`` (a managed daemon) adds them too, with its directories and mounts;
     ``events`` records Events; ``observe(outcome, seconds)`` is called once per call with
     ``ok``, ``rejected`` or ``error`` (metrics); ``patch_attempts`` bounds the tries of one
@@ -181,8 +197,7 @@ class HandshakeAllocator:
     def __init__(
         self,
         node_name: str,
-        gpus: Callable[[], Sequence[PhysicalGpu]],
-        unit: Callable[[], MemoryUnit],
+        advertised: Advertised,
         pods: PodSource,
         *,
         dialect: AllocateDialect = GPU_MEM_DIALECT,
@@ -194,8 +209,7 @@ class HandshakeAllocator:
         observe: Callable[[str, float], None] | None = None,
     ) -> None:
         self.node_name = node_name
-        self._gpus = gpus
-        self._unit = unit
+        self._advertised = advertised
         self._pods = pods
         self.dialect = dialect
         self._pod_json: dict[str, Json] = {}  # pod key -> the pod, from the last pods read
@@ -241,7 +255,7 @@ class HandshakeAllocator:
         pod, step = match.pod, match.step
         if match.status is not MatchStatus.MATCHED or pod is None or step is None:
             what = (
-                f"{units} {self._unit().value} of {self.dialect.resource}"
+                f"{units} {self._advertised.unit.value} of {self.dialect.resource}"
                 if self.dialect.in_memory_units
                 else f"{units} {self.dialect.resource}"
             )
@@ -256,7 +270,7 @@ class HandshakeAllocator:
             elif self._events is not None:
                 self._emit(self._events.node_event(self.node_name, FAILED, message))
             raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message)
-        gpus = {gpu.index: gpu for gpu in self._gpus()}
+        gpus = {gpu.index: gpu for gpu in self._advertised.gpus}
         try:
             envs = self._envs(pod, step, [gpus[index] for index in step.gpu_indices])
         except KeyError as error:
@@ -272,7 +286,7 @@ class HandshakeAllocator:
             ALLOCATED,
             f"gpushare device plugin on node {self.node_name}: container {step.container} gets "
             f"GPU {','.join(map(str, step.gpu_indices))} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
-            f"{step.share} {self._unit().value} each",
+            f"{step.share} {self._advertised.unit.value} each",
         )
         if self._mps_paths is None:
             return api_pb2.ContainerAllocateResponse(envs=envs)
@@ -281,7 +295,7 @@ class HandshakeAllocator:
 
     def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
         """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""
-        unit = self._unit()
+        unit = self._advertised.unit
         envs = self.dialect.envs(step, sum(s.given_units for s in pod.steps), chosen, unit)
         if self._mps:
             read_ceiling = self.dialect.ceiling

@@ -54,23 +54,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpushare.core.serves import Serves
 from gpushare.deviceplugin.allocate import (
     AllocateEvents,
     EmptyAllocator,
     HandshakeAllocator,
     PodSource,
 )
+from gpushare.deviceplugin.configcontrol import NodeConfigController
 from gpushare.deviceplugin.dialects import (
     DEFAULT_SPLIT_COUNT,
     GPU_MEM_DIALECT,
     DialectResource,
     resources_for,
 )
+from gpushare.deviceplugin.gpuhealth import GpuHealth
 from gpushare.deviceplugin.health import HealthWatcher
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
@@ -89,15 +90,15 @@ from gpushare.deviceplugin.mps import (
     MpsPaths,
     MpsSupervisor,
 )
-from gpushare.deviceplugin.nodeconfig import Configured, NodeConfigMetrics, configure, deferral
+from gpushare.deviceplugin.nodeconfig import Configured, NodeConfigMetrics
 from gpushare.deviceplugin.nvml import Nvml
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
-from gpushare.deviceplugin.server import Allocator, DevicePluginService
+from gpushare.deviceplugin.server import DevicePluginService
 from gpushare.kube.cache import requests_gpu, requests_gpu_mem
 from gpushare.kube.client import AsyncClient
-from gpushare.kube.codec import GPU_MEM, CodecError, InventoryGpu, MemoryUnit, node_info
+from gpushare.kube.codec import GPU_MEM, CodecError, InventoryGpu, MemoryUnit
 from gpushare.kube.codec.configmaps import unhealthy_configmap_name
-from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME, NodeConfig
+from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME
 from gpushare.kube.errors import KubeError
 from gpushare.kube.events import EventRecorder, EventType
 from gpushare.kube.nodeconfig import NodeConfigWatch
@@ -117,9 +118,6 @@ EVENT_COMPONENT = "gpushare-device-plugin"
 """``source.component`` of the device plugin's Events."""
 
 log = logging.getLogger(__name__)
-
-NODE_CONFIG_SYNC_S = 10.0
-"""The longest the plugin waits at start for the node config before serving with the flags."""
 
 
 @dataclass(frozen=True)
@@ -191,13 +189,14 @@ def resource_runner(
     empty, ``EmptyAllocator``). Allocate matches among ``pods``; ``mps``, ``mps_paths``,
     ``events`` and ``observe`` as ``HandshakeAllocator`` takes them; ``on_registered`` as
     ``PluginRunner`` takes it."""
-    allocator: Allocator = EmptyAllocator()
+    service = DevicePluginService(
+        gpus, unit, EmptyAllocator(), per_gpu=served.per_gpu, resource=served.resource
+    )
     handshake: HandshakeAllocator | None = None
     if served.allocate is not None:
-        allocator = handshake = HandshakeAllocator(
+        service.allocator = handshake = HandshakeAllocator(
             node_name,
-            lambda: service.gpus,
-            lambda: service.unit,
+            service,  # the GPUs and unit it advertises now
             pods,
             dialect=served.allocate,
             mps=mps,
@@ -205,9 +204,6 @@ def resource_runner(
             events=events,
             observe=observe,
         )
-    service = DevicePluginService(
-        gpus, unit, allocator, per_gpu=served.per_gpu, resource=served.resource
-    )
     runner = PluginRunner(
         service,
         socket_dir=socket_dir,
@@ -218,9 +214,21 @@ def resource_runner(
     return runner, handshake
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 class DevicePluginDaemon:
     """The device plugin of one node (module doc). ``client`` is the caller's; ``nvml`` the
-    backend for health checking (``None``: no health checking, e.g. fake GPUs)."""
+    backend for health checking (``None``: no health checking, e.g. fake GPUs).
+
+    Its parts: the node's pods (``pods``), the inventory publisher (``publisher``), one runner
+    per served resource (``runners``, ``aliyun.com/gpu-mem``'s first), the GPUs' health
+    (``health``, ``gpushare.deviceplugin.gpuhealth``), the node configuration
+    (``node_config``, ``gpushare.deviceplugin.configcontrol``, fed by ``node_config_watch``),
+    the hand marks (``marks``), the MPS supervisor (``mps``) and metrics."""
 
     def __init__(
         self,
@@ -231,23 +239,21 @@ class DevicePluginDaemon:
         nvml: Nvml | None = None,
     ) -> None:
         self.options = options
-        self._client = client
         self._nvml = nvml
+        node = options.node_name
         self.pods = NodePods(
-            client, options.node_name, keep=requests_gpu if options.dialects else requests_gpu_mem
+            client, node, keep=requests_gpu if options.dialects else requests_gpu_mem
         )
         self.publisher = NodePublisher(client)
         self.metrics_server: MetricsServer | None = None
         self.metrics = DevicePluginMetrics(
-            options.node_name,
+            node,
             lambda: self.service.gpus,
             nvml=nvml,
             pods=lambda: pods_by_uid(self.pods.pods()),
             proc_root=options.proc_root,
         )
-        self.events = events = EventRecorder(
-            client, component=EVENT_COMPONENT, instance=options.node_name
-        )
+        self.events = EventRecorder(client, component=EVENT_COMPONENT, instance=node)
         mps_paths = MpsPaths(options.mps_root) if options.mps_managed else None
         if mps_paths is not None and nvml is None:
             raise ValueError("mps_managed needs NVML (compute mode), not a declared fake")
@@ -264,11 +270,11 @@ class DevicePluginDaemon:
                 self._physical,
                 options.unit,
                 self.pods,
-                node_name=options.node_name,
+                node_name=node,
                 socket_dir=options.socket_dir,
                 mps=options.mps,
                 mps_paths=mps_paths,
-                events=events,
+                events=self.events,
                 observe=self.metrics.observe_allocate,
                 on_registered=self._registered if not self.runners else None,
             )
@@ -279,33 +285,38 @@ class DevicePluginDaemon:
         """``aliyun.com/gpu-mem``'s runner (the dialects' follow it in ``runners``)."""
         self.service = self.runner.service
         self.allocator = self.allocators[0]
-        self.configured = Configured(tuple(self._physical), options.unit, Serves.BOTH, NodeConfig())
-        self._wanted: Configured | None = None  # a configuration waiting (deferred)
-        self._deferred = ""
-        self._config_lock = asyncio.Lock()
-        self._config_ready = False  # changes wait for _start_configured
-        self.node_config: NodeConfigWatch | None = None
-        self.node_config_metrics = NodeConfigMetrics(self.metrics.registry, options.node_name)
+        self.health = GpuHealth(
+            {gpu.index: gpu.healthy for gpu in self.service.gpus},
+            lambda: self.services,
+            self._republish,
+        )
+        self.node_config = NodeConfigController(
+            node,
+            self._physical,
+            options.unit,
+            NodeConfigMetrics(self.metrics.registry, node),
+            pods=self.pods.pods,
+            advertise=self._set_inventory,
+            healthy=self.health.healthy,
+            republish=self._republish,
+            node_event=self._node_event,
+            retry_s=options.node_config_retry_s,
+        )
+        self.node_config_watch: NodeConfigWatch | None = None
         if options.node_config:
-            self.node_config = NodeConfigWatch(
+            self.node_config_watch = NodeConfigWatch(
                 client,
-                options.node_name,
-                self._config_changed,
-                self._config_invalid,
+                node,
+                self.node_config.changed,
+                self.node_config.invalid,
                 namespace=options.node_config_namespace,
                 name=options.node_config_name,
                 node_poll_s=options.node_config_poll_s,
             )
-        self._xid_healthy = {gpu.index: gpu.healthy for gpu in self.service.gpus}
-        self._mps_healthy = True
         self.marks: UnhealthyMarks | None = None
         if options.unhealthy_configmap:
             self.marks = UnhealthyMarks(
-                client,
-                options.node_name,
-                frozenset(self._xid_healthy),
-                self._marks_changed,
-                self._marks_invalid,
+                client, node, self.health.indices, self._marks_changed, self._marks_invalid
             )
         self.mps: MpsSupervisor | None = None
         if mps_paths is not None and nvml is not None:
@@ -314,7 +325,7 @@ class DevicePluginDaemon:
                 MpsControl(mps_paths, [g.uuid for g in gpus], binary=options.mps_control),
                 nvml,
                 gpus,
-                self._mps_health_changed,
+                self.health.mps_changed,
                 events=self._node_event,
                 check_interval_s=options.mps_check_interval_s,
             )
@@ -325,6 +336,11 @@ class DevicePluginDaemon:
     def services(self) -> list[DevicePluginService]:
         """Every resource's service: ``aliyun.com/gpu-mem`` first, then the dialects'."""
         return [runner.service for runner in self.runners]
+
+    @property
+    def configured(self) -> Configured:
+        """The node configuration in force."""
+        return self.node_config.configured
 
     async def _set_inventory(self, gpus: list[PhysicalGpu], unit: MemoryUnit) -> None:
         """Advertise ``gpus`` in ``unit`` on every resource, ``aliyun.com/gpu-mem`` first: its
@@ -355,31 +371,6 @@ class DevicePluginDaemon:
         self.metrics.observe_registration()
         await self._republish(force=self.runner.registrations > 1)
 
-    def _healthy(self, index: int) -> bool:
-        """GPU ``index`` is healthy: no critical XID, MPS up (when managed), not marked
-        unhealthy by hand."""
-        marked = self.marks is not None and index in self.marks.marked
-        return self._xid_healthy[index] and self._mps_healthy and not marked
-
-    async def _health_changed(self, index: int, healthy: bool) -> None:
-        """An XID transition of GPU ``index``."""
-        self._xid_healthy[index] = healthy
-        for service in self.services:
-            await service.set_health(index, self._healthy(index))
-        await self._republish()
-
-    async def _apply_health(self) -> None:
-        """Every GPU's health from its sources, then publish."""
-        for index in self._xid_healthy:
-            for service in self.services:
-                await service.set_health(index, self._healthy(index))
-        await self._republish()
-
-    async def _mps_health_changed(self, healthy: bool) -> None:
-        """The managed MPS daemon went down (every GPU unhealthy) or came back."""
-        self._mps_healthy = healthy
-        await self._apply_health()
-
     async def _marks_changed(self, marked: frozenset[int]) -> None:
         """``unhealthy-gpu-<node>`` now marks ``marked`` (module doc, 7)."""
         shown = ", ".join(map(str, sorted(marked))) or "none"
@@ -388,7 +379,7 @@ class DevicePluginDaemon:
             f"{unhealthy_configmap_name(self.options.node_name)}: {shown}"
         )
         log.log(logging.WARNING if marked else logging.INFO, "%s", text)
-        await self._apply_health()
+        await self.health.marks_changed(marked)
         await self._node_event("GpuMarkedUnhealthy", text, warning=bool(marked))
 
     async def _marks_invalid(self, error: CodecError) -> None:
@@ -398,97 +389,6 @@ class DevicePluginDaemon:
             "UnhealthyGpuConfigInvalid", f"{error}; the GPUs marked before stay marked", True
         )
 
-    async def _config_changed(self, config: NodeConfig) -> None:
-        """The node's entry in the node-config ConfigMap changed (module doc, 8)."""
-        if self._config_ready:
-            await self._reconfigure(config)
-
-    async def _config_invalid(self, error: CodecError) -> None:
-        """The node's entry cannot be read: the configuration in force stays."""
-        self.node_config_metrics.set(invalid=True)
-        text = f"{error}; the configuration in force stays"
-        log.error("%s", text)
-        await self._node_event("NodeConfigInvalid", text, True)
-
-    async def _reconfigure(self, config: NodeConfig, *, publish: bool = True) -> None:
-        """Apply ``config`` now, or keep it waiting while it would take memory from pods."""
-        node = self.options.node_name
-        async with self._config_lock:
-            try:
-                new = configure(self._physical, config, self.options.unit, node)
-            except CodecError as error:
-                await self._config_invalid(error)
-                return
-            self.node_config_metrics.set(invalid=False)
-            if new == self.configured:
-                self._wanted, self._deferred = None, ""
-                self.node_config_metrics.set(deferred=False)
-                return
-            why = deferral(self.configured, new, self.pods.pods(), node)
-            if why:
-                self._wanted = new
-                self.node_config_metrics.set(deferred=True)
-                if why != self._deferred:
-                    self._deferred = why
-                    text = (
-                        f"node config for node {node} waits: {why}; in force: "
-                        f"{self.configured.describe()}"
-                    )
-                    log.warning("%s", text)
-                    await self._node_event("NodeConfigDeferred", text, True)
-                return
-            self._wanted, self._deferred = None, ""
-            self.node_config_metrics.set(deferred=False)
-            gpus = [replace(g, healthy=self._healthy(g.index)) for g in new.gpus]
-            await self._set_inventory(gpus, new.unit)
-            self.configured = new
-        text = f"node config for node {node} applied: {new.describe()}"
-        log.info("%s", text)
-        if publish:
-            await self._republish()
-        await self._node_event("NodeConfigApplied", text, False)
-
-    async def _retry_deferred(self) -> None:
-        """Try a waiting configuration again every ``node_config_retry_s``."""
-        while True:
-            await asyncio.sleep(self.options.node_config_retry_s)
-            wanted = self._wanted
-            if wanted is not None:
-                await self._reconfigure(wanted.config)
-
-    async def _start_configured(self) -> None:
-        """Before the first publish: read the node's configuration (bounded by
-        ``sync_timeout_s`` and ``NODE_CONFIG_SYNC_S``) and apply it. The unit in force is the
-        one the node publishes already when a restart finds one (pods placed before hold memory
-        in it), else ``--memory-unit``."""
-        watch = self.node_config
-        if watch is None:
-            return
-        bound_s = min(self.options.sync_timeout_s, NODE_CONFIG_SYNC_S)
-        try:
-            await watch.wait_synced(bound_s)
-        except TimeoutError:
-            log.warning(
-                "node config %s/%s not read within %g s (RBAC: configmaps get/list/watch in "
-                "%s, nodes get); starting with the flags, it applies once read",
-                watch.namespace, watch.name, bound_s, watch.namespace,
-            )  # fmt: skip
-            self._config_ready = True
-            return
-        published = self._published_unit(watch)
-        if published is not None and published is not self.options.unit:
-            baseline = Configured(tuple(self._physical), published, Serves.BOTH, NodeConfig())
-            await self._set_inventory(list(self._physical), published)
-            self.configured = baseline
-        self._config_ready = True
-        await self._reconfigure(watch.config, publish=False)
-
-    def _published_unit(self, watch: NodeConfigWatch) -> MemoryUnit | None:
-        try:
-            return None if watch.node is None else node_info(watch.node).unit
-        except CodecError:
-            return None
-
     async def _node_event(self, reason: str, message: str, warning: bool) -> None:
         kind = EventType.WARNING if warning else EventType.NORMAL
         try:
@@ -497,27 +397,31 @@ class DevicePluginDaemon:
             log.warning("recording the event %s failed: %s", reason, error)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set (module doc)."""
+        """Run until ``stop`` is set (module doc). What starts is stopped in reverse order,
+        however the start ends."""
         options = self.options
-        self.pods.start()
-        health: asyncio.Task[None] | None = None
-        mps: asyncio.Task[None] | None = None
-        marks: asyncio.Task[None] | None = None
-        config: asyncio.Task[None] | None = None
-        retry: asyncio.Task[None] | None = None
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+
+            def background(work: Coroutine[None, None, None], name: str) -> None:
+                stack.push_async_callback(_cancel, asyncio.create_task(work, name=name))
+
+            self.pods.start()
+            stack.push_async_callback(self.pods.stop)
             if options.metrics_port is not None:  # 0: any free port (tests)
                 self.metrics_server = metrics = await serve_metrics(
                     self.metrics.registry, options.metrics_host, options.metrics_port
                 )
+                stack.push_async_callback(metrics.close)
                 log.info("metrics on http://%s:%d/metrics", metrics.host, metrics.port)
+            for allocator in self.allocators:
+                stack.push_async_callback(allocator.drain_events)
             await self.pods.wait_synced(options.sync_timeout_s)
             if self.marks is not None:
-                marks = asyncio.create_task(self.marks.run(), name="gpushare-unhealthy-marks")
-            if self.node_config is not None:
-                config = asyncio.create_task(self.node_config.run(), name="gpushare-node-config")
-                retry = asyncio.create_task(self._retry_deferred(), name="gpushare-config-retry")
-                await self._start_configured()
+                background(self.marks.run(), "gpushare-unhealthy-marks")
+            if self.node_config_watch is not None:
+                background(self.node_config_watch.run(), "gpushare-node-config")
+                background(self.node_config.retry_deferred(), "gpushare-config-retry")
+                await self.node_config.start(self.node_config_watch, options.sync_timeout_s)
             try:
                 await self.publish(force=True)
             except KubeError as error:
@@ -525,9 +429,11 @@ class DevicePluginDaemon:
                     raise
                 log.error("publishing the GPU inventory (will retry): %s", error)
             if self.mps is not None:
+                stack.push_async_callback(self.mps.stop)
                 await self.mps.start()
-                mps = asyncio.create_task(self.mps.run(), name="gpushare-mps")
+                background(self.mps.run(), "gpushare-mps")
             for runner in self.runners:
+                stack.push_async_callback(runner.stop)
                 await runner.start()
                 if runner is not self.runner:
                     log.info("serving %s on %s", runner.resource_name, runner.socket_path)
@@ -535,11 +441,11 @@ class DevicePluginDaemon:
                 watcher = HealthWatcher(
                     self._nvml,
                     self._physical,
-                    self._health_changed,
+                    self.health.xid_changed,
                     recovery_s=options.recovery_s,
                     ignored_xids=options.ignored_xids,
                 )
-                health = asyncio.create_task(watcher.run(), name="gpushare-health")
+                background(watcher.run(), "gpushare-health")
             else:
                 log.info("GPU health checking is off")
             log.info(
@@ -548,18 +454,3 @@ class DevicePluginDaemon:
                 self.runner.socket_path,
             )  # fmt: skip
             await stop.wait()
-        finally:
-            for task in (health, mps, marks, config, retry):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            for runner in reversed(self.runners):
-                await runner.stop()
-            if self.mps is not None:
-                await self.mps.stop()
-            for allocator in self.allocators:
-                await allocator.drain_events()
-            await self.pods.stop()
-            if self.metrics_server is not None:
-                await self.metrics_server.close()

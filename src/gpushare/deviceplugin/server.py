@@ -166,7 +166,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self.check_size(gpus, unit)
         self._gpus = list(gpus)
         self._unit = unit
-        self._allocator = allocator
+        self.allocator = allocator
+        """Answers Allocate (``None``: every request refused); set before serving. A
+        ``HandshakeAllocator`` reads this service's ``gpus`` and ``unit``, so it is made after
+        the service and set here."""
         self._device_ids = self._ids(self._gpus, unit)
         self._version = 0
         self._epoch = 0
@@ -268,9 +271,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         if problem is not None:
             log.warning("%s", problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        if self._allocator is not None:
+        if self.allocator is not None:
             try:
-                return await self._allocator.allocate(request)
+                return await self.allocator.allocate(request)
             except AllocateError as error:
                 log.warning("Allocate failed: %s", error)
                 await context.abort(error.code, str(error))

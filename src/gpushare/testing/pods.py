@@ -2,12 +2,13 @@
 allocation annotations the extender writes at bind (``gpushare.kube.codec``), so that the device
 plugin's Allocate has something to resolve without a scheduler in the loop; and
 :func:`delete_namespace`, a test namespace's clean-up on a control plane without
-kube-controller-manager."""
+kube-controller-manager; :func:`placed_pod_json`, such a pod as the JSON a pods cache holds."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from lightkube import Client
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
@@ -17,7 +18,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from gpushare.core.model import Allocation, ContainerAllocation, Node
 from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, MemoryUnit, allocation_annotations
 
-__all__ = ["bound_gpu_pod", "delete_namespace"]
+__all__ = ["bound_gpu_pod", "delete_namespace", "placed_pod_json"]
 
 IMAGE = "registry.invalid/gpushare/test:0"
 
@@ -69,3 +70,37 @@ def delete_namespace(kube: Client, namespace: str) -> None:
         assert pod.metadata.name is not None
         kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
     kube.delete(Namespace, namespace)
+
+
+def placed_pod_json(
+    name: str,
+    node: str,
+    placed: Mapping[int, int] | None,
+    *,
+    phase: str = "Running",
+    namespace: str = "ns",
+) -> dict[str, Any]:
+    """Pod ``namespace/name`` (UID ``name``) on ``node`` as JSON: one container per entry of
+    ``placed`` (GPU index → GiB), each asking its GiB of ``aliyun.com/gpu-mem``, with the
+    allocation annotation the extender writes; ``None``: not placed yet (one container asking
+    1 GiB, no annotation)."""
+    annotations: dict[str, str] = {}
+    if placed:
+        containers = [
+            {"name": f"c{i}", "gpus": [gpu], "share": units}
+            for i, (gpu, units) in enumerate(placed.items())
+        ]
+        annotations["gpushare.io/allocation"] = json.dumps(
+            {"node": node, "unit": "GiB", "containers": containers}
+        )
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": name, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": f"c{i}", "resources": {"limits": {GPU_MEM: str(units)}}}
+                for i, units in enumerate((placed or {1: 1}).values())
+            ],
+        },
+        "status": {"phase": phase},
+    }
