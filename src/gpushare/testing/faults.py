@@ -53,11 +53,17 @@ def _retrieve(task: asyncio.Future[bytes | None]) -> None:
 
 
 class _BreakableStream(httpx2.AsyncByteStream):
-    """A response body that fails with ``ReadError`` as soon as ``broken`` is set."""
+    """A response body that fails with ``ReadError`` as soon as ``broken`` is set.
+
+    The read in flight when it breaks is not cancelled (a cancelled read could leave its
+    socket half closed, found unclosed by a later test's garbage collection): it is left to
+    end when the consumer closes the response (:meth:`aclose` closes the connection under it,
+    then waits for it), as a cut connection ends for a real client."""
 
     def __init__(self, inner: httpx2.AsyncByteStream, broken: asyncio.Event) -> None:
         self._inner = inner
         self._broken = broken
+        self._abandoned: asyncio.Future[bytes | None] | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = aiter(self._inner)
@@ -76,6 +82,7 @@ class _BreakableStream(httpx2.AsyncByteStream):
                 chunk.add_done_callback(_retrieve)
                 await asyncio.wait({chunk, broken}, return_when=asyncio.FIRST_COMPLETED)
                 if not chunk.done():
+                    self._abandoned, chunk = chunk, None
                     raise httpx2.ReadError("connection to the API server cut by the test")
                 data = chunk.result()
                 if data is None:
@@ -83,15 +90,14 @@ class _BreakableStream(httpx2.AsyncByteStream):
                 yield data
         finally:
             broken.cancel()
-            if chunk is not None and not chunk.done():
+            if chunk is not None and not chunk.done():  # the consumer itself was cancelled
                 chunk.cancel()
-                # Let the cancelled read unwind now: the inner stream then closes its socket
-                # here, not when a later test's garbage collection finds it unclosed
-                # (a ResourceWarning that pytest turns into that test's failure).
                 await asyncio.wait({chunk})
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+        if self._abandoned is not None:  # its connection is closed now: the read ends
+            await asyncio.wait({self._abandoned}, timeout=10)
 
 
 class FaultyTransport(httpx2.AsyncBaseTransport):
