@@ -1,4 +1,4 @@
-"""A standing attack on the live extender (issue 11, item 11).
+"""A standing attack on the live extender (issues 11 and 26).
 
 ``gpushare extender --kubeconfig`` runs as its own process against the real control plane, as
 deployed, with short read timeouts and a 1 MiB body limit so that the attacks finish quickly.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,14 @@ from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from gpushare.kube.codec import ALIYUN_ASSIGNED, ALIYUN_IDX, ALIYUN_POD, ALLOCATION, GPU_MEM
+from gpushare.kube.codec import (
+    ALIYUN_ASSIGNED,
+    ALIYUN_IDX,
+    ALIYUN_POD,
+    ALLOCATION,
+    GPU_MEM,
+    INVENTORY,
+)
 from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
@@ -315,6 +323,65 @@ def test_hostile_bodies_never_change_state(target: Target, verb: str, body: byte
     elif isinstance(answer, dict):
         assert "internal error" not in answer.get("Error", ""), answer
     assert target.inspect() == before
+
+
+UUIDS = ",".join(f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(5000))
+
+
+def test_a_pod_listing_5000_gpu_uuids_gets_one_short_refusal(target: Target) -> None:
+    """A 205 KB ``nvidia.com/use-gpuuuid``: the refusal names a few UUIDs and counts the rest,
+    the same short line on every node, so kube-scheduler's status write stays small."""
+    pod = gpu_pod_json("many-uuids", 4)
+    pod["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": UUIDS}
+    before = target.inspect()
+    response = target.post("filter", json.dumps({"Pod": pod, "NodeNames": [N1, N2]}).encode())
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    failed = {
+        **(answer.get("FailedNodes") or {}),
+        **(answer.get("FailedAndUnresolvableNodes") or {}),
+    }
+    assert sorted(failed) == [N1, N2]
+    (reason,) = set(failed.values())
+    assert len(reason) < 400, reason
+    assert "4,997 more" in reason
+    assert len(response.content) < 2_000
+    assert target.inspect() == before
+
+
+def test_a_node_announcing_a_10_to_the_30_gib_gpu_is_left_out_and_said_to(
+    target: Target, control_plane: ControlPlane
+) -> None:
+    """An inventory of 10^30 GiB on a node whose capacity counts 32: the extender leaves the
+    node out with one warning naming the bound, ``kubectl inspect gpushare`` reports it as a
+    problem, and the other nodes still take pods."""
+    hostile = gpu_node("attack-huge", [16, 16])
+    assert hostile.metadata is not None
+    assert hostile.metadata.annotations is not None
+    document = json.loads(hostile.metadata.annotations[INVENTORY])
+    document["gpus"][0]["memory"] = 10**30
+    hostile.metadata.annotations[INVENTORY] = json.dumps(document)
+    with control_plane.client() as kube:
+        create_nodes(kube, [hostile])
+        try:
+            wait_until(
+                "the hostile inventory refused",
+                lambda: "node attack-huge cannot be read and is left out" in target.log(),
+                WAIT_S, processes=[target.proc],
+            )  # fmt: skip
+            assert "16,777,216" in target.log()
+            body = {"Pod": gpu_pod_json("ordinary", 2), "NodeNames": [N1, "attack-huge"]}
+            answer = target.post("filter", json.dumps(body).encode()).json()
+            assert answer["NodeNames"] == [N1]
+            inspect = subprocess.run(
+                [*gpushare_argv("inspect"), "--kubeconfig", str(control_plane.kubeconfig)],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert "attack-huge" in inspect.stdout + inspect.stderr
+            assert "16,777,216" in inspect.stdout + inspect.stderr
+            target.alive()
+        finally:
+            delete_nodes(kube, ["attack-huge"])
 
 
 def test_after_the_attacks_no_traceback_and_alive(target: Target) -> None:
