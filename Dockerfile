@@ -14,8 +14,10 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # ---- deps: a venv with every runtime dependency of gpushare-k8s -------------------------------
-# Built from pyproject.toml alone (a stub package stands in for src/), so that this layer, the
-# large one, is rebuilt only when the dependencies change. The .pth file puts /opt/gpushare/app
+# Built from pyproject.toml and constraints.txt alone (a stub package stands in for src/), so
+# that this layer, the large one, is rebuilt only when the dependencies change. constraints.txt
+# pins every version (the set `make test` ran on; `make constraints` moves it), so two builds of
+# one commit install the same packages. The .pth file puts /opt/gpushare/app
 # (stage `app`) on the venv's import path. The stub's build directory goes too: setuptools would
 # reuse its empty gpushare/__init__.py when building the real package.
 # The runtime dependencies only: the simulator's extra (`sim`: polars, matplotlib) is not
@@ -23,16 +25,18 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml constraints.txt README.md ./
 RUN python3 -m venv /opt/gpushare/venv \
     && mkdir -p src/gpushare && touch src/gpushare/__init__.py \
-    && /opt/gpushare/venv/bin/pip install . \
+    && /opt/gpushare/venv/bin/pip install --constraint constraints.txt . \
     && /opt/gpushare/venv/bin/pip uninstall --yes gpushare-k8s \
     && rm -rf src build ./*.egg-info \
     && /opt/gpushare/venv/bin/python -c "import pathlib, site; \
 pathlib.Path(site.getsitepackages()[0], 'gpushare-app.pth').write_text('/opt/gpushare/app\n')"
 
 # ---- app: gpushare itself, without its dependencies (rebuilt when src/ changes) ---------------
+# The wheel's packages: the test harness (gpushare.testing) and the demo are left out by
+# pyproject.toml's package list and by .dockerignore.
 FROM deps AS app
 COPY src ./src
 RUN /opt/gpushare/venv/bin/pip install --no-deps --target /opt/gpushare/app .

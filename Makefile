@@ -5,13 +5,26 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The exact versions every install here (CI's too) and the image's take: scripts/constraints.py.
+CONSTRAINTS := constraints.txt
 
-.PHONY: run demo demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests
+.PHONY: run demo demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[sim,test]'
+	$(BIN)/pip install --quiet --constraint $(CONSTRAINTS) -e '.[sim,test]' \
+		|| { echo "pip refused pyproject.toml's ranges with $(CONSTRAINTS)'s pins: run make constraints" >&2; exit 1; }
+	touch $(STAMP)
+
+# Move the pins: upgrade .venv to the newest versions pyproject.toml's ranges allow and write
+# them to constraints.txt (scripts/constraints.py; `make test` checks the two agree with what is
+# installed). Then run `make test` and commit constraints.txt with pyproject.toml.
+constraints:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade --upgrade-strategy eager -e '.[sim,test]'
+	$(BIN)/python scripts/constraints.py
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -28,8 +41,8 @@ demo-down: $(STAMP)
 test: lint typecheck pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -90,7 +103,7 @@ bench-replay: $(STAMP) controlplane
 
 # The profilers (py-spy, pyinstrument) for benchmark work; not needed by `make test`.
 $(VENV)/.bench-installed: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet --constraint $(CONSTRAINTS) -e '.[bench]'
 	touch $@
 
 # Issue 15 item 4, 5,000 nodes x 8 GPUs and 50,000 GPU pods (docs/extender.md "5,000 nodes"):

@@ -993,12 +993,16 @@ def test_dockerfile_structure() -> None:
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
     deps = lines[lines.index(stages[0]) : lines.index(stages[1])]
     runtime = lines[lines.index(stages[2]) :]
-    # The dependencies' layer is made from pyproject.toml alone: src/ changes do not rebuild it.
+    # The dependencies' layer is made from pyproject.toml and the pins alone: src/ changes do
+    # not rebuild it.
     assert not any(ln.startswith("COPY src") for ln in deps)
-    # The runtime dependencies of the distribution gpushare-k8s, without the simulator's extra
-    # (issue 13): the stub stands in for it, then goes.
+    assert "COPY pyproject.toml constraints.txt README.md ./" in deps
+    # The runtime dependencies of the distribution gpushare-k8s at the pinned versions, without
+    # the simulator's extra (issue 13): the stub stands in for it, then goes.
     deps_text = "\n".join(deps)
-    assert re.search(r"/opt/gpushare/venv/bin/pip install \. ", deps_text)
+    assert re.search(
+        r"/opt/gpushare/venv/bin/pip install --constraint constraints.txt \. ", deps_text
+    )
     assert "pip uninstall --yes gpushare-k8s" in deps_text
     assert "[sim" not in text
     assert "MPLCONFIGDIR" not in text
@@ -1017,7 +1021,10 @@ def test_dockerfile_structure() -> None:
     ignored = set((REPO_ROOT / ".dockerignore").read_text(encoding="utf-8").split("\n"))
     assert {".git", ".venv", "out", "tests", "**/__pycache__", ".pytest_cache"} <= ignored
     assert {".mypy_cache", ".ruff_cache", ".hypothesis"} <= ignored
-    assert not {"src", "pyproject.toml", "README.md"} & ignored
+    assert not {"src", "pyproject.toml", "constraints.txt", "README.md"} & ignored
+    # The test harness and the demo stay out of the image (the wheel leaves them out too:
+    # tests/test_packaging.py).
+    assert {"src/gpushare/testing", "src/gpushare/demo"} <= ignored
 
 
 def test_the_openssl_recipe_for_the_plain_manifests_makes_a_secret_they_can_use(

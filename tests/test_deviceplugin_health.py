@@ -16,6 +16,7 @@ import pytest
 from gpushare.deviceplugin.health import APPLICATION_XIDS, HealthWatcher
 from gpushare.deviceplugin.nvml import NvmlError, NvmlInventory
 from gpushare.testing.clock import ManualClock
+from gpushare.testing.controlplane import async_wait_until
 from gpushare.testing.nvml import FakeDevice, FakeNvml
 
 GIB = 2**30
@@ -225,9 +226,7 @@ def test_run_reports_an_xid_and_stops_promptly_when_cancelled() -> None:
         assert done == {task}
         assert task.cancelled()
         fake.inject_xid(0, 79)  # ends the wait in flight: its thread frees the event set
-        async with asyncio.timeout(10):
-            while fake.live_event_sets:
-                await asyncio.sleep(0.01)
+        await async_wait_until("the event set freed", lambda: not fake.live_event_sets, 10)
 
     asyncio.run(main())
 

@@ -31,6 +31,7 @@ from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.registration import RegistrationError, register
 from gpushare.deviceplugin.server import DevicePluginService, options, serve
 from gpushare.kube.codec import GPU_MEM, MemoryUnit
+from gpushare.testing.controlplane import async_wait_until
 from gpushare.testing.kubelet import FakeKubelet, KubeletError, ResourceView
 
 SPEC = "2x4GiB:T4"
@@ -253,8 +254,7 @@ def test_registers_once_kubelet_is_up(socket_dir: Path, caplog: pytest.LogCaptur
     async def main() -> None:
         async with _runner(_service(), socket_dir) as runner:
             assert runner.socket_path.is_socket()  # served before any registration
-            while runner.attempts < 4:
-                await asyncio.sleep(0.02)
+            await async_wait_until("4 register attempts", lambda: runner.attempts >= 4, WAIT_S)
             assert runner.registrations == 0
             assert runner.last_error is not None
             assert runner.last_error.code is None
@@ -322,8 +322,7 @@ def test_runner_keeps_retrying_a_rejected_register(socket_dir: Path) -> None:
             FakeKubelet(socket_dir) as kubelet,
             _runner(_service(), socket_dir, resource_name="gpu-mem") as runner,
         ):
-            while runner.attempts < 2:
-                await asyncio.sleep(0.02)
+            await async_wait_until("2 register attempts", lambda: runner.attempts >= 2, WAIT_S)
             assert runner.registrations == 0
             assert runner.last_error is not None
             assert 'the ResourceName "gpu-mem" is invalid' in str(runner.last_error)

@@ -10,7 +10,6 @@ connection closed by the server before ``WAIT_S`` was closed by them."""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,6 +17,7 @@ import pytest
 
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
+from gpushare.testing.controlplane import wait_for
 from gpushare.testing.extender import serve_in_thread
 
 PREFIX = "/gpushare-scheduler"
@@ -142,14 +142,16 @@ def test_connections_past_the_cap_are_closed_at_once() -> None:
         finally:
             for conn in held:
                 conn.close()
-        deadline = time.monotonic() + WAIT_S
-        while True:  # the closed ones are forgotten: a new connection is served
+        last = [b""]
+
+        def served() -> bytes | None:
             with connect(bound) as conn:
                 conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 try:
-                    data = read_all(conn)
+                    last[0] = read_all(conn)
                 except ConnectionResetError:
-                    data = b""
-            if data.startswith(b"HTTP/1.1 200") or time.monotonic() > deadline:
-                break
-        assert data.startswith(b"HTTP/1.1 200"), data
+                    last[0] = b""
+            return last[0] if last[0].startswith(b"HTTP/1.1 200") else None
+
+        # the closed ones are forgotten: a new connection is served
+        wait_for("a new connection to be served", served, WAIT_S, detail=lambda: last[0])

@@ -13,6 +13,7 @@ from gpushare.extender.leadership import Leadership
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.kube.watch import Backoff
+from gpushare.testing.controlplane import async_wait_until
 
 
 def test_a_failed_rebuild_is_retried_within_the_term_until_it_succeeds(
@@ -35,11 +36,10 @@ def test_a_failed_rebuild_is_retried_within_the_term_until_it_succeeds(
             elector, flaky_rebuild, retry=Backoff(initial_s=0.01, max_s=0.01, jitter=0)
         )
         leadership.on_change(True)
-        for _ in range(200):
-            if leadership.deciding():
-                break
-            await asyncio.sleep(0.01)
-        await leadership.stop()
+        try:
+            await async_wait_until("a decision after 3 rebuilds", leadership.deciding, 2.0)
+        finally:
+            await leadership.stop()
         return leadership.deciding()
 
     assert asyncio.run(term())

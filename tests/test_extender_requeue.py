@@ -23,6 +23,7 @@ from gpushare.kube.codec import Json, pod_key
 from gpushare.kube.refs import PodRef
 from gpushare.kube.requeue import RequeueOutcome
 from gpushare.kube.watch import Action, Change
+from gpushare.testing.controlplane import async_wait_until
 from gpushare.testing.extender import bound_pod, node_json, pod_json
 
 
@@ -224,10 +225,7 @@ def test_the_loop_requeues_after_a_change_and_settles() -> None:
         task = asyncio.create_task(rig.requeuer.run())
         try:
             rig.requeuer.changed("n1")
-            for _ in range(200):
-                if rig.calls:
-                    break
-                await asyncio.sleep(0.01)
+            await async_wait_until("a requeue after the change", lambda: bool(rig.calls), 2.0)
             return list(rig.calls)
         finally:
             task.cancel()

@@ -1,8 +1,9 @@
-"""The inspect report (``gpushare.inspect.build_report``): what it counts where, table-driven.
+"""The inspect report (``gpushare.inspect.build_report``): what it counts where, one test a rule.
 
+Each test builds a snapshot (nodes and pods as JSON) and checks what its report must say.
 Snapshots are built from the shared fakes (``gpushare.testing``): GPU-share nodes from
-``gpu_node``, bound pods with the extender's own annotations from ``bound_gpu_pod``, pending pods
-from ``pod_json``. The renderers' golden files are in ``tests/test_inspect_render.py``.
+``node_json``, bound pods with the extender's own annotations from ``bound_gpu_pod``, pending
+pods from ``pod_json``. The renderers' golden files are in ``tests/test_inspect_render.py``.
 """
 
 from __future__ import annotations
@@ -66,11 +67,8 @@ def report(nodes: Sequence[Json], pods: Sequence[Json] = (), only: str | None = 
     return build_report(Snapshot(tuple(nodes), tuple(pods)), node=only)
 
 
-# -- cases: a snapshot and what must hold of its report ------------------------------------------
-
-
-def case_165() -> None:
-    """(a) 4×22 GiB + 7×11 GiB, one 1 GiB pod: 1/165, 0% (truncated)."""
+def test_a_1_gib_pod_over_165_gib_reads_1_of_165_and_0_percent_truncated() -> None:
+    """4×22 GiB + 7×11 GiB, one 1 GiB pod: 1/165, 0% (truncated)."""
     a, b = node("a", [22] * 4, ip="192.168.0.10"), node("b", [11] * 7)
     r = report([a, b], [bound("p", b, [("main", (0,), 1)])])
     assert [(n.name, n.allocated, n.total, n.address) for n in r.nodes] == [
@@ -84,8 +82,8 @@ def case_165() -> None:
     assert r.pending == ()
 
 
-def case_t4_notebooks() -> None:
-    """(b) one 14 GiB T4, three 4 GiB notebook pods: 12/14 on GPU0."""
+def test_three_4_gib_notebooks_on_a_14_gib_t4_fill_12_of_14_listed_by_name() -> None:
+    """One 14 GiB T4, three 4 GiB notebook pods: 12/14 on GPU0."""
     t4 = node("t4", [FakeGpu(0, 14, "Tesla-T4")])
     r = report([t4], [bound(f"nb-{i}", t4, [("nb", (0,), 4)]) for i in (3, 1, 2)])
     (n,) = r.nodes
@@ -96,8 +94,8 @@ def case_t4_notebooks() -> None:
     assert (n.gpus[0].model, n.gpus[0].free) == ("Tesla-T4", 2)
 
 
-def case_pending_nowhere() -> None:
-    """(c) a 10 GiB pod: 4 free per GPU on n1, an 8 GiB GPU on n2; numbers in the reasons."""
+def test_a_pod_that_fits_nowhere_is_pending_with_each_nodes_reason_and_numbers() -> None:
+    """A 10 GiB pod: 4 free per GPU on n1, an 8 GiB GPU on n2; numbers in the reasons."""
     n1, n2 = node("n1", [16, 16]), node("n2", [8])
     pods = [bound("a", n1, [("main", (0,), 12)]), bound("b", n1, [("main", (1,), 12)])]
     r = report([n1, n2], [*pods, pod_json("big", 10, namespace="ml")])
@@ -118,8 +116,8 @@ def case_pending_nowhere() -> None:
     assert p.reason == f"{p.nodes[0].text} | {p.nodes[1].text}"
 
 
-def case_unhealthy() -> None:
-    """(d) an unhealthy GPU keeps its pod's allocation, offers nothing, counts as unhealthy."""
+def test_an_unhealthy_gpu_keeps_its_pods_allocation_offers_nothing_and_counts_unhealthy() -> None:
+    """An unhealthy GPU keeps its pod's allocation, offers nothing, counts as unhealthy."""
     n = node("n1", [FakeGpu(0, 16), FakeGpu(1, 16, healthy=False)])
     r = report([n], [bound("old", n, [("main", (1,), 4)]), pod_json("new", 14)])
     gpus = r.nodes[0].gpus
@@ -130,8 +128,8 @@ def case_unhealthy() -> None:
     assert r.pending[0].nodes[0].status == FitStatus.FITS.value
 
 
-def case_multi_gpu() -> None:
-    """(e) c0 takes 8 on GPUs 0 and 1, c1 4 on GPU 2: per GPU and per container."""
+def test_a_multi_gpu_pod_is_counted_per_gpu_and_per_container() -> None:
+    """c0 takes 8 on GPUs 0 and 1, c1 4 on GPU 2: per GPU and per container."""
     n = node("n1", [16] * 4)
     r = report([n], [bound("train", n, [("c0", (0, 1), 8), ("c1", (2,), 4)])])
     (p,) = r.nodes[0].pods
@@ -142,8 +140,8 @@ def case_multi_gpu() -> None:
     assert [g.allocated for g in r.nodes[0].gpus] == [8, 8, 4, 0]
 
 
-def case_assumed() -> None:
-    """(f) bound, ALIYUN_COM_GPU_MEM_ASSIGNED "false": allocated and assumed."""
+def test_a_bound_pod_the_device_plugin_has_not_assigned_is_allocated_and_assumed() -> None:
+    """Bound, ALIYUN_COM_GPU_MEM_ASSIGNED "false": allocated and assumed."""
     n = node("n1", [16, 16])
     pods = [bound("run", n, [("main", (0,), 4)]), bound("new", n, [("m", (1,), 6)], assigned=False)]
     r = report([n], pods)
@@ -152,8 +150,8 @@ def case_assumed() -> None:
     assert (r.nodes[0].allocated, r.nodes[0].assumed) == (10, 6)
 
 
-def case_node_filter() -> None:
-    """(g) ``node=``: that node only; pending pods checked against it alone."""
+def test_a_node_filter_reports_that_node_only_and_checks_pending_pods_against_it_alone() -> None:
+    """``node=``: that node only; pending pods checked against it alone."""
     n1, n2 = node("n1", [16]), node("n2", [16])
     pods = [bound("a", n1, [("main", (0,), 4)]), bound("b", n2, [("main", (0,), 8)])]
     r = report([n1, n2], [*pods, pod_json("big", 20)], only="n2")
@@ -164,8 +162,8 @@ def case_node_filter() -> None:
     assert r.totals[0].total == 16
 
 
-def case_garbage_inventory() -> None:
-    """(h) a node with a garbage inventory: one problem line, the rest still reported."""
+def test_a_node_with_a_garbage_inventory_is_one_problem_and_the_rest_is_reported() -> None:
+    """A node with a garbage inventory: one problem line, the rest still reported."""
     good, bad = node("good", [16]), node("bad", [16])
     bad["metadata"]["annotations"][INVENTORY] = "{not json"
     r = report([good, bad], [bound("p", good, [("main", (0,), 4)])])
@@ -175,7 +173,7 @@ def case_garbage_inventory() -> None:
     assert "JSON" in problem
 
 
-def case_garbage_pod_and_missing_node() -> None:
+def test_a_garbage_allocation_and_a_pod_on_a_missing_node_are_problems() -> None:
     """A pod with a garbage allocation and a pod on a node absent from the snapshot."""
     n = node("n1", [16])
     broken = bound("broken", n, [("main", (0,), 4)])
@@ -199,7 +197,7 @@ def on_gpu_index(name: str, node_name: str, index: str, amount: str) -> Json:
     return pod_json(name, 4, node=node_name, annotations=notes)
 
 
-def case_gpu_index_the_node_lacks_counts_on_every_gpu() -> None:
+def test_a_pod_on_a_gpu_index_the_node_lacks_is_charged_on_every_gpu_and_is_a_problem() -> None:
     """A pod on GPU 7 of a 2-GPU node: charged on both GPUs (less free), as the extender
     charges it (``gpushare.core.skipped``), and named in the problems with what it is counted
     as; ``allocated`` counts only the pods that name the GPU."""
@@ -219,7 +217,7 @@ def case_gpu_index_the_node_lacks_counts_on_every_gpu() -> None:
     )
 
 
-def case_unreadable_allocation_blocks_the_node() -> None:
+def test_an_unreadable_allocation_blocks_every_gpu_of_its_node() -> None:
     """A bound pod whose ``ALIYUN_COM_GPU_MEM_POD`` is not a number holds an unknown amount on
     an unknown GPU: every GPU of its node is blocked (free 0), nothing else counted."""
     n = node("n1", [16, 16])
@@ -236,7 +234,7 @@ def case_unreadable_allocation_blocks_the_node() -> None:
     assert problem.endswith("; counted as every GPU of the node blocked")
 
 
-def case_skipped_pods() -> None:
+def test_finished_pods_and_pods_asking_no_gpu_are_not_counted_and_plain_nodes_not_shown() -> None:
     """Finished pods and pods asking no GPU are not counted; plain nodes are not shown."""
     n = node("n1", [16])
     done = bound("done", n, [("main", (0,), 4)])
@@ -247,7 +245,7 @@ def case_skipped_pods() -> None:
     assert r.pending == ()
 
 
-def case_unplaced_on_alibaba_node() -> None:
+def test_a_pod_bound_without_an_allocation_record_is_reported_as_unplaced() -> None:
     """A pod bound without an allocation record counts in ``unplaced`` (Alibaba's PENDING),
     on a node read through Alibaba's fallback (unit unknown)."""
     r = report([alibaba_node_json("old", 30, 2)], [pod_json("stray", 3, node="old")])
@@ -258,7 +256,7 @@ def case_unplaced_on_alibaba_node() -> None:
     assert (r.totals[0].unit, r.totals[0].total) == (None, 30)
 
 
-def case_units_are_totalled_apart() -> None:
+def test_gib_and_mib_nodes_are_totalled_apart() -> None:
     gib, mib = node("g", [16]), node("m", [16276], unit=MemoryUnit.MIB)
     r = report([mib, gib], [bound("x", mib, [("main", (0,), 8138)])])
     assert [(t.unit, t.allocated, t.total) for t in r.totals] == [
@@ -266,7 +264,7 @@ def case_units_are_totalled_apart() -> None:
     ]  # fmt: skip
 
 
-def case_unlabelled_node_with_pods() -> None:
+def test_a_node_that_lost_its_label_but_holds_a_pod_is_shown_and_marked() -> None:
     """A node that lost ``gpushare=true`` but still holds a pod is shown, marked."""
     n = node("n1", [16])
     del n["metadata"]["labels"]["gpushare"]
@@ -276,24 +274,24 @@ def case_unlabelled_node_with_pods() -> None:
     assert r.pending[0].reason == "no GPU-share node"
 
 
-def case_overcommit_is_a_problem() -> None:
+@pytest.mark.parametrize("rows", [True, False], ids=["with pod rows", "without pod rows"])
+def test_an_overcommitted_gpu_is_a_problem_naming_its_pods_in_order(rows: bool) -> None:
     n = node("n1", [16])
     pods = [bound("b", n, [("main", (0,), 8)]), bound("a", n, [("main", (0,), 12)])]
-    for rows in (True, False):  # the pods are named in order, with or without pod rows
-        r = build_report(Snapshot((n,), tuple(pods)), pod_rows=rows)
-        assert (r.nodes[0].gpus[0].allocated, r.nodes[0].gpus[0].free) == (20, 0)
-        assert r.problems == (
-            "node n1 GPU 0: allocated 20 above its capacity 16 (GiB; pods default/a, default/b)",
-        )
-        assert len(r.nodes[0].pods) == (2 if rows else 0)
+    r = build_report(Snapshot((n,), tuple(pods)), pod_rows=rows)
+    assert (r.nodes[0].gpus[0].allocated, r.nodes[0].gpus[0].free) == (20, 0)
+    assert r.problems == (
+        "node n1 GPU 0: allocated 20 above its capacity 16 (GiB; pods default/a, default/b)",
+    )
+    assert len(r.nodes[0].pods) == (2 if rows else 0)
 
 
-def case_fits_somewhere() -> None:
+def test_a_pod_that_fits_now_is_pending_with_the_nodes_it_fits_on() -> None:
     r = report([node("n1", [16]), node("n2", [4])], [pod_json("p", 8)])
     assert r.pending[0].reason.startswith("fits now on 1 of 2 node(s) (n1): ")
 
 
-def case_grouped_reasons() -> None:
+def test_one_reason_on_many_nodes_is_given_once_with_the_first_names() -> None:
     nodes = [node(f"n{i}", [4]) for i in range(5)]
     r = report(nodes, [pod_json("p", 8)])
     assert r.pending[0].reason == (
@@ -301,39 +299,11 @@ def case_grouped_reasons() -> None:
     )
 
 
-def case_filter_unknown_node() -> None:
+def test_a_filter_on_an_unknown_node_is_a_problem_and_leaves_no_gpu_share_node() -> None:
     r = report([node("n1", [16])], [pod_json("p", 8)], only="nope")
     assert r.nodes == ()
     assert r.problems == ("node nope: not found",)
     assert r.pending[0].reason == "no GPU-share node"
-
-
-CASES: list[Callable[[], None]] = [
-    case_165,
-    case_t4_notebooks,
-    case_pending_nowhere,
-    case_unhealthy,
-    case_multi_gpu,
-    case_assumed,
-    case_node_filter,
-    case_garbage_inventory,
-    case_garbage_pod_and_missing_node,
-    case_gpu_index_the_node_lacks_counts_on_every_gpu,
-    case_unreadable_allocation_blocks_the_node,
-    case_skipped_pods,
-    case_unplaced_on_alibaba_node,
-    case_units_are_totalled_apart,
-    case_unlabelled_node_with_pods,
-    case_overcommit_is_a_problem,
-    case_fits_somewhere,
-    case_grouped_reasons,
-    case_filter_unknown_node,
-]
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.__name__.removeprefix("case_") for c in CASES])
-def test_report(case: Callable[[], None]) -> None:
-    case()
 
 
 def test_report_is_pure_and_deterministic() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpushare.kube.codec import GPU_COUNT, GPU_MEM, INVENTORY
-from gpushare.testing.controlplane import Binaries, ControlPlane
+from gpushare.testing.controlplane import Binaries, ControlPlane, wait_for
 from gpushare.testing.nodes import (
     FakeGpu,
     create_nodes,
@@ -82,15 +81,17 @@ def test_default_scheduler_places_a_pod_that_kwok_runs(kube: Client) -> None:
     try:
         create_nodes(kube, [plain_node("plain-node")])
         kube.create(pod)
-        deadline = time.monotonic() + 60
-        while True:
-            current = kube.get(Pod, "plain-pod", namespace="default")
-            assert current.spec is not None
-            assert current.status is not None
-            if current.status.phase == "Running":
-                break
-            assert time.monotonic() < deadline, f"pod not Running: {current.status}"
-            time.sleep(0.1)
+        last: list[Pod] = []
+
+        def running() -> Pod | None:
+            last[:] = [kube.get(Pod, "plain-pod", namespace="default")]
+            assert last[0].spec is not None
+            assert last[0].status is not None
+            return last[0] if last[0].status.phase == "Running" else None
+
+        current = wait_for("pod plain-pod Running", running, 60, detail=lambda: last[0].status)
+        assert current.spec is not None
+        assert current.status is not None
         assert current.spec.nodeName == "plain-node"
         assert current.status.podIP
     finally:

@@ -32,7 +32,7 @@ from gpushare.deviceplugin.nvml import (
 )
 from gpushare.kube.codec import GPU_COUNT, GPU_MEM, GPUSHARE_LABEL, NodeInfo, node_info
 from gpushare.testing import mps_control
-from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.controlplane import ControlPlane, async_wait_for
 from gpushare.testing.daemon import running_daemon
 from gpushare.testing.kubelet import FakeKubelet
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
@@ -49,13 +49,17 @@ async def node_until(
     client: AsyncClient, name: str, predicate: Callable[[NodeInfo, Node], bool]
 ) -> NodeInfo:
     """Poll node ``name`` until ``predicate(info, node)`` holds."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            node = await client.get(Node, name)
-            info = node_info(node.to_dict())
-            if predicate(info, node):
-                return info
-            await asyncio.sleep(0.05)
+    seen: list[Node] = []
+
+    async def holds() -> NodeInfo | None:
+        seen[:] = [await client.get(Node, name)]
+        info = node_info(seen[0].to_dict())
+        return info if predicate(info, seen[0]) else None
+
+    def last() -> str:
+        return f"GPU count (capacity, allocatable) {gpu_count(seen[0])}" if seen else "no read"
+
+    return await async_wait_for(f"node {name} as wanted", holds, WAIT_S, detail=last)
 
 
 def scrape(url: str) -> dict[tuple[str, str], float]:
@@ -182,12 +186,13 @@ def test_managed_mps_crash_makes_gpus_unhealthy_posts_events_and_stop_restores(
             await kubelet.wait_for_devices(GPU_MEM, lambda v: v.allocatable == 32, WAIT_S)
             info = await node_until(client, name, lambda i, n: gpu_count(n) == ("2", "2"))
             assert [g.healthy for g in info.node.gpus] == [True, True]
+
             # The Normal Event is posted right after the health comes back: wait for it before
             # stopping the plugin, whose stop would cancel a post still in flight.
-            deadline = time.monotonic() + WAIT_S
-            while not wanted <= set(await asyncio.to_thread(reasons)):
-                assert time.monotonic() < deadline, f"Events {wanted} not all in {reasons()}"
-                await asyncio.sleep(0.1)
+            async def posted() -> bool | None:
+                return wanted <= set(await asyncio.to_thread(reasons)) or None
+
+            await async_wait_for(f"Events {wanted}", posted, WAIT_S, detail=reasons)
         assert nvml.compute_modes == [COMPUTE_MODE_DEFAULT] * 2
         assert mps_control.daemon_pid(paths.pipe_dir) is None  # quit
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.errors import ApiCallError, Failure
 from gpushare.kube.nodes import RBAC_RULES, NodePublisher
-from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.controlplane import ControlPlane, wait_until
 from gpushare.testing.faults import FaultyTransport
 from gpushare.testing.nodes import FakeGpu, create_nodes, delete_nodes, gpu_node, plain_node
 
@@ -122,16 +121,6 @@ def gpu_count(node: dict[str, Any]) -> tuple[str | None, str | None]:
     )
 
 
-def wait_for(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    delay = 0.02
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S}s: {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
-
-
 def is_ready(node: dict[str, Any]) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -187,7 +176,7 @@ def test_publish_to_a_node_without_gpus(
         again = read_node(kube, name)
         return is_ready(again) and int(again["metadata"]["resourceVersion"]) > ours
 
-    wait_for(f"kwok makes {name} Ready again", rewritten)
+    wait_until(f"kwok to make {name} Ready again", rewritten, WAIT_S)
     node = read_node(kube, name)
     assert any(
         entry.get("manager") == "kwok" and entry.get("subresource") == "status"

@@ -33,7 +33,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
 from gpushare.deviceplugin.inventory import FakeInventory
 from gpushare.kube.codec import GPU_MEM, GPUSHARE_LABEL, MemoryUnit, NodeInfo, node_info
-from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.controlplane import ControlPlane, async_wait_for
 from gpushare.testing.daemon import running_daemon
 from gpushare.testing.kubelet import FakeKubelet
 from gpushare.testing.nodes import apply_node_config, create_nodes, delete_nodes, plain_node
@@ -55,12 +55,15 @@ async def running(
 
 async def inventory_until(client: AsyncClient, name: str, wanted: object) -> NodeInfo:
     """Poll node ``name`` until (unit, ((index, capacity), ...)) of its inventory is ``wanted``."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            info = node_info((await client.get(Node, name)).to_dict())
-            if (info.unit, tuple((g.index, g.capacity) for g in info.node.gpus)) == wanted:
-                return info
-            await asyncio.sleep(0.05)
+    seen: list[object] = [None]
+
+    async def holds() -> NodeInfo | None:
+        info = node_info((await client.get(Node, name)).to_dict())
+        seen[0] = (info.unit, tuple((g.index, g.capacity) for g in info.node.gpus))
+        return info if seen[0] == wanted else None
+
+    what = f"the inventory of {name} to be {wanted}"
+    return await async_wait_for(what, holds, WAIT_S, detail=lambda: seen[0])
 
 
 def world(kube: Client, labels: dict[str, str]) -> tuple[str, str, DaemonOptions]:
@@ -145,20 +148,20 @@ def test_a_restart_keeps_the_published_unit_while_pods_hold_memory_in_it(
             view = await kubelet.wait_for_devices(GPU_MEM, lambda v: v.capacity > 0, WAIT_S)
             assert view.capacity == 2 * 16384  # still MiB: the pod asked 4096 of them
             await inventory_until(client, node, (MemoryUnit.MIB, ((0, 16384), (1, 16384))))
-            async with asyncio.timeout(WAIT_S):
-                while True:
-                    events = await asyncio.to_thread(
-                        lambda: [
-                            e.message or ""
-                            for e in kube.list(
-                                Event, namespace="default", fields={"involvedObject.name": node}
-                            )
-                            if e.reason == "NodeConfigDeferred"
-                        ]
-                    )
-                    if events:
-                        break
-                    await asyncio.sleep(0.1)
+
+            async def deferred() -> list[str] | None:
+                events = await asyncio.to_thread(
+                    lambda: [
+                        e.message or ""
+                        for e in kube.list(
+                            Event, namespace="default", fields={"involvedObject.name": node}
+                        )
+                        if e.reason == "NodeConfigDeferred"
+                    ]
+                )
+                return events or None
+
+            events = await async_wait_for("a NodeConfigDeferred Event", deferred, WAIT_S)
             assert (
                 f"memoryUnit GiB waits until no pod on the node asks GPU memory in MiB "
                 f"(1 do: default/{pod})"

@@ -207,13 +207,14 @@ def rewritten(stack: Stack, url: str, why: str) -> str:
     thread = threading.Thread(target=attack, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            error = str(filter_on(stack, stack.follower()).get("Error", ""))
-            if why in error:
-                return error
-            time.sleep(0.2)
-        raise AssertionError(f"the follower never refused {url!r} for {why!r}")
+        last = [""]
+
+        def refused() -> str | None:
+            last[0] = str(filter_on(stack, stack.follower()).get("Error", ""))
+            return last[0] if why in last[0] else None
+
+        what = f"the follower to refuse {url!r} for {why!r}"
+        return wait_for(what, refused, 30, detail=lambda: f"Error {last[0]!r}")
     finally:
         stop.set()
         thread.join(5)

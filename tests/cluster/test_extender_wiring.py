@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from gpushare.kube.codec import GPU_MEM
-from gpushare.testing.controlplane import ControlPlane, gpushare_extender
+from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
 from gpushare.testing.extender_stub import RecordedCall, ScriptedExtender
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node, plain_node
 
@@ -136,29 +135,21 @@ class ScriptedBinder:
 
 def wait_for_pods(client: Client, names: list[str], timeout: float = 60.0) -> dict[str, Pod]:
     """Poll until every pod is bound and Running (kwok); return them."""
-    deadline = time.monotonic() + timeout
-    while True:
+    pending: dict[str, tuple[str | None, str | None]] = {}  # name -> (node, phase), last seen
+
+    def running() -> dict[str, Pod] | None:
         pods = {n: client.get(Pod, n, namespace=NAMESPACE) for n in names}
-        pending = [
-            n
-            for n, p in pods.items()
-            if p.spec is None
-            or not p.spec.nodeName
-            or p.status is None
-            or p.status.phase != "Running"
-        ]
-        if not pending:
-            return pods
-        if time.monotonic() >= deadline:
-            states = {
-                n: (
-                    pods[n].spec.nodeName if pods[n].spec else None,  # type: ignore[union-attr]
-                    pods[n].status.phase if pods[n].status else None,  # type: ignore[union-attr]
-                )
-                for n in pending
-            }
-            raise AssertionError(f"pods not bound and Running after {timeout:.0f}s: {states}")
-        time.sleep(0.1)
+        pending.clear()
+        for name, pod in pods.items():
+            node = pod.spec.nodeName if pod.spec is not None else None
+            phase = pod.status.phase if pod.status is not None else None
+            if not node or phase != "Running":
+                pending[name] = (node, phase)
+        return None if pending else pods
+
+    return wait_for(
+        "pods bound and Running", running, timeout, detail=lambda: f"(node, phase) {pending}"
+    )
 
 
 def first_call(calls: list[RecordedCall], name: str) -> RecordedCall:

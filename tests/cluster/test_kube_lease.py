@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from gpushare.kube.client import connect
 from gpushare.kube.lease import LeaderElector, LeaseConfig
-from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.controlplane import ControlPlane, async_wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -40,6 +40,7 @@ LEASE_RULES = [
     )
 ]
 TIMING: dict[str, Any] = {"lease_duration_s": 3.0, "renew_deadline_s": 2.0, "retry_period_s": 0.25}
+WAIT_S = 15.0  # a wait on the electors, unless it says otherwise
 
 
 @pytest.mark.parametrize(
@@ -90,15 +91,6 @@ class Candidate:
             await self.elector.release()
 
 
-async def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 15.0) -> float:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-    return time.monotonic()
-
-
 @contextlib.asynccontextmanager
 async def candidates(
     kubeconfigs: list[Path], timing: dict[str, Any] | None = None
@@ -122,7 +114,7 @@ def test_one_acquires_the_others_wait(kubeconfig: Path) -> None:
     async def scenario() -> None:
         async with candidates([kubeconfig] * 3) as group:
             group[0].start()
-            await wait_until("c0 leads", group[0].elector.is_leader)
+            await async_wait_until("c0 leads", group[0].elector.is_leader, WAIT_S)
             for other in group[1:]:
                 other.start()
             await asyncio.sleep(TIMING["lease_duration_s"] * 1.5)  # longer than a lease
@@ -139,7 +131,7 @@ def test_a_dead_holder_is_replaced_after_the_observed_lease_expires(kubeconfig: 
     async def scenario() -> None:
         async with candidates([kubeconfig] * 2) as (first, second):
             first.start()
-            await wait_until("c0 leads", first.elector.is_leader)
+            await async_wait_until("c0 leads", first.elector.is_leader, WAIT_S)
             second.start()
             await asyncio.sleep(1.0)  # c1 has observed c0's renewals
             await first.stop(release=False)  # SIGKILL: no release, no more renewals
@@ -147,7 +139,7 @@ def test_a_dead_holder_is_replaced_after_the_observed_lease_expires(kubeconfig: 
             assert record.spec is not None
             assert record.spec.renewTime is not None
             last_renewal = record.spec.renewTime.timestamp()  # c0's last write, wall clock
-            await wait_until("c1 leads", second.elector.is_leader, timeout_s=60.0)
+            await async_wait_until("c1 leads", second.elector.is_leader, 60.0)
             took_over = second.started_wall[0]
             print(f"takeover {took_over - last_renewal:.2f}s after the last renewal")
             # c1 saw that renewal no earlier than it was written, and waits a whole lease from
@@ -169,7 +161,7 @@ def test_a_holder_that_cannot_renew_stops_deciding_before_anyone_acquires(
     async def scenario() -> None:
         async with candidates([revocable, healthy]) as (first, second):
             first.start()
-            await wait_until("c0 leads", first.elector.is_leader)
+            await async_wait_until("c0 leads", first.elector.is_leader, WAIT_S)
             seen: list[bool] = []  # c0's own verdict at the moment c1 acquires
             second.elector.on_change(
                 lambda leading: seen.append(first.elector.is_leader()) if leading else None
@@ -180,11 +172,13 @@ def test_a_holder_that_cannot_renew_stops_deciding_before_anyone_acquires(
                 admin.delete(
                     ClusterRoleBinding, f"gpushare-test:{NAMESPACE}:gpushare-lease-revoked"
                 )
-            await wait_until("c1 leads", second.elector.is_leader, timeout_s=60.0)
+            await async_wait_until("c1 leads", second.elector.is_leader, 60.0)
             # c0's own clock had turned is_leader() false when c1 acquired (checked then, not
             # by comparing callback times, which a loaded loop delays)
             assert seen == [False]
-            await wait_until("c0 notices it lost the lease", lambda: bool(first.stopped_leading))
+            await async_wait_until(
+                "c0 notices it lost the lease", lambda: bool(first.stopped_leading), WAIT_S
+            )
             assert not first.elector.is_leader()
 
     asyncio.run(scenario())
@@ -198,12 +192,15 @@ def test_a_clean_release_hands_over_at_the_next_retry_not_at_expiry(kubeconfig: 
     async def scenario() -> None:
         async with candidates([kubeconfig] * 2, slow) as (first, second):
             first.start()
-            await wait_until("c0 leads", first.elector.is_leader)
+            await async_wait_until("c0 leads", first.elector.is_leader, WAIT_S)
             second.start()
-            await wait_until("c1 has seen the Lease", lambda: second.elector.observed is not None)
+            await async_wait_until(
+                "c1 has seen the Lease", lambda: second.elector.observed is not None, WAIT_S
+            )
             await first.stop(release=True)
             released = time.monotonic()
-            took_over = await wait_until("c1 leads", second.elector.is_leader, 30.0)
+            await async_wait_until("c1 leads", second.elector.is_leader, 30.0)
+            took_over = time.monotonic()
             print(f"takeover {took_over - released:.2f}s after the release")
 
     asyncio.run(scenario())

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -26,7 +25,7 @@ from gpushare.kube.client import connect
 from gpushare.kube.codec import CodecError, MemoryUnit
 from gpushare.kube.codec.nodeconfig import NodeConfig
 from gpushare.kube.nodeconfig import NodeConfigWatch
-from gpushare.testing.controlplane import ControlPlane
+from gpushare.testing.controlplane import ControlPlane, async_wait_until
 from gpushare.testing.nodes import apply_node_config, create_nodes, delete_nodes, plain_node
 
 pytestmark = pytest.mark.cluster
@@ -55,12 +54,6 @@ class NodeGets:
 
     def by_watch_loop(self) -> int:
         return self.tasks.count(WATCH_TASK)
-
-
-async def until(check: Callable[[], bool]) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not check():
-            await asyncio.sleep(0.05)
 
 
 def test_a_label_change_read_by_the_poll_is_not_read_again_and_a_configmap_change_is(
@@ -99,7 +92,9 @@ def test_a_label_change_read_by_the_poll_is_not_read_again_and_a_configmap_chang
             # A ConfigMap change reads the Node again from the watch loop.
             big = "nodes:\n- selector: {pool: big}\n  memoryUnit: MiB\n"
             apply_node_config(kube, configmap, big)
-            await until(lambda: gets.by_watch_loop() == 2)
+            await async_wait_until(
+                "2 reads by the watch loop", lambda: gets.by_watch_loop() == 2, WAIT_S
+            )
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -72,7 +72,7 @@ from gpushare.kube.peers import parse_selector
 
 DEFAULT_HOST = "127.0.0.1"
 """``--host``: loopback, so that a bare ``gpushare extender`` is reachable from nowhere else
-(issue 11: the extender must not listen on every interface by default)."""
+(the extender must not listen on every interface by default)."""
 
 
 def build_state(

@@ -2,7 +2,7 @@
 
 Pure functions of a ``NodeState`` and a ``PodRequest``. Expected outcomes are values in three
 kinds, after the scheduler framework's ``Unschedulable`` / ``UnschedulableAndUnresolvable``
-(design.md, "Failure semantics"; Kubernetes ``noderesources/fit.go`` ``Fits()``):
+(docs/design.md, "Failure semantics"; Kubernetes ``noderesources/fit.go`` ``Fits()``):
 
 * ``FITS`` — the pod fits; ``assignment`` is a feasible GPU assignment (best fit per container);
 * ``DOES_NOT_FIT_NOW`` — too little free right now (extender ``FailedNodes``);

@@ -1,8 +1,9 @@
 """GPU fragmentation with respect to a target workload, after the FGD paper.
 
 Source: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
-Fragmentation Gradient Descent", USENIX ATC 2023, §3; the artifact's ``pkg/utils/frag.go``;
-formalised in ``shared/traces/openb/METHOD.md`` §2.
+Fragmentation Gradient Descent", USENIX ATC 2023, §3, and the authors' simulator
+(hkust-adsl/kubernetes-scheduler-simulator) ``pkg/utils/frag.go``, whose cases the definition
+below follows.
 
 For a node n and a task shape m, F_n(m) is the idle GPU (in the node's unit) that m cannot use:
 

@@ -1,16 +1,15 @@
-"""The device-plugin handshake (design.md, "the handshake"): which pod a kubelet Allocate call
+"""The device-plugin handshake (docs/design.md, "The handshake"): which pod a kubelet Allocate call
 is for, and the placement rule that makes the answer exact in any admission order.
 
 kubelet admits a pod by calling Allocate once per GPU container and extended resource, in
 ``spec.containers`` order, each call with the device IDs it chose and nothing else: no pod, no
-container (spec 2.5, pitfall 13). All the device plugin learns is which resource is called and
-how many units the container asks of it. A pod is matched on one resource, its *Allocate
-resource* (``PendingPod.resource``: empty for ``aliyun.com/gpu-mem``, Alibaba's and
-gpushare's pods; a dialect's own for the others, ``gpushare.kube.codec.dialects``). An
-Allocate *step* is one call on it: a GPU container, the units kubelet passes (``Step.units``:
-the container's amount of that resource, e.g. share × GPU count of memory units, or
-``tencent.com/vcuda-core``) and the answer the extender decided (the GPU indices and the share
-on each).
+container (docs/interfaces.md, "Allocate" and Pitfalls: 13). All the device plugin learns is which
+resource is called and how many units the container asks of it. A pod is matched on one resource,
+its *Allocate resource* (``PendingPod.resource``: empty for ``aliyun.com/gpu-mem``, Alibaba's and
+gpushare's pods; a dialect's own for the others, ``gpushare.kube.codec.dialects``). An Allocate
+*step* is one call on it: a GPU container, the units kubelet passes (``Step.units``: the container's
+amount of that resource, e.g. share × GPU count of memory units, or ``tencent.com/vcuda-core``) and
+the answer the extender decided (the GPU indices and the share on each).
 
 **The rule** (the extender keeps it; :func:`pin`). On one node, among the *pending* pods (bound
 by the extender, not yet started by the device plugin), two pods whose first step asks the same

@@ -1,7 +1,7 @@
 """The unit-free model: GPUs, nodes, requests, allocations and a node's state.
 
 Every amount of GPU memory here is an integer in the node's own unit (GiB or MiB on a cluster,
-milli-GPU in the openb trace): the core never converts units, the adapters do (design.md,
+milli-GPU in the openb trace): the core never converts units, the adapters do (docs/design.md,
 "Units"). GPU **compute** is a second dimension of every GPU, in thousandths of one GPU
 (``compute_milli``; a GPU has ``GPU_COMPUTE_MILLI``): Tencent's ``tencent.com/vcuda-core`` and
 HAMi's ``nvidia.com/gpucores`` percentages are 10 each, openb's ``gpu_milli`` is it as is. A

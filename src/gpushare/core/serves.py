@@ -1,4 +1,4 @@
-"""Which kinds of GPU request a node serves: shared GPUs, whole GPUs, or both (issue 14, item 5).
+"""Which kinds of GPU request a node serves: shared GPUs, whole GPUs, or both (docs/node-config.md).
 
 An operator sets it per node (``gpushare.kube.codec.nodeconfig``, docs/node-config.md); the
 device plugin publishes it in the node's inventory and the extender refuses, with

@@ -1,11 +1,11 @@
 """Skipped pods: what a bound pod holds when its allocation cannot be recorded. Pure; no I/O.
 
 A pod bound to a node holds *something* there even when its allocation cannot be recorded as
-it is (issue 11, defect 2), so its GPUs are never taken as free on a guess. The extender
+it is, so its GPUs are never taken as free on a guess. The extender
 (``ExtenderState``: its ledger refused or could not read the allocation) and the inspect report
 (``gpushare.inspect.report``, read from a snapshot of pods) both charge such a pod with this
 module's rule, so ``kubectl inspect gpushare`` gives the extender's verdict for the pods that
-wait behind it (issue 13):
+wait behind it (``tests/test_inspect_agreement.py``):
 
 =====================================  ============================================================
 the pod's allocation                   what it is charged with

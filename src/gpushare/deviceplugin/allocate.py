@@ -1,7 +1,8 @@
-"""Allocate: give each container the GPU(s) the extender decided for its pod (design.md, "the
-handshake"; the rule and the matching are ``gpushare.core.handshake``).
+"""Allocate: give each container the GPU(s) the extender decided for its pod (docs/design.md,
+"The handshake"; the rule and the matching are ``gpushare.core.handshake``).
 
-For each ``ContainerAllocateRequest`` (kubelet sends exactly one, spec 2.5), the units asked are
+For each ``ContainerAllocateRequest`` (kubelet sends exactly one: docs/interfaces.md,
+"Allocate"), the units asked are
 the number of device IDs. The pending pods are the node's GPU-memory pods (``NodePods``) whose
 allocation is recorded and not all started (``gpushare.kube.codec.handshake``); this process
 also remembers the steps it answered, so a lagging cache never answers one step twice. A pod
@@ -52,7 +53,7 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
-from gpushare.deviceplugin.dialects import GPU_MEM_DIALECT, AllocateDialect, alibaba_envs
+from gpushare.deviceplugin.dialects import GPU_MEM_DIALECT, AllocateDialect
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
@@ -76,7 +77,6 @@ __all__ = [
     "EmptyAllocator",
     "HandshakeAllocator",
     "PodSource",
-    "container_envs",
     "mps_envs",
 ]
 
@@ -145,23 +145,6 @@ def mps_envs(
     if ceiling_percent is not None:
         percent = max(percent, ceiling_percent)
     envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(100, max(1, percent)))
-    return envs
-
-
-def container_envs(
-    step: Step,
-    pod_units: int,
-    gpus: Mapping[int, PhysicalGpu],
-    unit: MemoryUnit,
-    *,
-    mps: bool = False,
-) -> dict[str, str]:
-    """The environment of the ``aliyun.com/gpu-mem`` container answered by ``step`` (module
-    doc). ``gpus`` by index; ``KeyError`` when a GPU of the step is not in it."""
-    chosen = [gpus[index] for index in step.gpu_indices]
-    envs = alibaba_envs(step, pod_units, chosen, unit)
-    if mps:
-        envs.update(mps_envs(step, chosen, unit))
     return envs
 
 

@@ -1,8 +1,9 @@
-"""The request dialects' resources on the node (issue 14, item 3): what the device plugin
+"""The request dialects' resources on the node (docs/compute.md): what the device plugin
 advertises to kubelet for each dialect an operator enables (``--dialects``), how kubelet's
 Allocate on that resource is matched to a pending pod, and what the container gets.
 
-One process, one socket per resource (spec 2.7), each registered with kubelet:
+One process, one socket per resource (kubelet takes one resource per registration), each
+registered with kubelet:
 
 * ``tencent``: ``tencent.com/vcuda-core``, 100 devices per GPU (gpu-manager: 100 = one GPU),
   Allocate matched by the container's vcuda-core (compute share in hundredths; 100·k for k

@@ -5,8 +5,9 @@ per GPU (`--memory-unit GiB|MiB`). Device IDs encode the GPU (`<UUID>-_-<n>`), a
 plugin restarts and stay within kubelet's 63-character limit. A device list that would not fit in
 one ListAndWatch message (kubelet's 4 MiB gRPC receive limit) is refused before serving.
 
-Real discovery (NVML) is a later slice; machines without GPUs use an explicit `--fake-gpus`
-declaration such as `"2x16GiB:T4"`, parsed by `parse_fake_gpus`, which always logs that it is fake.
+Real GPUs are discovered through NVML (`gpushare.deviceplugin.nvml.NvmlInventory`); machines
+without GPUs use an explicit `--fake-gpus` declaration such as `"2x16GiB:T4"`, parsed by
+`parse_fake_gpus`, which always logs that it is fake.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def parse_fake_gpus(spec: str) -> list[PhysicalGpu]:
     Groups are comma-separated `COUNTxSIZE<GiB|MiB>[:MODEL]`; COUNT defaults to 1 and MODEL to
     "FakeGPU". Indices (and minor numbers) run on across groups in order. At most
     `MAX_FAKE_GPUS` GPUs in all, each of at most `MAX_GPU_MEMORY_MIB`: the bounds are checked
-    before any GPU is made (issue 11, defect 6: `99999999x16GiB` used to run forever).
+    before any GPU is made (without that, `99999999x16GiB` ran forever).
     """
     if not spec.strip():
         raise FakeGpuSpecError(f"empty --fake-gpus declaration; {_SPEC_HELP}")

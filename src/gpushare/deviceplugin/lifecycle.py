@@ -1,18 +1,19 @@
 """Device plugin lifecycle with kubelet: serve, register, re-register after kubelet restarts.
 
-`PluginRunner` runs one `DevicePluginService` for one resource (spec 2.7: one socket per resource):
+`PluginRunner` runs one `DevicePluginService` for one resource (one socket per resource:
+kubelet takes one resource per registration):
 
 1. **Serve first** on `<socket_dir>/<socket_name>` (a stale socket is replaced), then **register**
-   with `<socket_dir>/kubelet.sock` (spec 2.4, pitfall 15). Both run on one event loop; the
-   Register call awaits, so the plugin's server answers kubelet's `GetDevicePluginOptions` and
+   with `<socket_dir>/kubelet.sock` (docs/interfaces.md, Pitfalls: 15). Both run on one event loop;
+   the Register call awaits, so the plugin's server answers kubelet's `GetDevicePluginOptions` and
    `ListAndWatch` while Register is in flight.
 2. While kubelet is absent or refuses, retry with exponential backoff (`backoff_initial_s` doubling
    up to `backoff_max_s`); a failure is logged once per distinct error, not once per attempt.
-3. **Kubelet restart** (spec 2.6): kubelet deletes every socket in its directory (ours included)
-   and recreates `kubelet.sock`. The runner watches the directory with inotify (`watchfiles`) and,
-   when its own socket is gone or `kubelet.sock` is a different file from the one it registered
-   with, stops the old server, serves the *same* service again on a fresh socket (same device
-   IDs, same health) and registers again. Other files (`DEPRECATION`,
+3. **Kubelet restart** (docs/interfaces.md, "Lifecycle"): kubelet deletes every socket in its
+   directory (ours included) and recreates `kubelet.sock`. The runner watches the directory with
+   inotify (`watchfiles`) and, when its own socket is gone or `kubelet.sock` is a different file
+   from the one it registered with, stops the old server, serves the *same* service again on a fresh
+   socket (same device IDs, same health) and registers again. Other files (`DEPRECATION`,
    `kubelet_internal_checkpoint`, other plugins' sockets) are ignored. The check compares file
    identities (device, inode, ctime), so the runner's own re-creation of its socket does not look
    like a restart; a rescan every `rescan_s` catches events inotify could not deliver.
@@ -78,11 +79,12 @@ class PluginRunner:
     """Serves `service`, registers it with kubelet and keeps it registered until `stop()`.
 
     `socket_dir` is kubelet's device-plugin directory (default `/var/lib/kubelet/device-plugins`,
-    spec 2.1); `socket_name` the plugin's socket file in it; `resource_name` the extended resource
-    (default `aliyun.com/gpu-mem`). Times are seconds. `registrations` counts successful Register
-    calls (await `wait_registered(n)`), `attempts` every Register tried; `last_error` is the latest
-    failure, `None` once registered. `on_registered`, if given, is awaited after every successful
-    registration; its exceptions are logged and do not stop the runner. A runner starts once.
+    `DevicePluginPath`); `socket_name` the plugin's socket file in it; `resource_name` the extended
+    resource (default `aliyun.com/gpu-mem`). Times are seconds. `registrations` counts successful
+    Register calls (await `wait_registered(n)`), `attempts` every Register tried; `last_error` is
+    the latest failure, `None` once registered. `on_registered`, if given, is awaited after every
+    successful registration; its exceptions are logged and do not stop the runner. A runner starts
+    once.
     """
 
     def __init__(
@@ -228,7 +230,8 @@ class PluginRunner:
         self._registered = False
 
     def _restart_reason(self) -> str | None:
-        """Why the server must be re-created, or None (spec 2.6 detection methods 1 and 2)."""
+        """Why the server must be re-created, or None: our socket is gone, or `kubelet.sock` is a
+        new file (kubelet restarted; docs/interfaces.md, "Lifecycle")."""
         if _file_id(self.socket_path) != self._own_id:
             return f"{self.socket_path} was removed or replaced"
         kubelet = _file_id(self.kubelet_socket)

@@ -1,4 +1,4 @@
-"""CUDA MPS managed by the device plugin (``gpushare device-plugin --mps-managed``, issue 16).
+"""CUDA MPS managed by the device plugin (``gpushare device-plugin --mps-managed``, opt-in).
 
 On a node that opts in, the device plugin runs the MPS control daemon for the node's GPUs and
 keeps it alive, so that the per-container limits Allocate hands out

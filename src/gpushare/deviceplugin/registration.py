@@ -1,13 +1,14 @@
-"""The plugin side of kubelet's `v1beta1.Registration/Register` call (spec 2.1, 2.3, 2.4).
+"""The plugin side of kubelet's `v1beta1.Registration/Register` call (docs/interfaces.md,
+"Registration").
 
 `register` dials kubelet's registration socket (`/var/lib/kubelet/device-plugins/kubelet.sock`)
 and sends one `RegisterRequest`: version `"v1beta1"`, the plugin's socket **file name** as the
 endpoint (kubelet joins it with its own device-plugin directory), the extended resource name and
 the same `DevicePluginOptions` the plugin answers `GetDevicePluginOptions` with.
 
-Kubelet 1.25+ dials the plugin back and calls `GetDevicePluginOptions` *inside* Register (spec
-2.4 step 4, pitfall 15), so the plugin must already be serving, on a loop that this call does not
-block. Every failure is a `RegistrationError`; retrying is the caller's choice
+Kubelet 1.25+ dials the plugin back and calls `GetDevicePluginOptions` *inside* Register
+(docs/interfaces.md, Pitfalls: 15), so the plugin must already be serving, on a loop that this
+call does not block. Every failure is a `RegistrationError`; retrying is the caller's choice
 (`gpushare.deviceplugin.lifecycle` retries with backoff).
 """
 
@@ -34,11 +35,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
-"""The only device plugin API version kubelet supports (spec 2.1)."""
+"""The only device plugin API version kubelet supports (docs/interfaces.md, "Names and
+constants")."""
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-"""kubelet's device-plugin directory (`DevicePluginPath`, spec 2.1)."""
+"""kubelet's device-plugin directory (`DevicePluginPath` of kubelet's `constants.go`)."""
 KUBELET_SOCKET_NAME = "kubelet.sock"
-"""kubelet's registration socket in `DEVICE_PLUGIN_DIR` (`KubeletSocket`, spec 2.1)."""
+"""kubelet's registration socket in `DEVICE_PLUGIN_DIR` (`KubeletSocket` of `constants.go`)."""
 
 
 _UNREACHABLE = frozenset({None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})

@@ -7,7 +7,7 @@ FAILED_PRECONDITION: it never hands out a made-up device. `PluginServer` only se
 with kubelet and its restarts are `gpushare.deviceplugin.lifecycle`'s job.
 
 Every call does bounded work, so that one request cannot hold the event loop that answers
-kubelet's other calls (issue 11, defect 7: 100,000 IDs in one GetPreferredAllocation blocked it
+kubelet's other calls (without bounds, 100,000 IDs in one GetPreferredAllocation blocked it
 for 30 s and Allocates timed out). GetPreferredAllocation checks its IDs against the advertised
 device set (a set lookup each) and refuses, with INVALID_ARGUMENT naming the count or the ID, a
 request that lists more IDs than the plugin has devices or an ID it never advertised; its answer
@@ -56,7 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ALLOCATE_NOT_READY = "handshake not implemented yet"
+ALLOCATE_NOT_READY = "no allocator is wired to this device plugin service"
 
 _Context = aio.ServicerContext[Any, Any]
 
@@ -118,7 +118,8 @@ def preferred_allocation(
 
 
 MAX_ALLOCATE_CONTAINERS = 16
-"""Most container requests in one Allocate (kubelet sends one per call, spec 2.5)."""
+"""Most container requests in one Allocate (kubelet sends one per call: docs/interfaces.md,
+"Allocate")."""
 
 
 def _allocate_problem(request: api_pb2.AllocateRequest, devices: int) -> str | None:
@@ -138,7 +139,8 @@ def _allocate_problem(request: api_pb2.AllocateRequest, devices: int) -> str | N
 
 
 class Allocator(Protocol):
-    """Answers kubelet's Allocate (one `ContainerAllocateRequest` per call, spec 2.5)."""
+    """Answers kubelet's Allocate (one `ContainerAllocateRequest` per call; docs/interfaces.md,
+    "Allocate")."""
 
     async def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         """The response for `request`; raises `AllocateError` when nothing matches."""

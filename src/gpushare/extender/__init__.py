@@ -1,5 +1,6 @@
 """The scheduler extender: the HTTP service kube-scheduler calls to filter, score and bind pods
-that ask for ``aliyun.com/gpu-mem`` (spec: ``shared/spec/kubernetes-interfaces.md`` §1).
+that ask for ``aliyun.com/gpu-mem`` (wire format and kube-scheduler's side: docs/interfaces.md,
+"The scheduler extender wire format"; the contracts: docs/design.md, "The extender").
 
 * :mod:`~gpushare.extender.wire` — the extender wire types (msgspec structs, exact JSON keys);
 * :mod:`~gpushare.extender.state` — ``ExtenderState`` (nodes, pods, and the ledger behind

@@ -6,8 +6,8 @@ the extender's ``Binder`` protocol, whose three answers mean:
 
 =================================  ===========================================================
 ``None`` — bound                   the binder succeeded; or ``ALREADY_BOUND`` **to the same
-                                   node** (a retried bind whose first answer was lost: spec
-                                   §1.7 asks for success)
+                                   node** (a retried bind whose first answer was lost: the
+                                   retry must succeed; docs/interfaces.md, Pitfalls: 9)
 error text — certainly not bound   ``ALREADY_BOUND`` to another node; ``NOT_FOUND`` (gone,
                                    recreated, being deleted); ``FORBIDDEN``; ``INVALID``;
                                    ``CONFLICT`` after the binder's tries; ``THROTTLED``; and a

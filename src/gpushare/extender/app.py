@@ -1,7 +1,7 @@
 """The extender's HTTP service: a starlette app over a ``Scheduler`` (thin transport).
 
-Routes (spec §1.1; Alibaba's URL layout, ``pkg/routes/routes.go``), ``P`` the prefix (default
-``/gpushare-scheduler``):
+Routes (kube-scheduler POSTs ``<urlPrefix>/<verb>``: docs/interfaces.md, "Transport"; Alibaba's
+URL layout, ``pkg/routes/routes.go``), ``P`` the prefix (default ``/gpushare-scheduler``):
 
 =========================  =======================================================================
 ``POST P/filter``          ``ExtenderArgs`` → ``ExtenderFilterResult``

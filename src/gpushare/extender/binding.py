@@ -38,7 +38,7 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.codec.resolve import NotOnNode, on_node
 
-log = logging.getLogger("gpushare.extender.scheduler")
+log = logging.getLogger(__name__)
 
 
 class PodLocks:

@@ -1,6 +1,6 @@
 """Bounds on what one client can make the extender hold: body size, read time, connections.
 
-Issue 11, defect 3: without them a 100 MB body was read and decoded, slow connections stayed
+Without them a 100 MB body was read and decoded, slow connections stayed
 open indefinitely and a half-sent request line was never closed. ``RequestLimits`` holds the
 numbers (``gpushare extender`` flags; docs/extender.md, "Limits", says how they are sized):
 

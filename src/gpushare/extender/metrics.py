@@ -78,7 +78,7 @@ The per-GPU gauges and ``synced`` are computed at scrape time from the ``Extende
 ledger), so nothing has to be kept in sync by hand. No global default registry is used: each
 ``ExtenderMetrics`` owns (or is given) its registry.
 
-**At scale** (issue 15: 5,000 nodes × 8 GPUs is 280,000 per-GPU samples) the per-GPU gauges are
+**At scale** (5,000 nodes × 8 GPUs is 280,000 per-GPU samples) the per-GPU gauges are
 not built as prometheus-client metric objects on every scrape, which took 2.2–3.1 s on the event
 loop and stalled filter. ``GpuSeries`` keeps each node's sample lines, in prometheus-client's
 text format (labels sorted, values by its ``floatToGoString``), and renders a node again only

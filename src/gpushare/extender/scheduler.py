@@ -3,7 +3,8 @@
 * **where node state comes from** — the ``ExtenderState`` alone (on a cluster: the API server's
   watch). A ``Nodes`` request (``nodeCacheCapable: false``) names the candidates by
   ``metadata.name`` only; the node objects in the body are never read into the state, so no
-  request can change what a GPU holds (issue 11, defect 1). Only ``nodes_from_requests=True``
+  request can change what a GPU holds (a body claiming a node has 8 × 80 GiB changes
+  nothing; ``tests/test_extender_app.py``). Only ``nodes_from_requests=True``
   (``gpushare extender --in-memory``, a test and benchmark mode with no API server and no binder)
   learns nodes from the body.
 * **filter** — per candidate node, ``gpushare.core.fit.check_fit`` of the pod on the node with

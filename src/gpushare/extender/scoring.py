@@ -5,7 +5,8 @@ scores have policy-specific ranges (binpack and spread floats in [0, 100], FGD i
 random [0, 1)), so they are normalised over the candidates: with ``lo``/``hi`` the lowest and
 highest value, a node scores ⌊10 · (v − lo) / (hi − lo)⌋ — only the policy's best node(s) get
 10, the worst get 0 — and 10 when all are equal (no preference). Nodes the pod does not fit
-(or the extender does not know) get 0. Integers only (spec §1.6, pitfall 5).
+(or the extender does not know) get 0. Integers only: kube-scheduler cannot decode ``7.0`` as
+its ``int64`` and would drop the whole answer (docs/interfaces.md, Pitfalls: 5).
 
 **Tie-breaks.** A policy with a ``tie_break`` (``fgd-cpu``, ``fgd-spare``: integer FGD score
 s, CPU-aware tie-break t in 0–100) is ranked on v = s + t / 101, which orders nodes exactly by

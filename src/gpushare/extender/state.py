@@ -6,8 +6,8 @@ each GPU pod. It is fed in two ways:
 
 * by the API-server caches (``gpushare.kube``) through ``upsert_node`` / ``remove_node`` /
   ``observe_pod`` / ``forget_pod`` / ``mark_synced`` — one call per watch event, after the
-  initial list; the ledger is thus rebuilt purely from pods and nodes (design.md, "Source of
-  truth");
+  initial list; the ledger is thus rebuilt purely from pods and nodes (docs/design.md,
+  "Source of truth");
 * by the scheduler itself: pods seen in filter requests (``remember_pod``), allocations
   assumed at bind (``assume`` / ``release`` / ``expire``) — and, with ``--in-memory`` only (no
   API server), nodes sent in ``Nodes`` requests; on a cluster a request never changes a node.
@@ -17,12 +17,12 @@ thread-safe): a feeder running in a thread hands its events over with
 ``loop.call_soon_threadsafe``. Every change bumps the node's ``version`` so that per-node results
 can be cached.
 
-**Skipped pods** (issue 11, defect 2). A bound pod holds *something* on its node even when the
-ledger cannot record it, so its GPUs are never taken as free on a guess. ``SkippedPod`` records
-what it is charged with, on top of the ledger, in every ``node_state`` (so in filter, prioritize
-and bind), by ``gpushare.core.skipped``'s rule, the one the inspect report uses too: an
-allocation that cannot be read blocks the whole node, one naming a GPU index the node lacks is
-charged on every GPU, one that does not fit is charged on the GPUs it names.
+**Skipped pods** (``tests/test_extender_skipped.py``). A bound pod holds *something* on its node
+even when the ledger cannot record it, so its GPUs are never taken as free on a guess.
+``SkippedPod`` records what it is charged with, on top of the ledger, in every ``node_state`` (so in
+filter, prioritize and bind), by ``gpushare.core.skipped``'s rule, the one the inspect report uses
+too: an allocation that cannot be read blocks the whole node, one naming a GPU index the node lacks
+is charged on every GPU, one that does not fit is charged on the GPUs it names.
 
 Units the ledger holds on a GPU index the node no longer has (the node shrank) are charged to
 every GPU too. A skipped pod is retried when its node changes and, for over-capacity ones, when
@@ -31,7 +31,8 @@ a pod on the node goes; it leaves the list when it is recorded, finishes or goes
 changed one to the feeder once (a log line and a Warning Event).
 
 ``Binder`` and ``EventSink`` are the protocols ``gpushare.kube`` implements: create the
-``pods/binding`` subresource (spec §4.1) and record Kubernetes Events.
+``pods/binding`` subresource (docs/interfaces.md, "Binding: ``pods/binding``") and record
+Kubernetes Events.
 """
 
 from __future__ import annotations

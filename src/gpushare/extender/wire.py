@@ -1,6 +1,6 @@
 """The scheduler-extender wire types (``k8s.io/kube-scheduler/extender/v1``), as msgspec structs.
 
-Source: ``k8s.io/kube-scheduler/extender/v1/types.go`` (docs/extender.md, "Wire format"). The
+Source: ``k8s.io/kube-scheduler/extender/v1/types.go`` (docs/interfaces.md, "Types"). The
 top-level keys are the Go field names in PascalCase (``Pod``, ``NodeNames``,
 ``FailedAndUnresolvableNodes``, ``PodUID``, ``NodeNameToMetaVictims``...); nested Kubernetes
 objects (the Pod, the Nodes) stay plain JSON dicts, read by ``gpushare.kube.codec``.

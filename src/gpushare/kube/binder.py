@@ -1,7 +1,7 @@
-"""Bind a pod to a node, recording the allocation on it in the same call (design.md, "Source of
-truth").
+"""Bind a pod to a node, recording the allocation on it in the same call (docs/design.md,
+"Source of truth").
 
-:meth:`PodBinder.bind` creates ``pods/{name}/binding`` (kubernetes-interfaces.md 4.1) with the
+:meth:`PodBinder.bind` creates ``pods/{name}/binding`` (docs/interfaces.md, "Binding") with the
 allocation annotations in the Binding's ``metadata.annotations`` and the pod's UID as a
 precondition. The API server sets ``spec.nodeName`` and merges the annotations **atomically**:
 a pod is never bound without its allocation, and of concurrent binds of one pod exactly one
@@ -150,7 +150,7 @@ class PodBinder:
             reply = await self._client.create(binding, pod.name, namespace=pod.namespace)
         except CLIENT_ERRORS as exc:
             raise self._error(pod, node, BindStage.BIND, exc) from exc
-        # 2xx is success (kubernetes-interfaces.md 4.1: check the code, not the body); a
+        # 2xx is success (the API server answers 201 with a Status: check the code); a
         # Status reply that says otherwise is still worth refusing.
         if reply.get("kind") == "Status" and reply.get("status") not in (None, "Success"):
             detail = f"binding answered {reply.get('status')}: {reply.get('message')}"

@@ -1,8 +1,8 @@
 """Making the lightkube ``AsyncClient`` that the cache, the binder and the event recorder take.
 
 Other packages (the extender, the CLI) get their client here, so that only ``gpushare.kube``
-imports lightkube (design.md, section 2). The client is the caller's to close
-(``await client.close()``, or ``async with``).
+imports lightkube (the ``only-kube-talks-to-the-api-server`` contract, docs/architecture.md).
+The client is the caller's to close (``await client.close()``, or ``async with``).
 """
 
 from __future__ import annotations

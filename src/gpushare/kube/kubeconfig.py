@@ -1,4 +1,4 @@
-"""Reading a kubeconfig file with one-line errors (issue 11, defect 8).
+"""Reading a kubeconfig file with one-line errors (``tests/test_cli_kubeconfig.py``).
 
 lightkube's ``KubeConfig.from_file`` trusts the file: ``/etc/passwd`` ends in
 ``AttributeError: 'str' object has no attribute 'get'``, a context naming a missing cluster in a

@@ -10,7 +10,7 @@
    left alone.
 2. **``aliyun.com/gpu-count``** in ``status.capacity`` (the number of GPUs) and
    ``status.allocatable`` (the number of healthy GPUs): a JSON patch of the status subresource
-   (kubernetes-interfaces.md 4.2, method 2: ``PATCH /api/v1/nodes/{node}/status``,
+   (docs/interfaces.md, "Extended resources", way 2: ``PATCH /api/v1/nodes/{node}/status``,
    ``application/json-patch+json``, ``/`` in the key escaped as ``~1``). On a node with a
    kubelet, the kubelet rebuilds ``allocatable`` from ``capacity`` at every status sync (every
    10 s by default), so there allocatable ends up equal to capacity; under kwok (the tests)

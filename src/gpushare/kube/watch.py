@@ -20,7 +20,7 @@ accepts, and reports every change to one sink as a :class:`Change`:
 
 **Memory.** ``metadata.managedFields`` (server-side apply's record of who wrote which field) is
 dropped before the dict is made: nothing in gpushare reads it, and it was more than half of each
-stored pod (10.8 KiB of Python objects per pod, 5.0 KiB without; issue 15, 50,000 pods).
+stored pod (10.8 KiB of Python objects per pod, 5.0 KiB without, measured with 50,000 pods).
 
 **Freshness.** :attr:`Reflector.stale` turns true after two failures in a row without an event
 in between (one dropped stream is routine; two mean the API server is away) and stays true

@@ -1,6 +1,7 @@
 """One simulator run: submit a pod stream to a cluster, one pod at a time, with one policy.
 
-The paper's mechanics (``shared/traces/openb/METHOD.md`` §6, step 6 and §9): no departures, no
+The paper's mechanics (docs/simulator.md, "One run", step 4; the artifact's simulator): no
+departures, no
 retries; a pod that fits nowhere is dropped but still counts as arrived. Every decision is the
 core's ``Placer`` (filter with ``check_fit``, score with the policy, ties by a per-run random node
 order, GPUs by the policy); this module only keeps the books the paper plots.

@@ -1,6 +1,7 @@
 """The paper's experiment: policies × seeds on one trace, in parallel processes.
 
-Source: ``shared/traces/openb/METHOD.md`` §6 and §9. One run = one seed's node tie order and
+Source: the paper's evaluation as the artifact runs it (docs/simulator.md, "One run"). One run =
+one seed's node tie order and
 tuned pod stream (``gpushare.sim.workload``) through ``gpushare.sim.engine.simulate``.
 """
 
@@ -59,7 +60,8 @@ def result_digest(result: RunResult) -> str:
 def policy_context(
     nodes: Sequence[Node], pods: Sequence[PodRequest], seed: int, gpu_unit: int = 1000
 ) -> PolicyContext:
-    """The context every policy of a run gets: M from the original pods (METHOD.md §2), all
+    """The context every policy of a run gets: M from the original pods (docs/simulator.md, "One
+    run", step 2), all
     their shapes, the nodes, the largest node's CPU and GPU total, and a seeded random source."""
     return PolicyContext(
         workload=TargetWorkload.from_pods(pods),

@@ -1,6 +1,7 @@
 """From a run's per-event series to the paper's curves against arrived workload.
 
-Source: the artifact's ``experiments/analysis/merge_*_discrete.py`` (METHOD.md §6, step 8):
+Source: the artifact's ``experiments/analysis/merge_*_discrete.py`` (docs/simulator.md, "One
+run", step 5):
 arrived% = round(100 · arrived / capacity); each integer bin from 0 to ``max_percent`` averages
 the events that fall in it; an empty bin uses the events of bins ±1.
 """

@@ -1,7 +1,8 @@
 """Summaries of an experiment: per-policy statistics, the terminal table and the JSON file.
 
 The headline number is the paper's Fig. 9(a)/11–14 metric: unallocated GPU (% of capacity) when
-the arrived workload equals 100% of capacity, mean ± sd over seeds (METHOD.md §6–7).
+the arrived workload equals 100% of capacity, mean ± sd over seeds (docs/simulator.md, "One
+run" and "Reading the output").
 """
 
 from __future__ import annotations

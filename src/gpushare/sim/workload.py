@@ -1,6 +1,6 @@
 """The paper's experiment set-up for one run: node tie order, shuffled and tuned pod stream.
 
-Source: ``shared/traces/openb/METHOD.md`` §6 steps 2–5 and §9 (the artifact's ``Simulate`` and
+Source: docs/simulator.md, "One run", steps 2–3 (the artifact's ``Simulate`` and
 ``TunePodsByNodeTotalResource``). Go's math/rand is not reproduced bit for bit: runs are
 statistically, not event-for-event, equal to the artifact's.
 """

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.evictions import Eviction, EvictionOutcome
 from gpushare.kube.refs import PodRef
+from gpushare.testing.controlplane import wait_until
 from gpushare.testing.nodes import FakeGpu, gpu_node, plain_node
 
 
@@ -263,13 +263,13 @@ def serve_in_thread(app: Any, *, start_timeout_s: float = 10.0, **config: Any) -
     port = int(sock.getsockname()[1])
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    while not server.started:
+
+    def started() -> bool:
         if not thread.is_alive():
             raise RuntimeError("the uvicorn thread died during start-up")
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"uvicorn did not start within {start_timeout_s:g}s")
-        time.sleep(0.02)
+        return bool(server.started)
+
+    wait_until("uvicorn to start", started, start_timeout_s)
     try:
         yield port
     finally:

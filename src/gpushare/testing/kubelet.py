@@ -1,13 +1,13 @@
 """A test double of kubelet's device manager: `v1beta1.Registration` plus a real plugin client.
 
 `FakeKubelet` serves `/v1beta1.Registration/Register` on `<socket_dir>/kubelet.sock` (grpc.aio)
-and behaves as kubelet 1.25+ does (spec 2.4-2.6):
+and behaves as kubelet 1.25+ does (docs/interfaces.md, "The device plugin API (v1beta1)"):
 
 * Register validates the version (`"v1beta1"`) and the resource name (`IsExtendedResourceName`,
-  spec 4.2), dials `<socket_dir>/<endpoint>` (10 s), calls `GetDevicePluginOptions` (an error
-  fails the Register), replaces any earlier endpoint of the resource, starts consuming
-  `ListAndWatch` in the background and returns `Empty`. Errors carry kubelet's texts, status
-  UNKNOWN (kubelet returns plain Go errors).
+  docs/interfaces.md, "Extended resources"), dials `<socket_dir>/<endpoint>` (10 s), calls
+  `GetDevicePluginOptions` (an error fails the Register), replaces any earlier endpoint of the
+  resource, starts consuming `ListAndWatch` in the background and returns `Empty`. Errors carry
+  kubelet's texts, status UNKNOWN (kubelet returns plain Go errors).
 * Each ListAndWatch message replaces the resource's device list; capacity counts every device,
   allocatable the `"Healthy"` ones. When the stream ends, every device turns unhealthy
   (allocatable 0, capacity kept), as when a plugin dies.
@@ -65,7 +65,8 @@ _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def is_extended_resource(name: str) -> bool:
-    """kubelet's `IsExtendedResourceName` (spec 4.2): `domain/name`, not kubernetes.io."""
+    """kubelet's `IsExtendedResourceName` (docs/interfaces.md, "Extended resources"):
+    `domain/name`, not kubernetes.io."""
     if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
         return False
     prefix, _, short = f"requests.{name}".partition("/")
@@ -164,7 +165,8 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         self.socket_path.unlink(missing_ok=True)
 
     async def restart(self) -> None:
-        """A kubelet restart (spec 2.6): stop, delete every socket but the checkpoint, serve again.
+        """A kubelet restart (docs/interfaces.md, "Lifecycle"): stop, delete every socket but the
+        checkpoint, serve again.
 
         Resources stay known with all devices unhealthy until their plugin registers again.
         """
@@ -204,7 +206,8 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         """Admit one container needing `size` devices (default len(device_ids)) of `resource`.
 
         `device_ids` are IDs kubelet already picked (must-include). Further IDs come from
-        GetPreferredAllocation, then from the remaining healthy devices, in order (spec 2.5).
+        GetPreferredAllocation, then from the remaining healthy devices, in order
+        (docs/interfaces.md, "Allocate").
         Raises `KubeletError` when unregistered or short of devices, `aio.AioRpcError` when the
         plugin's Allocate fails.
         """
@@ -253,7 +256,8 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
     async def Register(  # noqa: N802 (gRPC method name)
         self, request: api_pb2.RegisterRequest, context: aio.ServicerContext[object, object]
     ) -> api_pb2.Empty:
-        """kubelet's Register (spec 2.4 step 4); refusals are UNKNOWN with kubelet's text."""
+        """kubelet's Register (docs/interfaces.md, "Registration"); refusals are UNKNOWN with
+        kubelet's text."""
         self.registrations.append(request)
         index = len(self.registrations) - 1
         if request.version not in SUPPORTED_VERSIONS:
@@ -345,7 +349,8 @@ class KubeletThread:
         self._loop.close()
 
     def sync_node_status(self, kube: Client, node: str, resource: str = GPU_MEM) -> ResourceView:
-        """What kubelet's node-status sync does (spec 2.4 step 6): ``resource``'s capacity (all
+        """What kubelet's node-status sync does (docs/interfaces.md, "ListAndWatch"):
+        ``resource``'s capacity (all
         devices) and allocatable (healthy ones) from the registered plugin's device list, on
         node ``node``. ``KubeletError`` when nothing registered ``resource``."""
         view = self.kubelet.resource(resource)

@@ -20,7 +20,6 @@ import json
 import socket
 import ssl
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from gpushare.testing.controlplane import (
     gpushare_extender,
     unverified_context,
     wait_for,
+    wait_until,
 )
 
 
@@ -89,17 +89,20 @@ class ExtenderThread:
         )
         self._thread = threading.Thread(target=self._main, name="gpushare-extender", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + self.startup_timeout_s
-        while self.get("/healthz")[0] != 200:
-            if not self._thread.is_alive():
-                self.stop()
+        thread = self._thread
+
+        def healthy() -> bool:
+            if self.get("/healthz")[0] == 200:
+                return True
+            if not thread.is_alive():
                 raise ControlPlaneError("the extender thread ended during start-up")
-            if time.monotonic() >= deadline:
-                self.stop()
-                raise ControlPlaneError(
-                    f"the extender did not answer /healthz within {self.startup_timeout_s:g}s"
-                )
-            time.sleep(0.02)
+            return False
+
+        try:
+            wait_until("the extender to answer /healthz", healthy, self.startup_timeout_s)
+        except ControlPlaneError:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

@@ -1,7 +1,7 @@
 """Fake GPU-share nodes for the cluster tests: kwok nodes that look like gpushare nodes.
 
 A node built by :func:`gpu_node` carries what a memory-shared node carries in a real cluster
-once our device plugin has registered (``design.md``, "Units" and "Node modes"):
+once our device plugin has registered (docs/design.md, "Units" and "Node modes"):
 
 * label ``gpushare=true`` (the Alibaba-compatible node label), plus ``type=kwok``;
 * annotation ``kwok.x-k8s.io/node: fake``, so that kwok manages it (Ready, heartbeats, and
@@ -31,7 +31,6 @@ them Ready.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ from gpushare.kube.codec.nodeconfig import NODE_CONFIG_KEY
 from gpushare.testing.controlplane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
-    ControlPlaneError,
+    wait_until,
 )
 
 DEFAULT_MODEL = "Tesla-V100-SXM2-16GB"
@@ -228,24 +227,23 @@ def create_nodes(client: Client, nodes: Iterable[Node], *, timeout: float = 60.0
             raise ValueError("every node needs metadata.name")
         client.create(node)
         names.append(node.metadata.name)
-    deadline = time.monotonic() + timeout
-    delay = 0.02
     pending = list(names)
     ready: dict[str, Node] = {}
-    while pending:
+
+    def all_ready() -> bool:
         for name in list(pending):
             current = client.get(Node, name)
             if _is_ready(current):
                 ready[name] = current
                 pending.remove(name)
-        if not pending:
-            break
-        if time.monotonic() >= deadline:
-            raise ControlPlaneError(
-                f"kwok did not make nodes Ready within {timeout:.0f}s: {', '.join(pending)}"
-            )
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
+        return not pending
+
+    wait_until(
+        "kwok to make the nodes Ready",
+        all_ready,
+        timeout,
+        detail=lambda: f"not Ready: {', '.join(pending)}",
+    )
     return [ready[n] for n in names]
 
 

@@ -5,7 +5,7 @@ A policy has two halves, after kube-scheduler's split between scoring nodes and 
 * the node half, ``score(state, pod) -> float``: higher is better; called only for nodes the pod
   fits (``gpushare.core.fit.check_fit`` said FITS). Paper policies return integers 0–100 as the
   artifact does (truncation included), because tie-breaking on coarse scores is part of their
-  behaviour (METHOD.md §3, "Ties").
+  behaviour (docs/simulator.md, "Fidelity").
 * the GPU half, ``choose_gpus(state, pod) -> tuple[ContainerAllocation, ...]``: which GPU indices
   each GPU container gets on the chosen node.
 

@@ -1,7 +1,7 @@
 """The FGD paper's baselines, as the authors' simulator implements them.
 
-Source: hkust-adsl/kubernetes-scheduler-simulator ``pkg/simulator/plugin/*_score.go``, summarised
-in ``shared/traces/openb/METHOD.md`` §4. Every node score is an integer 0–100, truncated exactly
+Source: hkust-adsl/kubernetes-scheduler-simulator ``pkg/simulator/plugin/*_score.go``, each
+policy's formula in its docstring below. Every node score is an integer 0–100, truncated exactly
 where the artifact truncates, because ties (broken by node order) are part of each policy.
 ``MC`` is the largest node's CPU (``MaxSpecCpu``) and ``MG`` its GPU total (``MaxSpecGpu``).
 """
@@ -74,7 +74,7 @@ class DotProductPolicy:
     deterministic: bool = True
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
-        """Integer 0–100 (METHOD.md §4)."""
+        """Integer 0–100 (the class docstring)."""
         mc, mg = self.context.max_node_cpu_milli, self.context.max_node_gpu
         dot = (pod.cpu_milli / mc) * (_cpu_free(state, self.context) / mc) + (
             pod.gpu_total / mg
@@ -99,7 +99,7 @@ class ClusteringPolicy:
     deterministic: bool = True
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
-        """Integer 0–100 (METHOD.md §4)."""
+        """Integer 0–100 (the class docstring)."""
         tag = workload_tag(pod, self.context.gpu_unit)
         if tag is None:
             return 0.0
@@ -128,7 +128,7 @@ class PackingPolicy:
     deterministic: bool = True
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
-        """Integer 0–100 (METHOD.md §4; the artifact's ``getPackingScore``)."""
+        """Integer 0–100 (the class docstring; the artifact's ``getPackingScore``)."""
         containers = pod.gpu_containers
         if not containers:
             return 0.0
@@ -165,7 +165,7 @@ class BestFitPolicy:
     deterministic: bool = True
 
     def score(self, state: NodeState, pod: PodRequest) -> float:
-        """Integer 0–100 (METHOD.md §4)."""
+        """Integer 0–100 (the class docstring)."""
         mc, mg = self.context.max_node_cpu_milli, self.context.max_node_gpu
         left = (
             0.5 * (_cpu_free(state, self.context) - pod.cpu_milli) / mc

@@ -1,5 +1,5 @@
 """FGD: fragmentation gradient descent (Weng et al., USENIX ATC 2023, §4; the artifact's
-``plugin/fgd_score.go``; ``shared/traces/openb/METHOD.md`` §3).
+``plugin/fgd_score.go``; docs/simulator.md).
 
 For each node the pod fits, place the pod hypothetically and measure Δ = F_n'(M) − F_n(M), the
 growth of the node's fragmentation with respect to the target workload M. The node score is

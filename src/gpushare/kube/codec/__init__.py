@@ -1,7 +1,7 @@
 """Pure translation between Kubernetes JSON (plain dicts) and ``gpushare.core`` types. No I/O.
 
 Pods → ``PodRequest`` (what a pod asks), pod annotations ↔ ``Allocation`` (what it got), nodes →
-``NodeInfo`` (its GPUs). Everything is in the node's own memory unit (design.md, "Units").
+``NodeInfo`` (its GPUs). Everything is in the node's own memory unit (docs/design.md, "Units").
 
 **How a pod asks** (per container in ``spec.containers``; init containers are not placed, and
 one that asks ``aliyun.com/gpu-mem`` or ``aliyun.com/gpu-count`` makes the pod unreadable: the
@@ -45,7 +45,7 @@ for it on a GPU nobody placed):
   Authoritative when present; pods with only Alibaba's annotations (bound by Alibaba's
   extender) are read from those.
 
-**Nodes**: a GPU-share (memory-shared) node is one labelled ``gpushare=true`` (design.md,
+**Nodes**: a GPU-share (memory-shared) node is one labelled ``gpushare=true`` (docs/design.md,
 "Node modes"; Alibaba's device plugin runs only there) that publishes GPUs. Its GPUs come from
 the ``gpushare.io/gpu-inventory`` annotation (``gpushare.testing.nodes`` documents it) when
 present; else Alibaba's fallback, ``status.capacity`` ``aliyun.com/gpu-mem`` ÷

@@ -32,7 +32,7 @@ ALIYUN_KEYS = (ALIYUN_IDX, ALIYUN_POD, ALIYUN_DEV, ALIYUN_ASSIGNED, ALIYUN_ASSUM
 
 
 class MemoryUnit(enum.StrEnum):
-    """The unit of ``aliyun.com/gpu-mem`` on a node (design.md, "Units"): the device plugin
+    """The unit of ``aliyun.com/gpu-mem`` on a node (docs/design.md, "Units"): the device plugin
     advertises one device per unit per GPU, and the inventory annotation, the allocation
     annotations and the ledger count whole units. The project's only memory-unit vocabulary:
     ``MemoryUnit("GiB")`` reads one (``ValueError`` for anything else); members are strings

@@ -3,9 +3,8 @@ Pure; no I/O. ``pod_request`` reads every container through ``container_ask`` wh
 of ``DIALECT_NAMES``.
 
 A container asks for GPU in one dialect; each dialect's own rules apply, and a request its own
-system refuses is refused here with that system's rule in the message. Sources:
-``../shared/notes/peers.md`` (section 3 for Tencent, the feature matrix for HAMi), which cites
-the systems' code.
+system refuses is refused here with that system's rule in the message. Sources: each system's
+own code and documentation, named with its dialect below.
 
 * **Tencent gpu-manager** (tkestack, ``pkg/types/types.go``, ``pkg/services/allocator/nvidia/
   allocator.go``): ``tencent.com/vcuda-core`` in hundredths of a GPU and

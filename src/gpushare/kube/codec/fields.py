@@ -8,7 +8,7 @@ These readers are lenient: a field that is missing, or of the wrong JSON type, r
 reports that must keep going over any object the API server sends. The readers that must refuse
 garbage (``pod_request``, ``pod_allocation``, ``node_info``, ``pod_key``) raise ``CodecError``.
 Field names and meanings: the Kubernetes API reference (``ObjectMeta``, ``PodSpec``,
-``PodStatus``, ``NodeStatus``) and kubernetes-interfaces.md.
+``PodStatus``, ``NodeStatus``) and docs/interfaces.md.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def node_labels(node: Json) -> Mapping[str, str]:
 
 
 def is_gpushare_node(node: Json) -> bool:
-    """Whether a node carries the label ``gpushare=true`` (design.md, "Node modes")."""
+    """Whether a node carries the label ``gpushare=true`` (docs/design.md, "Node modes")."""
     return node_labels(node).get(GPUSHARE_LABEL) == "true"
 
 

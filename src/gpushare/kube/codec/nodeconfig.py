@@ -1,4 +1,5 @@
-"""Per-node configuration: the ConfigMap ``gpushare-node-config`` (issue 14, item 5). Pure; no I/O.
+"""Per-node configuration: the ConfigMap ``gpushare-node-config`` (docs/node-config.md). Pure; no
+I/O.
 
 One ConfigMap in the release namespace; its ``data["config.yaml"]`` (YAML, so JSON too; the
 decoder is the caller's, :func:`node_config`)::

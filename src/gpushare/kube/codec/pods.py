@@ -5,9 +5,12 @@ Formats and the multi-GPU syntax: the package docstring. Pure; no I/O."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from gpushare.core.model import (
     GPU_COMPUTE_MILLI,
@@ -34,7 +37,6 @@ from gpushare.kube.codec.common import (
     MemoryUnit,
     annotations_of,
     decimal,
-    is_int,
     mapping,
     parse_json,
     pod_key,
@@ -372,48 +374,94 @@ _Got = tuple[int | None, int, int, bool]
 cannot say it without the node; GPU count; compute_milli per GPU; whole GPUs)."""
 
 
+class _RecordedContainer(msgspec.Struct, frozen=True):
+    """One container of ``gpushare.io/allocation`` (``allocation_annotations`` writes it).
+    ``compute`` (absent: 0) and ``whole`` (absent: false): records written before them read
+    as before. Integers are JSON integers (not ``true``, not ``1.0``)."""
+
+    name: str
+    gpus: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(min_length=1)]
+    share: Annotated[int, msgspec.Meta(gt=0)]
+    compute: Annotated[int, msgspec.Meta(ge=0, le=GPU_COMPUTE_MILLI)] = 0
+    whole: bool = False
+
+
+class _Recorded(msgspec.Struct, frozen=True):
+    """``gpushare.io/allocation``: the node and the containers (other keys, ``unit``, are
+    not read here)."""
+
+    node: str
+    containers: list[_RecordedContainer]
+
+
+_RECORDED = msgspec.json.Decoder(_Recorded)
+
+_FIELD_RULES = {
+    "node": "node must be a node name",
+    "containers": "containers must be a list of objects",
+    "name": "name must be a string",
+    "gpus": "gpus must be a non-empty list of indices",
+    "share": "share must be an integer > 0",
+    "compute": f"compute must be 0..{GPU_COMPUTE_MILLI}, whole a boolean",
+    "whole": f"compute must be 0..{GPU_COMPUTE_MILLI}, whole a boolean",
+}
+"""What each field of the record must be, as a refusal says it."""
+
+_AT = re.compile(r"\$(?:\.containers\[(\d+)\])?(?:\.(\w+))?(?:\[\d+\])?")
+"""msgspec's place of an error: ``$``, ``$.node``, ``$.containers[1].gpus[0]``."""
+_MISSING = re.compile(r"Object missing required field `(\w+)`")
+
+
 def _our_allocation(
     raw: str, subject: str
 ) -> tuple[str, tuple[ContainerAllocation, ...], dict[str, _Got], set[int], int]:
-    """``gpushare.io/allocation`` read: the node, the containers, and for the checks against
-    the request: what each container got (``_Got``) by name, the GPU indices used, the total.
-    ``compute`` (absent: 0) and ``whole`` (absent: false) are read when present: records
-    written before them read as before."""
-    document = parse_json(raw, subject, ALLOCATION, _ALLOCATION_ACCEPTED)
-    if not isinstance(document, dict) or not isinstance(document.get("node"), str):
-        raise _bad_allocation(raw, subject, "no node")
-    items = document.get("containers")
-    if not isinstance(items, list):
-        raise _bad_allocation(raw, subject, "no containers list")
+    """``gpushare.io/allocation`` read (``_Recorded``): the node, the containers, and for the
+    checks against the request: what each container got (``_Got``) by name, the GPU indices
+    used, the total."""
+    try:
+        document = _RECORDED.decode(raw)
+    except msgspec.ValidationError as error:
+        raise _bad_allocation(raw, subject, _refusal(raw, str(error))) from None
+    except (ValueError, RecursionError):  # msgspec.DecodeError; a str with a lone surrogate
+        raise _bad_allocation(raw, subject, "not JSON") from None
     containers = []
     got: dict[str, _Got] = {}
     indices: set[int] = set()
     total = 0
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise _bad_allocation(raw, subject, "a container without a name")
-        gpus, share = item.get("gpus"), item.get("share")
-        if not isinstance(gpus, list) or not gpus or not _indices(gpus):
-            problem = f"container {item['name']}: gpus must be a non-empty list of indices"
-            raise _bad_allocation(raw, subject, problem)
-        if (len(gpus) > 1 and len(set(gpus)) != len(gpus)) or not is_int(share) or share <= 0:
-            problem = f"container {item['name']}: repeated GPU or share not an integer > 0"
-            raise _bad_allocation(raw, subject, problem)
-        name = item["name"]
-        compute, whole = item.get("compute", 0), item.get("whole", False)
-        if not is_int(compute) or not 0 <= compute <= GPU_COMPUTE_MILLI or type(whole) is not bool:
-            problem = f"container {name}: compute must be 0..{GPU_COMPUTE_MILLI}, whole a boolean"
-            raise _bad_allocation(raw, subject, problem)
-        containers.append(ContainerAllocation(name, tuple(gpus), share, compute, whole))
-        got[name] = (share, len(gpus), compute, whole)
+    for item in document.containers:
+        name, gpus, share = item.name, item.gpus, item.share
+        if len(gpus) > 1 and len(set(gpus)) != len(gpus):
+            raise _bad_allocation(raw, subject, f"container {shown(name)}: repeated GPU")
+        containers.append(ContainerAllocation(name, tuple(gpus), share, item.compute, item.whole))
+        got[name] = (share, len(gpus), item.compute, item.whole)
         indices.update(gpus)
         total += share * len(gpus)
-    return document["node"], tuple(containers), got, indices, total
+    return document.node, tuple(containers), got, indices, total
 
 
-def _indices(gpus: list[Any]) -> bool:
-    """Whether every item is a GPU index: an integer (not a bool) >= 0."""
-    return all(is_int(gpu) and gpu >= 0 for gpu in gpus)
+def _refusal(raw: str, message: str) -> str:
+    """The problem a refusal names for msgspec's ``ValidationError`` ``message`` on ``raw``:
+    the field (``no node``; ``container main: gpus must be ...``) and the rule it breaks."""
+    text, _, at = message.partition(" - at `")
+    match = _AT.fullmatch(at.rstrip("`") or "$")
+    index, field = match.groups() if match else (None, None)
+    missing = _MISSING.fullmatch(text)
+    if index is None:
+        return f"no {missing[1]}" if missing else _FIELD_RULES.get(field or "", "not an object")
+    where = f"container {_container_name(raw, int(index))}"
+    if missing:
+        return f"{where}: no {missing[1]}"
+    return f"{where}: {_FIELD_RULES.get(field or '', 'not an object')}"
+
+
+def _container_name(raw: str, index: int) -> str:
+    """How a refusal names container ``index`` of the record ``raw``: its name when it has a
+    string one, else its place (``#1``, counted from 0)."""
+    try:
+        name = msgspec.json.decode(raw)["containers"][index]["name"]
+    except (ValueError, LookupError, TypeError, RecursionError):
+        name = None
+    return shown(name) if isinstance(name, str) else f"#{index}"
 
 
 def _bad_allocation(raw: str, subject: str, problem: str) -> CodecError:

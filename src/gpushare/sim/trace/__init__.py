@@ -1,7 +1,8 @@
 """Load an openb trace (Alibaba cluster-trace-gpu-v2023) into core model objects.
 
 A trace directory holds one node list, ``openb_node_list_gpu_node.csv``, and one or more pod lists,
-``openb_pod_list_<workload>.csv`` (format: ``shared/traces/openb/README.md``). Units are the
+``openb_pod_list_<workload>.csv`` (format: the trace's README in alibaba/clusterdata,
+``cluster-trace-gpu-v2023``). Units are the
 trace's own: CPU in milli-cores, memory in MiB, GPU in milli-GPU (1000 = one whole GPU), so every
 node's GPUs have ``capacity == 1000``.
 
@@ -21,7 +22,8 @@ underlying ``OSError`` or ``UnicodeDecodeError`` is chained as its cause. Nothin
 bad input.
 
 Pod columns beyond the five the simulator reads (``gpu_spec`` aside) — ``qos``, ``pod_phase`` and
-the three time columns — are accepted and ignored (METHOD.md §10: time is not simulated).
+the three time columns — are accepted and ignored (time is not simulated: pods arrive one after
+another and never leave; docs/simulator.md, "One run").
 Blank lines are skipped (they keep their line numbers). A file with a ``"`` anywhere is parsed
 with the standard ``csv`` quoting rules; openb files have none and take the faster path.
 """

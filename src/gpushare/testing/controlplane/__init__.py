@@ -12,7 +12,9 @@ built from the Go module proxy by ``scripts/build-controlplane.sh`` (see ``docs/
   their own profiles and extenders for one test;
 * kwok marks nodes annotated ``kwok.x-k8s.io/node: fake`` Ready and runs the pods bound to them;
 * readiness waits on health endpoints and API conditions (short polls with a deadline, never a
-  fixed sleep); a process that dies while being waited for fails at once with its log;
+  fixed sleep); a process that dies while being waited for fails at once with its log. The
+  poll loop (:mod:`gpushare.testing.controlplane.polling`: :func:`wait_for`, :func:`wait_until`
+  and their async siblings) is the one every test tier waits with;
 * :meth:`ControlPlane.stop` terminates every process group (SIGTERM, then SIGKILL), copies the
   logs to ``log_dir`` when one is given, and removes the temporary root, whatever happened before.
 
@@ -36,14 +38,18 @@ from gpushare.testing.controlplane.plane import (
     SERVICE_CLUSTER_IP_RANGE,
     ControlPlane,
 )
+from gpushare.testing.controlplane.polling import (
+    async_wait_for,
+    async_wait_until,
+    wait_for,
+    wait_until,
+)
 from gpushare.testing.controlplane.processes import (
     ManagedProcess,
     free_ports,
     gpushare_argv,
     http_ok,
     unverified_context,
-    wait_for,
-    wait_until,
 )
 from gpushare.testing.controlplane.scheduler_config import (
     SCHEDULER_CONFIG_API_VERSION,
@@ -66,6 +72,8 @@ __all__ = [
     "ControlPlaneError",
     "Credentials",
     "ManagedProcess",
+    "async_wait_for",
+    "async_wait_until",
     "free_ports",
     "gpushare_argv",
     "gpushare_extender",

@@ -20,12 +20,12 @@ from gpushare.testing.controlplane.api import ApiAccess
 from gpushare.testing.controlplane.binaries import KWOK_STAGES, Binaries
 from gpushare.testing.controlplane.credentials import Credentials, write_kubeconfig
 from gpushare.testing.controlplane.errors import ControlPlaneError
+from gpushare.testing.controlplane.polling import wait_until
 from gpushare.testing.controlplane.processes import (
     ManagedProcess,
     free_ports,
     http_ok,
     unverified_context,
-    wait_until,
 )
 from gpushare.testing.controlplane.scheduler_config import scheduler_configuration
 

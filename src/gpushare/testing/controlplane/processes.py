@@ -1,4 +1,5 @@
-"""Process supervision and readiness: children in their own process groups, polled to a deadline."""
+"""Process supervision and readiness: children in their own process groups, polled to a deadline
+(the poll loop itself: :mod:`gpushare.testing.controlplane.polling`, re-exported here)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,24 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 from gpushare.testing.controlplane.errors import ControlPlaneError
+from gpushare.testing.controlplane.polling import wait_for, wait_until
 
-T = TypeVar("T")
+__all__ = [
+    "ManagedProcess",
+    "free_ports",
+    "gpushare_argv",
+    "http_ok",
+    "unverified_context",
+    "wait_for",
+    "wait_until",
+]
 
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
@@ -116,19 +125,19 @@ class ManagedProcess:
     @staticmethod
     def _exited(pid: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s for ``pid`` to exit, without reaping it."""
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while True:
+
+        def exited() -> bool:
             try:
                 info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:  # already reaped
                 return True
-            if info is not None:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            return info is not None
+
+        try:
+            wait_until(f"process {pid} to exit", exited, timeout)
+        except ControlPlaneError:
+            return False
+        return True
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -141,45 +150,6 @@ class ManagedProcess:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
-
-
-def wait_for(
-    what: str,
-    probe: Callable[[], T | None],
-    timeout: float = 30.0,
-    *,
-    processes: Sequence[ManagedProcess] = (),
-) -> T:
-    """Poll ``probe`` with a short backoff until it returns something other than ``None``, and
-    return that; fail with ``what`` after ``timeout`` s.
-
-    Every poll first checks that ``processes`` are still running, so a crash fails fast with
-    the crashed program's log instead of a timeout.
-    """
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        for proc in processes:
-            proc.check_running()
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() >= deadline:
-            logs = "".join(f"\n--- {p.name} ---\n{p.log_tail(30)}" for p in processes)
-            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{logs}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
-
-
-def wait_until(
-    what: str,
-    condition: Callable[[], bool],
-    timeout: float,
-    *,
-    processes: Sequence[ManagedProcess] = (),
-) -> None:
-    """``wait_for`` a condition that is simply true or false."""
-    wait_for(what, lambda: True if condition() else None, timeout, processes=processes)
 
 
 def http_ok(url: str, context: ssl.SSLContext | None = None, body: str | None = None) -> bool:

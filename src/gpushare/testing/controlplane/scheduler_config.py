@@ -18,7 +18,8 @@ def gpushare_extender(
     """The ``extenders`` entry that sends ``aliyun.com/gpu-mem`` pods to gpushare's extender at
     ``url_prefix``: filter, prioritize, bind and (``preempt``, as the chart's default) preempt
     verbs, ``nodeCacheCapable``, not ignorable, and
-    kube-scheduler still checking the node total (``ignoredByScheduler: false``; spec 1.9).
+    kube-scheduler still checking the node total (``ignoredByScheduler: false``;
+    docs/interfaces.md, "``managedResources``, ``ignoredByScheduler``, ``ignorable``").
     ``dialects``: the dialects' resources too (``DIALECT_NAMES``), kube-scheduler checking the
     node total of those the device plugin advertises (``ADVERTISED_NAMES``) and ignoring the
     others (the extender alone checks them: docs/compute.md, "What an operator configures")."""

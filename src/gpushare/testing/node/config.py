@@ -1,6 +1,6 @@
 """The configuration files of a real test node: ``KubeletConfiguration`` and
-``KubeProxyConfiguration``, with the settings this kind of machine needs
-(``shared/notes/kubelet.md``)."""
+``KubeProxyConfiguration``, with the settings this kind of machine needs (each function's
+docstring says which and why; docs/testing.md, "The real-node tier")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """containerd for a real test node: its own config, root, state and socket in a temp directory.
 
-The settings come from a trial on this kind of machine (``shared/notes/kubelet.md``):
+The settings come from a trial on this kind of machine (docs/testing.md, "The real-node tier"):
 ``restrict_oom_score_adj`` (root here lacks CAP_SYS_RESOURCE, so runc cannot set a sandbox's
 ``oom_score_adj: -998``: every sandbox would fail with "can't get final child's PID from pipe"),
 the locally imported pause image as ``sandbox_image``, cgroupfs (no systemd), overlayfs,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gpushare.testing.controlplane import ControlPlaneError
+from gpushare.testing.controlplane import ControlPlaneError, wait_until
 
 LOCK_PATH = Path("/run/gpushare-node.lock")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -125,23 +125,25 @@ class NodeHost:
 
     def _take_lock(self) -> None:
         lock = LOCK_PATH.open("a+")
-        deadline = time.monotonic() + self.lock_timeout_s
-        while True:
+
+        def taken() -> bool:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                if time.monotonic() >= deadline:
-                    lock.seek(0)
-                    holder = lock.read().strip() or "unknown"
-                    lock.close()
-                    raise ControlPlaneError(
-                        f"another real-node run holds {LOCK_PATH} ({holder}) for more than "
-                        f"{self.lock_timeout_s:.0f}s"
-                    ) from None
-                time.sleep(1.0)
+                return False
+            return True
+
+        def holder() -> str:
+            lock.seek(0)
+            return f"another real-node run holds it ({lock.read().strip() or 'unknown'})"
+
+        try:
+            wait_until(f"the lock {LOCK_PATH}", taken, self.lock_timeout_s, detail=holder)
+        except BaseException:
+            lock.close()
+            raise
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")
