@@ -94,6 +94,7 @@ def snapshot(state: ExtenderState) -> tuple[object, ...]:
 def app_for(
     state: ExtenderState, binder: RecordingBinder | None = None, **kwargs: Any
 ) -> Starlette:
+    kwargs.setdefault("policy", "binpack")  # the cases are Alibaba's binpack examples
     return create_app(state, binder=binder or RecordingBinder(), expire_interval_s=None, **kwargs)
 
 

@@ -140,7 +140,7 @@ PLACED = [
 @pytest.mark.parametrize("case", PLACED, ids=[c.id for c in PLACED])
 def test_a_dialect_pod_is_placed_recorded_and_rebuilt(case: Placed) -> None:
     state, binder, events = state_of(case.node), RecordingBinder(), RecordingEvents()
-    app = create_app(state, binder=binder, events=events, expire_interval_s=None)
+    app = create_app(state, policy="binpack", binder=binder, events=events, expire_interval_s=None)
     with TestClient(app) as client:
         result, error = schedule(client, case.pod, [case.node.name])
         assert result["NodeNames"] == [case.node.name], result
@@ -195,12 +195,12 @@ def test_a_dialect_pod_that_does_not_fit_gets_the_reason(case: Refused) -> None:
     state = state_of(*case.nodes)
     state.upsert_node(alibaba_node_json("a", 32, 2))
     if case.id.startswith("compute"):  # a pod holding 500 compute on the only GPU
-        with TestClient(create_app(state, binder=RecordingBinder())) as client:
+        with TestClient(create_app(state, policy="binpack", binder=RecordingBinder())) as client:
             holder = _pod({"main": {"aliyun.com/gpu-mem": 1, "aliyun.com/gpu-core.percentage": 50}})
             holder["metadata"]["name"] = "holder"
             assert schedule(client, holder, ["g"])[1] == ""
     names = [n.name for n in case.nodes] or ["a"]
-    with TestClient(create_app(state, binder=RecordingBinder())) as client:
+    with TestClient(create_app(state, policy="binpack", binder=RecordingBinder())) as client:
         result, error = schedule(client, case.pod, names)
     assert error is None
     assert result["NodeNames"] == []
@@ -228,7 +228,7 @@ def test_an_invalid_dialect_request_is_refused_at_filter_with_its_rule(
     pod: dict[str, Any], rule: str
 ) -> None:
     state = state_of(Node("g", [16, 16]))
-    with TestClient(create_app(state, binder=RecordingBinder())) as client:
+    with TestClient(create_app(state, policy="binpack", binder=RecordingBinder())) as client:
         answer = client.post(f"{PREFIX}/filter", json=filter_body(pod, ["g"]))
     assert answer.status_code == 200
     result = answer.json()
@@ -242,7 +242,9 @@ def test_a_whole_gpu_counts_its_whole_memory_and_a_used_gpu_is_not_taken_whole()
     flag rule, cannot be reached through a dialect: none yields a shared request of 0 memory;
     test_core_fit and test_core_ledger prove it.)"""
     state, binder = state_of(Node("g", [16, 16, 16])), RecordingBinder()
-    with TestClient(create_app(state, binder=binder, expire_interval_s=None)) as client:
+    with TestClient(
+        create_app(state, policy="binpack", binder=binder, expire_interval_s=None)
+    ) as client:
         shared = pod_json("shared", 1, namespace="ns")
         assert schedule(client, shared, ["g"])[1] == ""  # binpack: GPU 0
         # GPU 0 holds 1 GiB: the two whole GPUs are 1 and 2.
@@ -261,7 +263,9 @@ def test_a_whole_gpu_counts_its_whole_memory_and_a_used_gpu_is_not_taken_whole()
 
 def test_inspect_shows_compute_and_whole_gpus_next_to_memory() -> None:
     state = state_of(Node("g", [16, 16, 16], used=[4]))
-    with TestClient(create_app(state, binder=RecordingBinder(), expire_interval_s=None)) as client:
+    with TestClient(
+        create_app(state, policy="binpack", binder=RecordingBinder(), expire_interval_s=None)
+    ) as client:
         assert schedule(client, gpu_manager_readme_pod_1("share", "ns"), ["g"])[1] == ""
         assert schedule(client, gpu_manager_readme_pod_2("whole", "ns"), ["g"])[1] == ""
         report = client.get(f"{PREFIX}/inspect/g").json()
@@ -276,7 +280,7 @@ def test_inspect_shows_compute_and_whole_gpus_next_to_memory() -> None:
 
 def test_inspect_of_a_node_without_compute_has_no_compute_keys() -> None:
     state = state_of(Node("g", [16, 16], used=[4]))
-    with TestClient(create_app(state, binder=RecordingBinder())) as client:
+    with TestClient(create_app(state, policy="binpack", binder=RecordingBinder())) as client:
         report = client.get(f"{PREFIX}/inspect/g").json()
     assert "compute" not in report["devs"][0]
     assert "compute_milli" not in report["gpushare"]["nodes"][0]["gpus"][0]
@@ -286,7 +290,7 @@ def test_prioritize_scores_a_dialect_pod_on_each_node_in_that_nodes_unit() -> No
     state = state_of(Node("fuller", [16, 16], used=[8]), Node("empty", [16, 16]))
     state.upsert_node(alibaba_node_json("unknown-unit", 32, 2))
     body = filter_body(gpu_manager_readme_pod_1("p", "ns"), ["fuller", "empty", "unknown-unit"])
-    with TestClient(create_app(state, binder=RecordingBinder())) as client:
+    with TestClient(create_app(state, policy="binpack", binder=RecordingBinder())) as client:
         answer = client.post(f"{PREFIX}/prioritize", json=body)
     assert answer.status_code == 200
     scores = {entry["Host"]: entry["Score"] for entry in answer.json()}
@@ -319,7 +323,9 @@ def test_the_handshake_rule_keeps_apart_the_pods_the_device_plugin_cannot_tell_a
     while pod ``a`` (vcuda-core 50, 2 GiB) is bound to GPU 0 and not yet started, another pod
     asking vcuda-core 50 either takes GPU 0 too, equal in every dimension, or waits."""
     state, binder = state_of(Node("g", [16, 16], used=[8])), RecordingBinder()
-    app = create_app(state, binder=binder, events=RecordingEvents(), expire_interval_s=None)
+    app = create_app(
+        state, policy="binpack", binder=binder, events=RecordingEvents(), expire_interval_s=None
+    )
     with TestClient(app) as client:
         first, error = schedule(client, _vcuda("a", 50, 8), ["g"])
         assert error == "", first

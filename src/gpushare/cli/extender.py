@@ -64,6 +64,7 @@ from gpushare.extender.limits import (
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
 from gpushare.extender.preemption import PreemptionOptions, Preemptor
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
+from gpushare.extender.state import DEFAULT_ASSUME_TTL_S, DEFAULT_HANDSHAKE_TIMEOUT_S
 from gpushare.extender.workload import live_policy
 from gpushare.kube.codec import CodecError
 from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
@@ -76,7 +77,9 @@ DEFAULT_HOST = "127.0.0.1"
 
 
 def build_state(
-    nodes_file: Path | None, assume_ttl_s: float, handshake_timeout_s: float = 300.0
+    nodes_file: Path | None,
+    assume_ttl_s: float,
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
 ) -> ExtenderState:
     """The ``--in-memory`` state: synced, with the nodes of ``nodes_file`` (``ClickException``
     naming the file and the problem when it cannot be read)."""
@@ -128,7 +131,7 @@ def build_state(
     "--assume-ttl",
     "assume_ttl_s",
     type=click.FloatRange(min=0),
-    default=60.0,
+    default=DEFAULT_ASSUME_TTL_S,
     show_default=True,
     help="Seconds an assumed allocation lives unless the pod is seen bound.",
 )
@@ -136,7 +139,7 @@ def build_state(
     "--handshake-timeout",
     "handshake_timeout_s",
     type=click.FloatRange(min=0),
-    default=300.0,
+    default=DEFAULT_HANDSHAKE_TIMEOUT_S,
     show_default=True,
     help="Seconds a bound pod not yet started by the device plugin keeps equal pods on its "
     "GPUs (docs/deviceplugin.md, 'The handshake'); 0 turns this off (only for clusters without "

@@ -128,7 +128,8 @@ class DaemonOptions:
     ``recovery_s``: quiet time before an unhealthy GPU comes back; ``ignored_xids``: XIDs that
     never mark a GPU unhealthy (besides the application XIDs); ``mps``: add the MPS variables;
     ``sync_timeout_s``: bound on the first list of the node's pods; ``metrics_host`` and
-    ``metrics_port`` where ``/metrics`` is served (``None``: not served); ``proc_root`` the
+    ``metrics_port`` where ``/metrics`` is served (``None``: not served; the CLI's
+    ``--metrics-port 0`` becomes ``None``); ``proc_root`` the
     host's ``/proc`` (GPU processes are mapped to pods through their cgroups);
     ``mps_managed``: run and supervise the MPS control daemon (needs NVML), with its
     directories under ``mps_root``, the binary ``mps_control`` and a liveness check every
@@ -407,7 +408,7 @@ class DevicePluginDaemon:
 
             self.pods.start()
             stack.push_async_callback(self.pods.stop)
-            if options.metrics_port is not None:  # 0: any free port (tests)
+            if options.metrics_port is not None:
                 self.metrics_server = metrics = await serve_metrics(
                     self.metrics.registry, options.metrics_host, options.metrics_port
                 )

@@ -63,7 +63,7 @@ from gpushare.extender.preemption import Preemptor
 from gpushare.extender.report import cluster_report, node_report
 from gpushare.extender.requeue import Requeuer
 from gpushare.extender.scheduler import Scheduler
-from gpushare.extender.scoring import extender_policy
+from gpushare.extender.scoring import DEFAULT_POLICY, extender_policy
 from gpushare.extender.state import Binder, EventSink, ExtenderState, UnwiredBinder
 from gpushare.extender.wire import (
     ExtenderArgs,
@@ -142,7 +142,7 @@ def create_app(
     state: ExtenderState,
     *,
     prefix: str = DEFAULT_PREFIX,
-    policy: Policy | str = "binpack",
+    policy: Policy | str = DEFAULT_POLICY,
     binder: Binder | None = None,
     events: EventSink | None = None,
     gpu_unit: int = 16,

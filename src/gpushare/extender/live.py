@@ -76,7 +76,11 @@ from gpushare.extender.limits import RequestLimits, uvicorn_settings
 from gpushare.extender.preemption import PreemptionOptions, Preemptor
 from gpushare.extender.requeue import RequeueOptions, Requeuer
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
-from gpushare.extender.state import ExtenderState
+from gpushare.extender.state import (
+    DEFAULT_ASSUME_TTL_S,
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    ExtenderState,
+)
 from gpushare.extender.tlsreload import TlsReloader
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import PodBinder
@@ -132,8 +136,8 @@ class LiveOptions:
     prefix: str = DEFAULT_PREFIX
     policy: str = DEFAULT_POLICY
     gpu_unit: int | None = None
-    assume_ttl_s: float = 60.0
-    handshake_timeout_s: float = 300.0
+    assume_ttl_s: float = DEFAULT_ASSUME_TTL_S
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     bind_timeout_s: float = 20.0
     event_timeout_s: float = 5.0
     event_qps: float = EVENT_QPS

@@ -124,6 +124,13 @@ class UnwiredBinder:
         )
 
 
+DEFAULT_ASSUME_TTL_S = 60.0
+"""How long an assumed allocation lives unless its pod is seen bound (``--assume-ttl``)."""
+DEFAULT_HANDSHAKE_TIMEOUT_S = 300.0
+"""How long a bound pod not yet started by the device plugin keeps equal pods off its GPUs
+(``--handshake-timeout``; docs/design.md, "The handshake")."""
+
+
 class ExtenderState:
     """Ledger + node inventory + pods (module doc).
 
@@ -138,8 +145,8 @@ class ExtenderState:
         self,
         *,
         clock: Callable[[], float] = time.monotonic,
-        assume_ttl_s: float = 60.0,
-        handshake_timeout_s: float = 300.0,
+        assume_ttl_s: float = DEFAULT_ASSUME_TTL_S,
+        handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
         wall_clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._ledger = Ledger(clock, assume_ttl_s)
