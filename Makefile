@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The exact versions every install here (CI's too) and the image's take: scripts/constraints.py.
 CONSTRAINTS := constraints.txt
 
-.PHONY: run demo demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints
+.PHONY: run demo demo-real-node demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ run: $(STAMP)
 # examples of examples/ applied; it keeps running: `make demo-down` stops it.
 demo: $(STAMP) controlplane
 	$(BIN)/python -m gpushare.demo up
+
+# The same with a real kubelet + containerd node (fake GPUs) running the binpack example (root).
+demo-real-node: $(STAMP) controlplane node-runtime
+	$(BIN)/python -m gpushare.demo up --real-node
 
 demo-down: $(STAMP)
 	$(BIN)/python -m gpushare.demo down

@@ -84,6 +84,12 @@ def _exists(kube: Client, kind: type[ServiceAccount], name: str, namespace: str)
     return True
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-node demo (``test_demo_real_node.py``) first: it starts a real node of its own,
+    which needs the machine-wide lock that the session's ``real_node`` holds until the end."""
+    items.sort(key=lambda item: item.path.name != "test_demo_real_node.py")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

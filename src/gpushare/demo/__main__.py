@@ -66,17 +66,31 @@ policy_option = click.option(
 )
 
 
+real_node_option = click.option(
+    "--real-node",
+    is_flag=True,
+    help="Add a real kubelet + containerd node with gpushare device-plugin over fake GPUs and "
+    "run the binpack example on it (needs root and make node-runtime).",
+)
+
+
 @demo.command()
 @dir_option
 @policy_option
-def up(directory: Path | None, policy: str) -> None:
+@real_node_option
+def up(directory: Path | None, policy: str, real_node: bool) -> None:
     """Start the demo cluster, apply the examples, show where they went."""
     folder = _directory(directory)
     state = read_state(folder)
     if state is None:
-        state = _start(folder, policy)
+        state = _start(folder, policy, real_node)
     else:
         click.echo(f"The demo runs already (PID {state['pid']}).")
+        if real_node and not state.get("real_node"):
+            raise click.ClickException(
+                "the running demo has no real node; stop it (make demo-down) and start it "
+                "again with --real-node"
+            )
     from lightkube import Client, KubeConfig  # noqa: PLC0415 (after the cluster is up)
     from lightkube.core.exceptions import ApiError  # noqa: PLC0415
 
@@ -92,19 +106,40 @@ def up(directory: Path | None, policy: str) -> None:
             click.echo("Some example pods were neither placed nor refused within 120 s.")
         click.echo("\nThe example pods:")
         click.echo(describe(outcome(kube)))
+        if state.get("real_node"):
+            _run_on_real_node(kube)
         click.echo("\n$ kubectl inspect gpushare -d")
         click.echo(_inspect(state, "-d"))
     _next_steps(state)
 
 
-def _start(folder: Path, policy: str) -> dict[str, Any]:
+def _run_on_real_node(kube: Any) -> None:
+    """The binpack example's pods run on the real node; the GPU variables they print."""
+    from gpushare.demo.realnode import (  # noqa: PLC0415 (only with a real node)
+        REAL_NODE,
+        apply_real_examples,
+        real_outcome,
+    )
+    from gpushare.testing.controlplane import ControlPlaneError  # noqa: PLC0415
+
+    click.echo(f"\nRunning the binpack example's pods on the real node {REAL_NODE} ...")
+    try:
+        names = apply_real_examples(kube)
+        click.echo("Their containers print (kubectl logs):")
+        click.echo(real_outcome(kube, names))
+    except ControlPlaneError as error:
+        raise click.ClickException(f"on the real node: {error}") from None
+
+
+def _start(folder: Path, policy: str, real_node: bool) -> dict[str, Any]:
     """Start ``serve`` detached and follow its log until it is ready (or fails)."""
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "demo.log"
     offset = log_path.stat().st_size if log_path.exists() else 0  # this start's lines follow
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [*SERVE, "--dir", str(folder), "--policy", policy],
+            [*SERVE, "--dir", str(folder), "--policy", policy]
+            + (["--real-node"] if real_node else []),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -197,9 +232,10 @@ def down(directory: Path | None) -> None:
 @demo.command(hidden=True)
 @dir_option
 @policy_option
-def serve_command(directory: Path | None, policy: str) -> None:
+@real_node_option
+def serve_command(directory: Path | None, policy: str, real_node: bool) -> None:
     """Run the demo cluster in the foreground (what ``up`` starts in the background)."""
-    serve(_directory(directory), policy)
+    serve(_directory(directory), policy, real_node=real_node)
 
 
 serve_command.name = "serve"

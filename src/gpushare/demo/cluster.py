@@ -14,7 +14,10 @@ background until ``gpushare demo down``.
   (no device plugin starts the pods of kwok nodes: docs/extender.md, "The handshake rule");
 * a second kube-scheduler, ``gpushare-scheduler``, wired to the extender as the chart's second
   scheduler is (filter, prioritize, bind and preempt; ``aliyun.com/gpu-mem`` and the dialects'
-  resources managed; ``gpushare.testing.controlplane.gpushare_extender``).
+  resources managed; ``gpushare.testing.controlplane.gpushare_extender``);
+* with ``real_node`` (``up --real-node``), a real kubelet + containerd node with
+  ``gpushare device-plugin`` over fake GPUs (``gpushare.demo.realnode``); the control plane then
+  listens on the node host's bridge address, as the real-node tests run it.
 
 It then writes ``state.json`` in its folder (its PID, the kubeconfig, the extender's URL, the
 kubectl it was built with) and waits for SIGTERM or SIGINT, when it stops everything and
@@ -36,6 +39,7 @@ from typing import Any
 
 from lightkube.resources.core_v1 import ServiceAccount
 
+from gpushare.demo.realnode import REAL_GPUS, REAL_NODE, start_real_node
 from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.controlplane import (
     Binaries,
@@ -47,6 +51,7 @@ from gpushare.testing.controlplane import (
     http_ok,
     wait_until,
 )
+from gpushare.testing.node import NodeHost, check_prerequisites
 from gpushare.testing.nodes import FakeGpu, create_nodes, gpu_node
 
 __all__ = ["DEFAULT_POLICY", "NODES", "SCHEDULER_NAME", "DemoNode", "read_state", "serve"]
@@ -93,27 +98,39 @@ def read_state(directory: Path) -> dict[str, Any] | None:
     return state
 
 
-def serve(directory: Path, policy: str = DEFAULT_POLICY) -> None:
-    """Run the demo cluster (module doc) with the extender's ``policy`` until SIGTERM or
-    SIGINT."""
+def serve(directory: Path, policy: str = DEFAULT_POLICY, *, real_node: bool = False) -> None:
+    """Run the demo cluster (module doc) with the extender's ``policy``, and a real node when
+    ``real_node``, until SIGTERM or SIGINT."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     directory.mkdir(parents=True, exist_ok=True)
     (directory / STATE).unlink(missing_ok=True)
     try:
-        _run(directory, stop, policy)
+        _run(directory, stop, policy, real_node)
     finally:
         (directory / STATE).unlink(missing_ok=True)
     _log("stopped")
 
 
-def _run(directory: Path, stop: threading.Event, policy: str) -> None:
+def _run(directory: Path, stop: threading.Event, policy: str, real_node: bool) -> None:
     logs = directory / "logs"
     with contextlib.ExitStack() as stack:
-        _log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok")
         binaries = Binaries.locate()
-        plane = stack.enter_context(ControlPlane(binaries, log_dir=logs, controller_manager=True))
+        host: NodeHost | None = None
+        if real_node:
+            check_prerequisites()
+            _log("taking the real node's host (lock, bridge)")
+            host = stack.enter_context(NodeHost())
+        _log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok")
+        plane = stack.enter_context(
+            ControlPlane(
+                binaries,
+                log_dir=logs,
+                controller_manager=True,
+                bind_address=host.address if host is not None else "127.0.0.1",
+            )
+        )
         kube = stack.enter_context(plane.client())
         wait_until(
             "kube-controller-manager's default ServiceAccount",
@@ -155,6 +172,12 @@ def _run(directory: Path, stop: threading.Event, policy: str) -> None:
                 SCHEDULER_NAME, profiles=[{"schedulerName": SCHEDULER_NAME}], extenders=[entry]
             )
         )
+        nodes = [node.name for node in NODES]
+        if host is not None:
+            _log(f"starting the real node {REAL_NODE} (containerd, kubelet, kube-proxy) and "
+                 f"gpushare device-plugin --fake-gpus {REAL_GPUS}")  # fmt: skip
+            start_real_node(stack, host, plane, logs)
+            nodes.append(REAL_NODE)
         kubeconfig = directory / "kubeconfig"
         shutil.copyfile(plane.kubeconfig, kubeconfig)
         state = {
@@ -162,7 +185,8 @@ def _run(directory: Path, stop: threading.Event, policy: str) -> None:
             "kubeconfig": str(kubeconfig),
             "extender": extender_url,
             "kubectl": str(binaries.path("kubectl")),
-            "nodes": [node.name for node in NODES],
+            "nodes": nodes,
+            "real_node": host is not None,
             "policy": policy,
             "started": time.time(),
         }
