@@ -36,7 +36,7 @@ def test_build_state_preloads_nodes(tmp_path: Path, wrap: bool) -> None:
     state = build_state(path, assume_ttl_s=5)
     assert state.synced
     assert [info.node.name for info in state.nodes()] == ["cpu", "n1"]
-    assert state.recorded_state("n1").gpu_free == (16, 16)
+    assert state.ledger_state("n1").gpu_free == (16, 16)
 
 
 BAD_FILES = [

@@ -85,7 +85,7 @@ def snapshot(state: ExtenderState) -> tuple[object, ...]:
     """Everything the ledger holds, to compare before and after."""
     names = [info.node.name for info in state.nodes()]
     return (
-        tuple((name, state.recorded_state(name).gpu_used) for name in names),
+        tuple((name, state.ledger_state(name).gpu_used) for name in names),
         tuple(state.allocations(name) for name in names),
         tuple(state.is_assumed(a.pod) for name in names for a in state.allocations(name)),
     )
@@ -319,7 +319,7 @@ def test_bind_design_example_lands_on_n3_gpu0() -> None:
     assert call.annotations[ALIYUN_IDX] == "0"
     assert call.annotations[ALIYUN_POD] == "8138"
     assert call.annotations[ALIYUN_DEV] == "16276"
-    assert state.recorded_state(N3).gpu_free == (0, 0)
+    assert state.ledger_state(N3).gpu_free == (0, 0)
     assert state.is_assumed("wiring/gpu-a")
     assert events.events[-1].ok
     assert "container main on GPU 0 (8138 MiB each)" in events.events[-1].message
@@ -342,7 +342,7 @@ def test_bind_binpack_picks_gpu1() -> None:
         client.post(f"{PREFIX}/filter", json=filter_body())
         assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
     assert binder.calls[0].annotations[ALIYUN_IDX] == "1"
-    assert state.recorded_state(N3).gpu_free == (12207, 0, 4069, 16276)
+    assert state.ledger_state(N3).gpu_free == (12207, 0, 4069, 16276)
 
 
 def test_bind_multi_gpu_pod_records_our_annotation_only() -> None:
@@ -385,7 +385,7 @@ def test_bind_retry_after_watch_confirmed_it() -> None:
         assert not state.is_assumed("wiring/gpu-a")
         assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
     assert len(binder.calls) == 1
-    assert state.recorded_state(N3).gpu_free == (0, 0)
+    assert state.ledger_state(N3).gpu_free == (0, 0)
 
 
 def test_retry_after_unknown_outcome_reuses_the_same_gpus() -> None:
@@ -401,7 +401,7 @@ def test_retry_after_unknown_outcome_reuses_the_same_gpus() -> None:
         binder.error = None
         assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
     assert [c.annotations[ALIYUN_IDX] for c in binder.calls] == ["1", "1"]
-    assert state.recorded_state(N3).gpu_free == (12207, 0, 4069, 16276)
+    assert state.ledger_state(N3).gpu_free == (12207, 0, 4069, 16276)
 
 
 def test_retry_on_another_node_moves_a_stale_assumption() -> None:
@@ -417,7 +417,7 @@ def test_retry_on_another_node_moves_a_stale_assumption() -> None:
     allocation = state.allocation("wiring/gpu-a")
     assert allocation is not None
     assert allocation.node == "spare"
-    assert state.recorded_state(N3).gpu_free == (8138, 0)
+    assert state.ledger_state(N3).gpu_free == (8138, 0)
 
 
 def test_bind_that_would_overcommit_fails_and_leaves_the_ledger() -> None:
@@ -461,12 +461,12 @@ def test_assumption_expires() -> None:
     with TestClient(app_for(state, binder)) as client:
         client.post(f"{PREFIX}/filter", json=filter_body())
         client.post(f"{PREFIX}/bind", json=fixture("bind_request"))
-    assert state.recorded_state(N3).gpu_free == (GPU - 8138, GPU)
+    assert state.ledger_state(N3).gpu_free == (GPU - 8138, GPU)
     now[0] = 29.9
     assert state.expire() == []
     now[0] = 30.0
     assert [a.pod for a in state.expire()] == ["wiring/gpu-a"]
-    assert state.recorded_state(N3).gpu_free == (GPU, GPU)
+    assert state.ledger_state(N3).gpu_free == (GPU, GPU)
 
 
 @pytest.mark.parametrize(
@@ -505,7 +505,7 @@ def test_concurrent_binds_never_overcommit(
     assert all("does not fit node" in e for e in errors[:20] if e)
     assert errors[0] == errors[20] == ""  # the same pod twice: both succeed, bound once
     assert len(binder.calls) == bound
-    assert state.recorded_state(N3).gpu_free == free
+    assert state.ledger_state(N3).gpu_free == free
     if handshake_timeout_s:
         assert any("awaits its device-plugin start" in e for e in errors[:20]), errors[:3]
     assert state.ledger_violations() == []
@@ -680,8 +680,8 @@ def test_finished_and_deleted_pods_release_their_gpus() -> None:
     assert isinstance(released, Allocation)
     assert released.node == N3
     assert state.forget_pod(f"default/seed-{N3}-1") is not None
-    assert state.recorded_state(N3).gpu_free == (GPU, GPU)
-    assert node_info(node_json(N3, [GPU, GPU])).node == state.recorded_state(N3).node
+    assert state.ledger_state(N3).gpu_free == (GPU, GPU)
+    assert node_info(node_json(N3, [GPU, GPU])).node == state.ledger_state(N3).node
 
 
 def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
@@ -695,7 +695,7 @@ def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
     assert str(result.outcome) == "unknown node"
     state.upsert_node(node)
     assert state.allocation("default/early") == allocation
-    assert state.recorded_state("late").gpu_free == (GPU, GPU - 4069)
+    assert state.ledger_state("late").gpu_free == (GPU, GPU - 4069)
 
 
 # -- log noise (issue 11, defect 5): one line each, no traceback ------------------------------

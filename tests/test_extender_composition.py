@@ -7,8 +7,8 @@
 * The bind verb owns its locks: ``PodLocks`` runs one pod's binds one at a time and forgets a
   pod's lock once nobody holds or awaits it; ``LoopLock`` is one lock per event loop.
 * ``NodeShapeCache`` answers only at the node version it was given, and stays bounded.
-* ``ExtenderState``'s ledger face: ``recorded_state`` leaves out what skipped pods are charged
-  with (``node_state`` counts it), ``allocation``/``allocations``/``allocation_count``.
+* ``ExtenderState``'s ledger face: ``ledger_state`` leaves out what skipped pods are charged
+  with (``schedulable_state`` counts it), ``allocation``/``allocations``/``allocation_count``.
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def test_the_ledger_face_tells_recorded_from_counted() -> None:
     lost = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: "7", ALIYUN_POD: "4"}  # no GPU 7: skipped
     state.observe_pod(pod_json("a", 8, node="n", annotations=recorded, uid="uid-a"))
     state.observe_pod(pod_json("lost", 4, node="n", annotations=lost, uid="uid-lost"))
-    assert state.recorded_state("n").gpu_used == (8, 0)
-    node_state = state.node_state("n")
+    assert state.ledger_state("n").gpu_used == (8, 0)
+    node_state = state.schedulable_state("n")
     assert node_state is not None
     assert node_state.gpu_used == (12, 4)  # the skipped pod is counted on every GPU
     assert [a.pod for a in state.allocations("n")] == ["default/a"]

@@ -61,7 +61,7 @@ def delete(kind: str, key: str, obj: dict[str, Any]) -> Change:
 
 
 def used(state: ExtenderState, node: str) -> tuple[int, ...]:
-    return state.recorded_state(node).gpu_used
+    return state.ledger_state(node).gpu_used
 
 
 def fed(*pods: dict[str, Any]) -> StateFeeder:
@@ -116,7 +116,7 @@ def test_garbage_is_logged_and_blocks_the_node(caplog: pytest.LogCaptureFixture)
     garbage = {**pod, "metadata": {**pod["metadata"], "annotations": {ALLOCATION: "{oops"}}}
     feeder.on_pod(upsert("Pod", "default/a", garbage, pod))
     assert used(feeder.state, "n1") == (0, 8138)  # the ledger keeps what it had
-    node_state = feeder.state.node_state("n1")  # and the unreadable pod blocks the node
+    node_state = feeder.state.schedulable_state("n1")  # and the unreadable pod blocks the node
     assert node_state is not None
     assert node_state.gpu_free == (0, -8138)
     broken = node_json("n1", [GPU, GPU])

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import memo
+from gpushare.extender.bindapi import UnwiredBinder
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import extender_policy
-from gpushare.extender.state import ExtenderState, UnwiredBinder
+from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import ExtenderArgs, decode, encode
 from gpushare.kube.codec import MemoryUnit, allocation_annotations
 from gpushare.testing.extender import node_json, pod_json

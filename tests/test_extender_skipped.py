@@ -76,8 +76,8 @@ def test_a_skipped_bound_pod_is_counted_conservatively(
     assert (skipped.pod, skipped.node, skipped.kind) == (f"default/{pod['metadata']['name']}",
                                                          NODE, kind)  # fmt: skip
     assert (skipped.charges, skipped.whole_node) == (charges, whole_node)
-    assert state.recorded_state(NODE).gpu_free == (32, 40)  # the ledger holds only what it can
-    node_state = state.node_state(NODE)
+    assert state.ledger_state(NODE).gpu_free == (32, 40)  # the ledger holds only what it can
+    node_state = state.schedulable_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == free
     assert feeder.errors == 1
@@ -93,17 +93,17 @@ def test_skipped_pods_leave_when_they_go_or_fit() -> None:
     # a goes: the full pod now fits the ledger, and is no longer skipped
     feeder.on_pod(Change("Pod", Action.DELETE, "default/a", A8, A8))
     assert feeder.state.skipped() == []
-    assert feeder.state.recorded_state(NODE).gpu_free == (4, 40)
+    assert feeder.state.ledger_state(NODE).gpu_free == (4, 40)
     # an unreadable pod that finishes unblocks the node
     nan = placed("nan", 4, on(1, "lots"))
     feeder.on_pod(Change("Pod", Action.UPSERT, "default/nan", nan))
-    node_state = feeder.state.node_state(NODE)
+    node_state = feeder.state.schedulable_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == (4 - GPU, 0)
     done = {**nan, "status": {"phase": "Succeeded"}}
     feeder.on_pod(Change("Pod", Action.UPSERT, "default/nan", done, nan))
     assert feeder.state.skipped() == []
-    node_state = feeder.state.node_state(NODE)
+    node_state = feeder.state.schedulable_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == (4, 40)
 
@@ -172,8 +172,8 @@ def test_units_on_a_gpu_the_node_lost_count_on_every_gpu() -> None:
     feeder.on_node(Change("Node", Action.UPSERT, NODE, node_json(NODE, [GPU], unit=MemoryUnit.GIB)))
     state = feeder.state
     assert state.skipped() == []  # recorded before the node shrank: not skipped
-    assert state.recorded_state(NODE).gpu_free == (GPU - 8,)
-    node_state = state.node_state(NODE)
+    assert state.ledger_state(NODE).gpu_free == (GPU - 8,)
+    node_state = state.schedulable_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == (GPU - 8 - 4,)
 
@@ -191,7 +191,7 @@ def test_skipped_pods_count_on_their_own_node_only() -> None:
     assert state.skipped("nowhere") == []
     feeder.on_pod(Change("Pod", Action.DELETE, "default/odd", odd, odd))
     assert state.skipped("m") == []
-    m_state, n_state = state.node_state("m"), state.node_state(NODE)
+    m_state, n_state = state.schedulable_state("m"), state.schedulable_state(NODE)
     assert m_state is not None
     assert n_state is not None
     assert (m_state.gpu_free, n_state.gpu_free) == ((GPU,), (28, 36))

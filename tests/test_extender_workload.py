@@ -12,9 +12,9 @@ import pytest
 from gpushare.core.fragmentation import TargetWorkload, TaskShape
 from gpushare.core.model import ContainerRequest, NodeState, PodRequest
 from gpushare.extender import ExtenderState, create_app
+from gpushare.extender.bindapi import UnwiredBinder
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import default_workload, derived_gpu_unit
-from gpushare.extender.state import UnwiredBinder
 from gpushare.extender.wire import ExtenderArgs, decode, encode
 from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker, live_policy
 from gpushare.kube.codec import MemoryUnit, node_info, pod_request

@@ -15,9 +15,9 @@ def test_populated_state_spreads_pods_round_robin_over_nodes_and_gpus(started: b
     assert names == ["node-0000", "node-0001"]
     assert state.synced
     # pod i: node i % 2, GPU (i // 2) % 2, 1 + (i // 2) % 2 GiB.
-    assert state.recorded_state("node-0000").gpu_used == (1, 2)  # pod-0, pod-2
-    assert state.recorded_state("node-0001").gpu_used == (1, 2)  # pod-1, pod-3
-    assert [g.capacity for g in state.recorded_state("node-0000").node.gpus] == [16, 16]
+    assert state.ledger_state("node-0000").gpu_used == (1, 2)  # pod-0, pod-2
+    assert state.ledger_state("node-0001").gpu_used == (1, 2)  # pod-1, pod-3
+    assert [g.capacity for g in state.ledger_state("node-0000").node.gpus] == [16, 16]
     bound = state.pod("bench/pod-3")
     assert bound is not None
     assert bound["metadata"]["annotations"][ALIYUN_ASSIGNED] == ("true" if started else "false")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from lightkube.models.rbac_v1 import PolicyRule
 
+from gpushare.extender.bindapi import Binding
 from gpushare.extender.leadership import LeaderBinder, Leadership
-from gpushare.extender.state import Binding
 from gpushare.kube.client import connect
 from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.testing.clock import ManualClock

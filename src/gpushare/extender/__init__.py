@@ -4,8 +4,10 @@ that ask for ``aliyun.com/gpu-mem`` (wire format and kube-scheduler's side: docs
 
 * :mod:`~gpushare.extender.wire` — the extender wire types (msgspec structs, exact JSON keys);
 * :mod:`~gpushare.extender.state` — ``ExtenderState`` (nodes, pods, and the ledger behind
-  methods that say what callers need: ``allocation``, ``recorded_state``, ...) and the seams to
-  the API server: ``Binder``, ``EventSink``, and the feeding methods ``gpushare.kube`` calls;
+  methods that say what callers need: ``allocation``, ``ledger_state``, ...) and the feeding
+  methods ``gpushare.kube`` calls;
+* :mod:`~gpushare.extender.bindapi` — ``Binder``, ``EventSink``: what the bind asks of the API
+  server;
 * :mod:`~gpushare.extender.scheduler` — the decisions (filter, prioritize, bind), no HTTP;
 * :mod:`~gpushare.extender.binding` — ``BindVerb``, the bind verb ``Scheduler`` delegates to,
   with its locks (``PodLocks``, ``LoopLock``);
@@ -22,15 +24,9 @@ that ask for ``aliyun.com/gpu-mem`` (wire format and kube-scheduler's side: docs
 """
 
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
+from gpushare.extender.bindapi import Binder, BindEvent, Binding, EventSink, UnwiredBinder
 from gpushare.extender.scheduler import Scheduler
-from gpushare.extender.state import (
-    Binder,
-    BindEvent,
-    Binding,
-    EventSink,
-    ExtenderState,
-    UnwiredBinder,
-)
+from gpushare.extender.state import ExtenderState
 
 __all__ = [
     "DEFAULT_PORT",

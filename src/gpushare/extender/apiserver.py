@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpushare.core.skipped import SkippedPod
-from gpushare.extender.state import BindEvent, Binding
+from gpushare.extender.bindapi import BindEvent, Binding
 from gpushare.kube.binder import BindResult
 from gpushare.kube.codec import ALLOCATION, pod_annotation
 from gpushare.kube.errors import BindError, BindStage, Failure, KubeError
@@ -103,8 +103,9 @@ class EventRate:
         return True
 
 
-class PodBinder(Protocol):
-    """What :class:`ApiBinder` needs: :class:`gpushare.kube.binder.PodBinder`'s ``bind``."""
+class BindingCall(Protocol):
+    """The API call under :class:`ApiBinder`: :class:`gpushare.kube.binder.PodBinder`'s
+    ``bind`` (annotate, then create ``pods/binding``), or a test's stand-in."""
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> BindResult:
         """Annotate and bind ``pod``; raises ``BindError``."""
@@ -125,7 +126,7 @@ class ApiBinder:
     """The extender's ``Binder`` over ``gpushare.kube`` (module doc). ``timeout_s`` bounds one
     whole bind (reads, patches, retries); keep it below kube-scheduler's ``httpTimeout``."""
 
-    def __init__(self, binder: PodBinder, *, timeout_s: float = 20.0) -> None:
+    def __init__(self, binder: BindingCall, *, timeout_s: float = 20.0) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._binder = binder

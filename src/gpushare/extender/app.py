@@ -56,6 +56,7 @@ from starlette.routing import Route
 from gpushare import __version__
 from gpushare.core.policies import Policy
 from gpushare.core.preemption import Hold
+from gpushare.extender.bindapi import Binder, EventSink, UnwiredBinder
 from gpushare.extender.limits import LimitError, RequestLimits, read_body
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.outcomes import outcome_of
@@ -64,7 +65,7 @@ from gpushare.extender.report import cluster_report, node_report
 from gpushare.extender.requeue import Requeuer
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import DEFAULT_POLICY, extender_policy
-from gpushare.extender.state import Binder, EventSink, ExtenderState, UnwiredBinder
+from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,

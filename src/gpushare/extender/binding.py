@@ -12,6 +12,7 @@ from gpushare.core.fit import Reason
 from gpushare.core.handshake import PinStatus, forced_fit, handshake_verdict
 from gpushare.core.model import Allocation, PodRequest
 from gpushare.core.policies import Policy
+from gpushare.extender.bindapi import Binder, BindEvent, Binding, EventSink
 from gpushare.extender.outcomes import (
     NOT_SYNCED,
     UNKNOWN_NODE,
@@ -19,13 +20,7 @@ from gpushare.extender.outcomes import (
     not_gpushare,
 )
 from gpushare.extender.preemption import Preemptor
-from gpushare.extender.state import (
-    Binder,
-    BindEvent,
-    Binding,
-    EventSink,
-    ExtenderState,
-)
+from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import ExtenderBindingArgs, ExtenderBindingResult
 from gpushare.kube.codec import (
     CodecError,
@@ -125,7 +120,7 @@ class BindVerb:
         state = (
             preemptor.view(node, key, priority)
             if preemptor is not None
-            else self._state.node_state(node)
+            else self._state.schedulable_state(node)
         )
         if info is None or state is None:
             return f"{UNKNOWN_NODE}: {node}"

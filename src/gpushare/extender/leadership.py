@@ -30,7 +30,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from gpushare.extender.state import Binder, Binding
+from gpushare.extender.bindapi import Binder, Binding
 from gpushare.kube.lease import LeaderElector
 from gpushare.kube.watch import Backoff
 

@@ -226,8 +226,8 @@ def gpu_samples(state: ExtenderState, info: NodeInfo) -> list[tuple[Gpu, tuple[f
     in GPUs, held whole (module doc)."""
     node = info.node
     scale = unit_bytes(info.unit)
-    used = state.counted_used(node.name)
-    held = state.recorded_state(node.name)
+    used = state.used_with_skipped(node.name)
+    held = state.ledger_state(node.name)
     holders: dict[int, int] = {}
     for allocation in state.allocations(node.name):
         for index, amount in allocation.per_gpu().items():

@@ -308,7 +308,7 @@ class Preemptor:
     def view(self, node: str, key: str, priority: int) -> NodeState | None:
         """Node ``node`` as pod ``key`` of ``priority`` sees it: everything allocated, and the
         GPUs held for preemptors it must not take; ``None`` for an unknown node."""
-        state = self.state.node_state(node)
+        state = self.state.schedulable_state(node)
         holds = self.holds.on(node)
         if state is None or not holds:
             return state

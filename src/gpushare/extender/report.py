@@ -68,7 +68,7 @@ def node_report(
     ``gpushare`` report (``shared_report`` of the node alone). The cluster view leaves it out:
     it carries the whole cluster's ``gpushare`` report once."""
     node = info.node
-    used = state.counted_used(node.name)
+    used = state.used_with_skipped(node.name)
     allocations = state.allocations(node.name)
     skipped = state.skipped(node.name)
     holders: dict[int, list[dict[str, Any]]] = {gpu.index: [] for gpu in node.gpus}
@@ -96,7 +96,7 @@ def node_report(
                     entry["whole"] = True
                 holders[index].append(entry)
     devs: list[dict[str, Any]] = []
-    recorded = state.recorded_state(node.name)
+    recorded = state.ledger_state(node.name)
     two_dimensional = any(recorded.gpu_compute_used) or any(recorded.gpu_whole)
     for position, gpu in enumerate(node.gpus):
         dev: dict[str, Any] = {
@@ -158,7 +158,7 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
     for name in sorted({pod.node for pod in state.skipped()}):
         info = state.node(name)
         gpus = info.node.gpus if info is not None else ()
-        ledger_used = state.recorded_state(name).gpu_used if info is not None else ()
+        ledger_used = state.ledger_state(name).gpu_used if info is not None else ()
         named = [p for p in state.skipped(name) if p.kind is SkipKind.OVER_CAPACITY]
         for position, gpu in enumerate(gpus):
             naming = [p.pod for p in named if dict(p.charges).get(gpu.index)]

@@ -67,6 +67,7 @@ from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, generational, tie_break_of
+from gpushare.extender.bindapi import Binder, EventSink
 from gpushare.extender.binding import BindVerb
 from gpushare.extender.memo import NodeShapeCache, shape_key
 from gpushare.extender.outcomes import (
@@ -82,7 +83,7 @@ from gpushare.extender.outcomes import (
 )
 from gpushare.extender.preemption import Preemptor
 from gpushare.extender.scoring import policy_value, to_priorities
-from gpushare.extender.state import Binder, EventSink, ExtenderState
+from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -198,7 +199,7 @@ class Scheduler:
         preemptors it must not take (``gpushare.extender.preemption``)."""
         if self.preemptor is not None and self.preemptor.held(name):
             return self.preemptor.view(name, pod.key, priority)
-        return self.state.node_state(name)
+        return self.state.schedulable_state(name)
 
     def _fit(
         self, name: str, pod: PodRequest, own: Allocation | None, priority: int = 0

@@ -19,10 +19,11 @@ can be cached.
 
 **Skipped pods** (``tests/test_extender_skipped.py``). A bound pod holds *something* on its node
 even when the ledger cannot record it, so its GPUs are never taken as free on a guess.
-``SkippedPod`` records what it is charged with, on top of the ledger, in every ``node_state`` (so in
-filter, prioritize and bind), by ``gpushare.core.skipped``'s rule, the one the inspect report uses
-too: an allocation that cannot be read blocks the whole node, one naming a GPU index the node lacks
-is charged on every GPU, one that does not fit is charged on the GPUs it names.
+``SkippedPod`` records what it is charged with, on top of the ledger, in every
+``schedulable_state`` (so in filter, prioritize and bind), by ``gpushare.core.skipped``'s rule,
+the one the inspect report uses too: an allocation that cannot be read blocks the whole node,
+one naming a GPU index the node lacks is charged on every GPU, one that does not fit is charged
+on the GPUs it names.
 
 Units the ledger holds on a GPU index the node no longer has (the node shrank) are charged to
 every GPU too. A skipped pod is retried when its node changes and, for over-capacity ones, when
@@ -30,9 +31,8 @@ a pod on the node goes; it leaves the list when it is recorded, finishes or goes
 ``skipped`` lists them (``/inspect``, ``/metrics``); ``drain_new_skips`` hands each new or
 changed one to the feeder once (a log line and a Warning Event).
 
-``Binder`` and ``EventSink`` are the protocols ``gpushare.kube`` implements: create the
-``pods/binding`` subresource (docs/interfaces.md, "Binding: ``pods/binding``") and record
-Kubernetes Events.
+The bind path's seams to the API server (``Binder``, ``EventSink``) are
+``gpushare.extender.bindapi``'s.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from gpushare.core.handshake import PendingPod, pending_pod_of
 from gpushare.core.ledger import Ledger, LedgerOutcome, LedgerResult, Violation
@@ -53,6 +52,7 @@ from gpushare.kube.codec import (
     CodecError,
     Json,
     NodeInfo,
+    bound_copy,
     node_info,
     pod_allocation,
     pod_finished,
@@ -65,63 +65,6 @@ from gpushare.kube.codec.record import fast_pod_record
 
 REQUESTED_LIMIT = 1024
 """Pods kept from filter requests alone (``remember_pod``): bounded, whatever clients send."""
-
-
-@dataclass(frozen=True, slots=True)
-class Binding:
-    """Bind pod ``namespace/name`` (UID ``uid``, a precondition) to ``node`` and merge
-    ``annotations`` into the pod in the same call."""
-
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    annotations: Mapping[str, str]
-
-
-class Binder(Protocol):
-    """Creates bindings (``gpushare.kube`` implements it with the API server).
-
-    Return ``None`` when the pod is bound to ``binding.node`` with the annotations merged —
-    also when it already was (a retried bind whose first answer was lost); return an error text
-    when the pod is certainly not bound; raise when the outcome is unknown (a timeout): the
-    extender then keeps the assumed allocation until the watch shows the pod or it expires.
-    """
-
-    async def bind(self, binding: Binding) -> str | None:
-        """Bind, see the class doc."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class BindEvent:
-    """What happened to one bind: ``ok`` with the GPUs in ``message``, or why it failed."""
-
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    ok: bool
-    message: str
-
-
-class EventSink(Protocol):
-    """Records a bind's outcome as a Kubernetes Event on the pod (``gpushare.kube``)."""
-
-    async def emit(self, event: BindEvent) -> None:
-        """Record ``event``; failures are the sink's to log, never the bind's."""
-        ...
-
-
-class UnwiredBinder:
-    """The binder of an extender started without an API-server connection: refuses, saying so."""
-
-    async def bind(self, binding: Binding) -> str | None:
-        """Always an error: nothing can create the Binding."""
-        return (
-            f"no API binder: pod {binding.namespace}/{binding.name} cannot be bound to "
-            f"{binding.node} by an extender running on an in-memory state"
-        )
 
 
 DEFAULT_ASSUME_TTL_S = 60.0
@@ -236,8 +179,11 @@ class ExtenderState:
         """A counter that changes whenever node ``name`` or an allocation on it changes."""
         return self._versions.get(name, 0)
 
-    def node_state(self, name: str) -> NodeState | None:
-        """The node with everything allocated on it (committed + assumed), or ``None``."""
+    def schedulable_state(self, name: str) -> NodeState | None:
+        """Node ``name`` as filter, prioritize, bind and preemption must count it: the ledger's
+        allocations (committed + assumed), plus what skipped pods are charged with and units
+        on GPU indices the node lacks (a whole-node block included); ``None`` for an unknown
+        node. Cached per ``version``."""
         if name not in self._nodes:
             return None
         version = self._versions.get(name, 0)
@@ -254,11 +200,11 @@ class ExtenderState:
         name = state.node.name
         return charged(state, self.skipped(name), self._ledger.units_off_node(name))
 
-    def counted_used(self, name: str) -> tuple[int, ...]:
-        """Units counted on each GPU of node ``name`` (position order) for ``/inspect`` and
-        ``/metrics``: the ledger's plus what skipped pods are charged with
+    def used_with_skipped(self, name: str) -> tuple[int, ...]:
+        """Memory units counted on each GPU of node ``name`` (position order), as ``/inspect``
+        and ``/metrics`` show them: the ledger's plus what skipped pods are charged with
         (``gpushare.core.skipped.held``); a whole-node block is not memory and is left out
-        (``node_state`` counts it)."""
+        (``schedulable_state`` counts it)."""
         state = self._ledger.state(name)
         extra = held(state.node, self.skipped(name))
         return tuple(u + h for u, h in zip(state.gpu_used, extra, strict=True))
@@ -406,13 +352,7 @@ class ExtenderState:
         if pod is None:
             return
         self._requested.pop(key, None)
-        meta = dict(pod.get("metadata") or {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
-        self._pods[key] = {
-            **pod,
-            "metadata": meta,
-            "spec": {**(pod.get("spec") or {}), "nodeName": node},
-        }
+        self._pods[key] = bound_copy(pod, node, annotations)
 
     # -- allocations -----------------------------------------------------------------------
 
@@ -435,9 +375,10 @@ class ExtenderState:
         """How many allocations the ledger records on the nodes it knows."""
         return sum(len(self._ledger.allocations(n)) for n in self._ledger.node_names())
 
-    def recorded_state(self, name: str) -> NodeState:
-        """Node ``name`` with only what the ledger records on it: unlike ``node_state``, what
-        skipped pods are charged with is left out. ``KeyError`` for an unknown node."""
+    def ledger_state(self, name: str) -> NodeState:
+        """Node ``name`` with only what the ledger records on it (committed + assumed
+        allocations): unlike ``schedulable_state``, what skipped pods are charged with is left
+        out. ``KeyError`` for an unknown node."""
         return self._ledger.state(name)
 
     def ledger_violations(self) -> list[Violation]:

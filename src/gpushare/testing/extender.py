@@ -21,7 +21,8 @@ import uvicorn
 
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.core.preemption import Hold
-from gpushare.extender.state import BindEvent, Binding, ExtenderState
+from gpushare.extender.bindapi import BindEvent, Binding
+from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     GPU_COUNT,

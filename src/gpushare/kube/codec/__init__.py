@@ -112,6 +112,7 @@ from gpushare.kube.codec.pods import (
     AlibabaAnnotations,
     alibaba_annotations,
     allocation_annotations,
+    bound_copy,
     pod_allocation,
     pod_request,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "PodRecord",
     "alibaba_annotations",
     "allocation_annotations",
+    "bound_copy",
     "fast_pod_record",
     "inventory_annotation",
     "is_gpushare_node",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
@@ -605,6 +605,15 @@ def alibaba_of(key: str, annotations: Json) -> AlibabaAnnotations:
 _ALIBABA_NUMBERS = ((ALIYUN_IDX, False), (ALIYUN_POD, False), (ALIYUN_DEV, True),
                     (ALIYUN_ASSUME_TIME, False))  # fmt: skip
 """Alibaba's numeric annotations in the order they are read, and whether they must be > 0."""
+
+
+def bound_copy(pod: Json, node: str, annotations: Mapping[str, str]) -> dict[str, Any]:
+    """``pod`` as the API server will show it once bound to ``node`` with ``annotations``
+    merged (what a successful ``pods/binding`` call changes), without touching ``pod``: the
+    copy the extender keeps until its watch brings the API server's."""
+    meta = dict(pod.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+    return {**pod, "metadata": meta, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
 
 
 def allocation_annotations(
