@@ -96,9 +96,9 @@ def main() -> None:
         f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.pods} bound pods, {args.pending} "
         f"pending; set-up {time.perf_counter() - started:.1f} s"
     )
-    one = state.node(names[len(names) // 2])
+    one = state.cluster.node(names[len(names) // 2])
     assert one is not None
-    nodes, pods = state.objects()
+    nodes, pods = state.cluster.objects()
 
     reader = SnapshotReader()
 

@@ -48,7 +48,7 @@ class BaseLine(Collector):
         state = self._state
         labelled = ["node", "gpu", "model"]
         families = [GaugeMetricFamily(n, h, labels=labelled) for n, h in GPU_FAMILIES]
-        for info in state.nodes():
+        for info in state.cluster.nodes():
             if not info.gpushare:
                 continue
             for gpu, values in gpu_samples(state, info):
@@ -96,7 +96,9 @@ def main() -> None:
     def churn() -> None:
         for name in names[: args.changed]:
             pod = f"bench/churn-{next(serial)}"
-            state.assume(Allocation(pod, name, (ContainerAllocation("main", (7,), 0),)))
+            state.reservations.assume(
+                Allocation(pod, name, (ContainerAllocation("main", (7,), 0),))
+            )
 
     assert samples(ExtenderMetrics(state).exposition()[0]) == samples(generate_latest(base))
     print("outputs equal: every per-GPU sample", flush=True)

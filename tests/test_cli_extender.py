@@ -34,9 +34,9 @@ def test_build_state_preloads_nodes(tmp_path: Path, wrap: bool) -> None:
     path = tmp_path / "nodes.json"
     path.write_text(json.dumps({"kind": "NodeList", "items": items} if wrap else items))
     state = build_state(path, assume_ttl_s=5)
-    assert state.synced
-    assert [info.node.name for info in state.nodes()] == ["cpu", "n1"]
-    assert state.ledger_state("n1").gpu_free == (16, 16)
+    assert state.cluster.synced
+    assert [info.node.name for info in state.cluster.nodes()] == ["cpu", "n1"]
+    assert state.reservations.ledger_state("n1").gpu_free == (16, 16)
 
 
 BAD_FILES = [

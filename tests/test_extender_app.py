@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
-from gpushare.extender.state import REQUESTED_LIMIT
+from gpushare.extender.cluster import REQUESTED_LIMIT
 from gpushare.kube.codec import (
     ALIYUN_DEV,
     ALIYUN_IDX,
@@ -77,17 +77,21 @@ def design_state(*, synced: bool = True) -> ExtenderState:
     seed_bound_pods(state, N2, [GPU - 4069, GPU - 4069])
     seed_bound_pods(state, N3, [GPU - 8138, GPU])
     if synced:
-        state.mark_synced()
+        state.cluster.mark_synced()
     return state
 
 
 def snapshot(state: ExtenderState) -> tuple[object, ...]:
     """Everything the ledger holds, to compare before and after."""
-    names = [info.node.name for info in state.nodes()]
+    names = [info.node.name for info in state.cluster.nodes()]
     return (
-        tuple((name, state.ledger_state(name).gpu_used) for name in names),
-        tuple(state.allocations(name) for name in names),
-        tuple(state.is_assumed(a.pod) for name in names for a in state.allocations(name)),
+        tuple((name, state.reservations.ledger_state(name).gpu_used) for name in names),
+        tuple(state.reservations.allocations(name) for name in names),
+        tuple(
+            state.reservations.is_assumed(a.pod)
+            for name in names
+            for a in state.reservations.allocations(name)
+        ),
     )
 
 
@@ -160,7 +164,7 @@ def test_filter_nodes_returns_the_node_objects_as_received() -> None:
     seed_bound_pods(state, N1, [GPU, GPU - 4069])
     seed_bound_pods(state, N2, [GPU - 4069, GPU - 4069])
     seed_bound_pods(state, N3, [GPU - 8138, GPU])
-    state.mark_synced()
+    state.cluster.mark_synced()
     body = filter_body()
     body["NodeNames"] = None
     body["Nodes"] = {"metadata": {"resourceVersion": "7"}, "items": copy.deepcopy(nodes)}
@@ -172,7 +176,7 @@ def test_filter_nodes_returns_the_node_objects_as_received() -> None:
 
 def test_filter_nodes_mode_learns_nodes_from_the_request_only_in_memory() -> None:
     state = ExtenderState()
-    state.mark_synced()
+    state.cluster.mark_synced()
     body = filter_body()
     body["NodeNames"] = None
     body["Nodes"] = {"metadata": {}, "items": [node_json(N3, [GPU, GPU]), plain_node_json("cpu")]}
@@ -181,21 +185,21 @@ def test_filter_nodes_mode_learns_nodes_from_the_request_only_in_memory() -> Non
     assert result["FailedAndUnresolvableNodes"] == {
         "cpu": "gpushare: not a GPU-share node (no label gpushare=true)"
     }
-    assert state.node(N3) is not None
+    assert state.cluster.node(N3) is not None
 
 
 def test_filter_nodes_request_never_changes_node_state() -> None:
     """Issue 11, defect 1: a ``Nodes`` body claiming N2 has 8 x 80 GiB changes nothing; the
     nodes are candidates by name, judged on what the state (the API server) says."""
     state = design_state()
-    before = (snapshot(state), state.node(N2), state.nodes())
+    before = (snapshot(state), state.cluster.node(N2), state.cluster.nodes())
     forged = node_json(N2, [80 * 1024] * 8)
     body = filter_body()
     body["NodeNames"] = None
     body["Nodes"] = {"metadata": {}, "items": [forged, node_json("forged-new", [GPU]), {}]}
     app = app_for(state)
     result = post(app, "filter", body).json()
-    assert (snapshot(state), state.node(N2), state.nodes()) == before
+    assert (snapshot(state), state.cluster.node(N2), state.cluster.nodes()) == before
     assert result["Nodes"]["items"] == []
     assert result["FailedNodes"][N2].startswith("gpushare: no GPU has enough free")
     assert result["FailedAndUnresolvableNodes"] == {
@@ -204,7 +208,7 @@ def test_filter_nodes_request_never_changes_node_state() -> None:
     }
     prioritized = post(app, "prioritize", body).json()
     assert prioritized == [{"Host": N2, "Score": 0}, {"Host": "forged-new", "Score": 0}]
-    assert (snapshot(state), state.node(N2), state.nodes()) == before
+    assert (snapshot(state), state.cluster.node(N2), state.cluster.nodes()) == before
 
 
 UNRESOLVABLE = [
@@ -253,7 +257,7 @@ def test_filter_excludes_unhealthy_gpus() -> None:
     state = ExtenderState()
     state.upsert_node(node_json(N3, [FakeGpu(0, GPU, healthy=False), FakeGpu(1, GPU)]))
     seed_bound_pods(state, N3, [0, 4069])
-    state.mark_synced()
+    state.cluster.mark_synced()
     body = filter_body(GPU - 4069 + 1)
     body["NodeNames"] = [N3]
     result = post(app_for(state), "filter", body).json()
@@ -267,7 +271,7 @@ def test_filter_before_sync_is_an_error_and_not_ready() -> None:
         assert client.get("/readyz").status_code == 503
         result = client.post(f"{PREFIX}/filter", json=filter_body()).json()
         assert result["Error"].startswith("gpushare: the extender has not finished listing")
-        state.mark_synced()
+        state.cluster.mark_synced()
         assert client.get("/readyz").status_code == 200
 
 
@@ -319,8 +323,8 @@ def test_bind_design_example_lands_on_n3_gpu0() -> None:
     assert call.annotations[ALIYUN_IDX] == "0"
     assert call.annotations[ALIYUN_POD] == "8138"
     assert call.annotations[ALIYUN_DEV] == "16276"
-    assert state.ledger_state(N3).gpu_free == (0, 0)
-    assert state.is_assumed("wiring/gpu-a")
+    assert state.reservations.ledger_state(N3).gpu_free == (0, 0)
+    assert state.reservations.is_assumed("wiring/gpu-a")
     assert events.events[-1].ok
     assert "container main on GPU 0 (8138 MiB each)" in events.events[-1].message
 
@@ -330,7 +334,7 @@ def binpack_state() -> ExtenderState:
     state = ExtenderState()
     state.upsert_node(node_json(N3, [GPU] * 4))
     seed_bound_pods(state, N3, [4069, 8138, 12207, 0])
-    state.mark_synced()
+    state.cluster.mark_synced()
     return state
 
 
@@ -342,7 +346,7 @@ def test_bind_binpack_picks_gpu1() -> None:
         client.post(f"{PREFIX}/filter", json=filter_body())
         assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
     assert binder.calls[0].annotations[ALIYUN_IDX] == "1"
-    assert state.ledger_state(N3).gpu_free == (12207, 0, 4069, 16276)
+    assert state.reservations.ledger_state(N3).gpu_free == (12207, 0, 4069, 16276)
 
 
 def test_bind_multi_gpu_pod_records_our_annotation_only() -> None:
@@ -382,10 +386,10 @@ def test_bind_retry_after_watch_confirmed_it() -> None:
         bound["spec"]["nodeName"] = N3
         bound["metadata"]["annotations"] = dict(binder.calls[0].annotations)
         state.observe_pod(bound)  # the watch sees the pod bound: committed
-        assert not state.is_assumed("wiring/gpu-a")
+        assert not state.reservations.is_assumed("wiring/gpu-a")
         assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
     assert len(binder.calls) == 1
-    assert state.ledger_state(N3).gpu_free == (0, 0)
+    assert state.reservations.ledger_state(N3).gpu_free == (0, 0)
 
 
 def test_retry_after_unknown_outcome_reuses_the_same_gpus() -> None:
@@ -395,13 +399,13 @@ def test_retry_after_unknown_outcome_reuses_the_same_gpus() -> None:
         client.post(f"{PREFIX}/filter", json=filter_body())
         first = client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()
         assert "outcome unknown" in first["Error"]
-        assert state.is_assumed("wiring/gpu-a")  # kept: the bind may have happened
+        assert state.reservations.is_assumed("wiring/gpu-a")  # kept: the bind may have happened
         # kube-scheduler retries: the pod's own assumption does not block it
         assert client.post(f"{PREFIX}/filter", json=filter_body()).json()["NodeNames"] == [N3]
         binder.error = None
         assert client.post(f"{PREFIX}/bind", json=fixture("bind_request")).json()["Error"] == ""
     assert [c.annotations[ALIYUN_IDX] for c in binder.calls] == ["1", "1"]
-    assert state.ledger_state(N3).gpu_free == (12207, 0, 4069, 16276)
+    assert state.reservations.ledger_state(N3).gpu_free == (12207, 0, 4069, 16276)
 
 
 def test_retry_on_another_node_moves_a_stale_assumption() -> None:
@@ -414,10 +418,10 @@ def test_retry_on_another_node_moves_a_stale_assumption() -> None:
         binder.error = None
         body = fixture("bind_request") | {"Node": "spare"}
         assert client.post(f"{PREFIX}/bind", json=body).json()["Error"] == ""
-    allocation = state.allocation("wiring/gpu-a")
+    allocation = state.reservations.allocation("wiring/gpu-a")
     assert allocation is not None
     assert allocation.node == "spare"
-    assert state.ledger_state(N3).gpu_free == (8138, 0)
+    assert state.reservations.ledger_state(N3).gpu_free == (8138, 0)
 
 
 def test_bind_that_would_overcommit_fails_and_leaves_the_ledger() -> None:
@@ -456,17 +460,17 @@ def test_assumption_expires() -> None:
     now = [0.0]
     state = ExtenderState(clock=lambda: now[0], assume_ttl_s=30)
     state.upsert_node(node_json(N3, [GPU, GPU]))
-    state.mark_synced()
+    state.cluster.mark_synced()
     binder = RecordingBinder(error=TimeoutError("lost"))
     with TestClient(app_for(state, binder)) as client:
         client.post(f"{PREFIX}/filter", json=filter_body())
         client.post(f"{PREFIX}/bind", json=fixture("bind_request"))
-    assert state.ledger_state(N3).gpu_free == (GPU - 8138, GPU)
+    assert state.reservations.ledger_state(N3).gpu_free == (GPU - 8138, GPU)
     now[0] = 29.9
-    assert state.expire() == []
+    assert state.reservations.expire() == []
     now[0] = 30.0
-    assert [a.pod for a in state.expire()] == ["wiring/gpu-a"]
-    assert state.ledger_state(N3).gpu_free == (GPU, GPU)
+    assert [a.pod for a in state.reservations.expire()] == ["wiring/gpu-a"]
+    assert state.reservations.ledger_state(N3).gpu_free == (GPU, GPU)
 
 
 @pytest.mark.parametrize(
@@ -484,10 +488,10 @@ def test_concurrent_binds_never_overcommit(
     first one's GPU, so two are bound and the others wait."""
     state = ExtenderState(handshake_timeout_s=handshake_timeout_s)
     state.upsert_node(node_json(N3, [GPU, GPU]))
-    state.mark_synced()
+    state.cluster.mark_synced()
     pods = [pod_json(f"p{i}", 8138) for i in range(20)]
     for pod in pods:
-        state.remember_pod(pod)
+        state.cluster.remember_pod(pod)
     binder = RecordingBinder()
     app = app_for(state, binder)
 
@@ -505,10 +509,10 @@ def test_concurrent_binds_never_overcommit(
     assert all("does not fit node" in e for e in errors[:20] if e)
     assert errors[0] == errors[20] == ""  # the same pod twice: both succeed, bound once
     assert len(binder.calls) == bound
-    assert state.ledger_state(N3).gpu_free == free
+    assert state.reservations.ledger_state(N3).gpu_free == free
     if handshake_timeout_s:
         assert any("awaits its device-plugin start" in e for e in errors[:20]), errors[:3]
-    assert state.ledger_violations() == []
+    assert state.reservations.ledger_violations() == []
 
 
 # -- bad input -------------------------------------------------------------------------------
@@ -680,8 +684,8 @@ def test_finished_and_deleted_pods_release_their_gpus() -> None:
     assert isinstance(released, Allocation)
     assert released.node == N3
     assert state.forget_pod(f"default/seed-{N3}-1") is not None
-    assert state.ledger_state(N3).gpu_free == (GPU, GPU)
-    assert node_info(node_json(N3, [GPU, GPU])).node == state.ledger_state(N3).node
+    assert state.reservations.ledger_state(N3).gpu_free == (GPU, GPU)
+    assert node_info(node_json(N3, [GPU, GPU])).node == state.reservations.ledger_state(N3).node
 
 
 def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
@@ -694,8 +698,8 @@ def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
     assert not isinstance(result, Allocation)
     assert str(result.outcome) == "unknown node"
     state.upsert_node(node)
-    assert state.allocation("default/early") == allocation
-    assert state.ledger_state("late").gpu_free == (GPU, GPU - 4069)
+    assert state.reservations.allocation("default/early") == allocation
+    assert state.reservations.ledger_state("late").gpu_free == (GPU, GPU - 4069)
 
 
 # -- log noise (issue 11, defect 5): one line each, no traceback ------------------------------
@@ -762,8 +766,8 @@ def test_filter_requests_never_change_inspect() -> None:
             body["Pod"]["metadata"]["name"] = f"invented-{i}"
             assert client.post(f"{PREFIX}/filter", json=body).status_code == 200
         assert client.get(f"{PREFIX}/inspect").json() == before
-    assert state.pod("wiring/invented-0") is None  # the oldest went first
-    assert state.pod(f"wiring/invented-{REQUESTED_LIMIT + 9}") is not None
+    assert state.cluster.pod("wiring/invented-0") is None  # the oldest went first
+    assert state.cluster.pod(f"wiring/invented-{REQUESTED_LIMIT + 9}") is not None
 
 
 def test_a_filter_claiming_the_pod_is_bound_cannot_fake_a_bind() -> None:

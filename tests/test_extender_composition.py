@@ -157,12 +157,12 @@ def test_the_ledger_face_tells_recorded_from_counted() -> None:
     lost = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: "7", ALIYUN_POD: "4"}  # no GPU 7: skipped
     state.observe_pod(pod_json("a", 8, node="n", annotations=recorded, uid="uid-a"))
     state.observe_pod(pod_json("lost", 4, node="n", annotations=lost, uid="uid-lost"))
-    assert state.ledger_state("n").gpu_used == (8, 0)
+    assert state.reservations.ledger_state("n").gpu_used == (8, 0)
     node_state = state.schedulable_state("n")
     assert node_state is not None
     assert node_state.gpu_used == (12, 4)  # the skipped pod is counted on every GPU
-    assert [a.pod for a in state.allocations("n")] == ["default/a"]
-    assert state.allocation_count() == 1
-    assert state.allocation("default/lost") is None
-    assert not state.is_assumed("default/a")
-    assert state.ledger_violations() == []
+    assert [a.pod for a in state.reservations.allocations("n")] == ["default/a"]
+    assert state.reservations.allocation_count() == 1
+    assert state.reservations.allocation("default/lost") is None
+    assert not state.reservations.is_assumed("default/a")
+    assert state.reservations.ledger_violations() == []

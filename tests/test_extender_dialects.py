@@ -47,7 +47,7 @@ def state_of(*nodes: Node) -> ExtenderState:
     for node in nodes:
         state.upsert_node(node_json(node.name, node.capacities, unit=node.unit))
         seed_bound_pods(state, node.name, node.used)
-    state.mark_synced()
+    state.cluster.mark_synced()
     return state
 
 
@@ -159,7 +159,9 @@ def test_a_dialect_pod_is_placed_recorded_and_rebuilt(case: Placed) -> None:
     result_of_rebuild = rebuilt.observe_pod(bound)
     assert result_of_rebuild is not None
     assert getattr(result_of_rebuild, "ok", False)
-    assert rebuilt.ledger_state(case.node.name) == state.ledger_state(case.node.name)
+    assert rebuilt.reservations.ledger_state(case.node.name) == state.reservations.ledger_state(
+        case.node.name
+    )
 
 
 @dataclass(frozen=True)
@@ -249,8 +251,12 @@ def test_a_whole_gpu_counts_its_whole_memory_and_a_used_gpu_is_not_taken_whole()
         assert schedule(client, shared, ["g"])[1] == ""  # binpack: GPU 0
         # GPU 0 holds 1 GiB: the two whole GPUs are 1 and 2.
         assert schedule(client, gpu_manager_readme_pod_2("whole", "ns"), ["g"])[1] == ""
-        assert state.ledger_state("g").gpu_whole == (False, True, True)
-        assert state.ledger_state("g").gpu_used == (1, 16, 16)  # whole: all their memory
+        assert state.reservations.ledger_state("g").gpu_whole == (False, True, True)
+        assert state.reservations.ledger_state("g").gpu_used == (
+            1,
+            16,
+            16,
+        )  # whole: all their memory
         big = pod_json("big", 16, namespace="ns")  # fits no GPU: 15 free on 0, none on 1 and 2
         result, _ = schedule(client, big, ["g"])
         assert result["FailedNodes"]["g"].startswith("gpushare: no GPU has enough free")
@@ -258,7 +264,7 @@ def test_a_whole_gpu_counts_its_whole_memory_and_a_used_gpu_is_not_taken_whole()
         assert schedule(client, small, ["g"])[1] == ""
     small_call = binder.calls[-1]
     assert json.loads(small_call.annotations[ALLOCATION])["containers"][0]["gpus"] == [0]
-    assert state.ledger_state("g").gpu_used == (3, 16, 16)
+    assert state.reservations.ledger_state("g").gpu_used == (3, 16, 16)
 
 
 def test_inspect_shows_compute_and_whole_gpus_next_to_memory() -> None:

@@ -61,7 +61,7 @@ def test_a_diverted_verb_is_counted_by_what_happened(
         return diverted
 
     state = ExtenderState()
-    state.mark_synced()
+    state.cluster.mark_synced()
     app = create_app(state, expire_interval_s=None, divert=divert)
     with TestClient(app) as client:
         assert client.post(f"{PREFIX}/filter", json=FILTER).status_code == 200
@@ -78,7 +78,7 @@ def test_with_no_leader_to_forward_to_a_follower_refuses_and_counts_it() -> None
 
     forwarder = LeaderForwarder(Leadership(elector, rebuild))
     state = ExtenderState()
-    state.mark_synced()
+    state.cluster.mark_synced()
     app = create_app(state, expire_interval_s=None, divert=forwarder.divert)
     try:
         with TestClient(app) as client:

@@ -40,12 +40,12 @@ def build() -> tuple[ExtenderState, TestClient]:
     for name in NODES[:3]:
         state.upsert_node(node_json(name, [16, 16, 8]))
     state.upsert_node(plain_node_json("cpu"))
-    info = state.node("n1")
+    info = state.cluster.node("n1")
     assert info is not None
     allocation = Allocation("default/old", "n1", (ContainerAllocation("main", (0,), 12),))
     notes = allocation_annotations(allocation, info.node, now_ns=5, unit=info.unit)
     state.observe_pod(pod_json("old", 12, node="n1", annotations=notes))
-    state.mark_synced()
+    state.cluster.mark_synced()
     app = create_app(state, binder=RecordingBinder(), expire_interval_s=None)
     return state, TestClient(app)
 
@@ -127,7 +127,9 @@ bodies = st.one_of(
 
 
 def allocations() -> list[Allocation]:
-    return [a for info in STATE.nodes() for a in STATE.allocations(info.node.name)]
+    return [
+        a for info in STATE.cluster.nodes() for a in STATE.reservations.allocations(info.node.name)
+    ]
 
 
 def check(response: httpx2.Response) -> Any:
@@ -135,7 +137,7 @@ def check(response: httpx2.Response) -> Any:
     body = response.json()
     text = body.get("Error", "") if isinstance(body, dict) else ""
     assert not text.startswith("gpushare internal error"), text
-    assert STATE.ledger_violations() == []
+    assert STATE.reservations.ledger_violations() == []
     return body
 
 

@@ -35,7 +35,7 @@ WAIT_S = 30.0  # far above the head and body timeouts, far below the keep-alive 
 def serving(limits: RequestLimits) -> Iterator[int]:
     """The in-memory app under ``limits`` on a free loopback port (yields the port)."""
     state = ExtenderState()
-    state.mark_synced()
+    state.cluster.mark_synced()
     app = create_app(state, expire_interval_s=None, limits=limits)
     with serve_in_thread(app, **uvicorn_settings(limits)) as port:
         yield port

@@ -61,7 +61,7 @@ def delete(kind: str, key: str, obj: dict[str, Any]) -> Change:
 
 
 def used(state: ExtenderState, node: str) -> tuple[int, ...]:
-    return state.ledger_state(node).gpu_used
+    return state.reservations.ledger_state(node).gpu_used
 
 
 def fed(*pods: dict[str, Any]) -> StateFeeder:
@@ -78,10 +78,10 @@ def test_bound_pods_are_committed_and_released_when_deleted() -> None:
     pod = bound_pod("a", "n1", 1, 8138)
     feeder = fed(pod)
     assert used(feeder.state, "n1") == (0, 8138)
-    assert not feeder.state.is_assumed("default/a")
+    assert not feeder.state.reservations.is_assumed("default/a")
     feeder.on_pod(delete("Pod", "default/a", pod))
     assert used(feeder.state, "n1") == (0, 0)
-    assert feeder.state.pod("default/a") is None
+    assert feeder.state.cluster.pod("default/a") is None
     assert feeder.errors == 0
 
 
@@ -100,7 +100,7 @@ def test_a_pod_recreated_in_a_watch_gap_drops_the_old_allocation() -> None:
     new = pod_json("a", 4069, uid="uid-new")  # same name, pending again
     feeder.on_pod(upsert("Pod", "default/a", new, old))
     assert used(feeder.state, "n1") == (0, 0)
-    assert feeder.state.pod("default/a") == new
+    assert feeder.state.cluster.pod("default/a") == new
 
 
 def test_pods_bound_before_their_node_arrives_count_once_it_does() -> None:
@@ -122,7 +122,7 @@ def test_garbage_is_logged_and_blocks_the_node(caplog: pytest.LogCaptureFixture)
     broken = node_json("n1", [GPU, GPU])
     broken["metadata"]["annotations"]["gpushare.io/gpu-inventory"] = '{"unit": "KiB"}'
     feeder.on_node(upsert("Node", "n1", broken))
-    assert feeder.state.node("n1") is None  # unknown now: filter says so, the log says why
+    assert feeder.state.cluster.node("n1") is None  # unknown now: filter says so, the log says why
     assert feeder.errors == 2
     assert "pod default/a on node n1: allocation cannot be read" in caplog.text
     assert "node n1 cannot be read" in caplog.text
@@ -138,7 +138,7 @@ def test_overcommitted_cluster_is_reported(caplog: pytest.LogCaptureFixture) -> 
 def test_deleted_nodes_are_forgotten() -> None:
     feeder = fed()
     feeder.on_node(delete("Node", "n1", node_json("n1", [GPU, GPU])))
-    assert feeder.state.node("n1") is None
+    assert feeder.state.cluster.node("n1") is None
 
 
 @dataclass
@@ -162,7 +162,7 @@ def test_marked_synced_once_the_cache_is(caplog: pytest.LogCaptureFixture) -> No
     feeder = StateFeeder(ExtenderState())
     cache = FakeCache(timeouts=2)
     run(feeder.mark_when_synced(cache, log_every_s=0.5))
-    assert feeder.state.synced
+    assert feeder.state.cluster.synced
     assert cache.waits == [0.5, 0.5, 0.5]
     assert "still listing nodes and pods after 1s (nodes: forbidden (HTTP 403)" in caplog.text
 
@@ -176,7 +176,7 @@ def test_unlabelled_node_takes_no_pods_but_counts_what_it_holds() -> None:
     feeder = StateFeeder(ExtenderState())
     feeder.on_node(upsert("Node", "n1", node))
     feeder.on_pod(upsert("Pod", "default/a", bound_pod("a", "n1", 0, 4069)))
-    feeder.state.mark_synced()
+    feeder.state.cluster.mark_synced()
     assert used(feeder.state, "n1") == (4069, 0)
     scheduler = Scheduler(feeder.state, extender_policy("binpack"), ApiBinder(FakeBinder()))
     pod = pod_json("b", 4069)
@@ -279,19 +279,19 @@ def test_unknown_outcome_keeps_the_assumption_and_definite_failure_releases_it()
     def scheduler_with(error: BindError) -> tuple[Scheduler, ExtenderState]:
         state = ExtenderState()
         state.upsert_node(node_json("n3", [GPU, GPU]))
-        state.mark_synced()
-        state.remember_pod(pod_json("p", 8138, namespace="ns", uid="uid-1"))
+        state.cluster.mark_synced()
+        state.cluster.remember_pod(pod_json("p", 8138, namespace="ns", uid="uid-1"))
         return Scheduler(state, extender_policy("binpack"), ApiBinder(FakeBinder(error))), state
 
     args = ExtenderBindingArgs(pod_name="p", pod_namespace="ns", pod_uid="uid-1", node="n3")
     scheduler, state = scheduler_with(bind_error(BindStage.BIND, Failure.UNREACHABLE))
     result = run(scheduler.bind(args))
     assert "outcome unknown" in result.error
-    assert state.is_assumed("ns/p")
+    assert state.reservations.is_assumed("ns/p")
     scheduler, state = scheduler_with(bind_error(BindStage.BIND, Failure.CONFLICT))
     result = run(scheduler.bind(args))
     assert "failed" in result.error
-    assert state.allocation("ns/p") is None
+    assert state.reservations.allocation("ns/p") is None
 
 
 # -- the Event sink --------------------------------------------------------------------------

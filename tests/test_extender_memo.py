@@ -37,7 +37,7 @@ NODES = [f"n{i}" for i in range(8)]
 def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> None:
     rng = random.Random(seed)
     state = ExtenderState()
-    state.mark_synced()
+    state.cluster.mark_synced()
     for name in NODES:
         state.upsert_node(node_json(name, [16] * 4, unit=MemoryUnit.GIB))
     with patch.object(memo, "CACHE_LIMIT", 6), patch.object(memo, "SHAPE_LIMIT", 2):
@@ -46,7 +46,7 @@ def test_memoised_answers_equal_a_fresh_schedulers(policy: str, seed: int) -> No
     for _ in range(150):
         roll = rng.random()
         if roll < 0.35:
-            info = state.node(rng.choice(NODES))
+            info = state.cluster.node(rng.choice(NODES))
             if info is None:
                 continue
             gpu = rng.randrange(len(info.node.gpus))

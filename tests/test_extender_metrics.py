@@ -68,7 +68,7 @@ def metrics_state(*, synced: bool = True) -> ExtenderState:
     seed_bound_pods(state, N1, [GPU, GPU - 4069])
     seed_bound_pods(state, N2, [GPU - 4069, GPU - 4069])
     if synced:
-        state.mark_synced()
+        state.cluster.mark_synced()
     return state
 
 
@@ -164,7 +164,7 @@ def test_metrics_follow_the_state_at_scrape_time() -> None:
     app = create_app(state, expire_interval_s=None)  # a fresh registry per app
     with TestClient(app) as client:
         before, _ = scrape(client)
-        state.mark_synced()
+        state.cluster.mark_synced()
         state.forget_pod(f"default/seed-{N1}-0")
         after, _ = scrape(client)
     assert before[key("gpushare_extender_synced")] == 0
@@ -187,7 +187,7 @@ NOW_NS = 1_000 * 10**9
 def two_step_pod(state: ExtenderState, node: str, *, started: int) -> None:
     """Pod ``default/two`` on ``node``: container c0 2 units on GPU 0, c1 3 units on GPU 1,
     assumed 1 s ago, the first ``started`` containers answered by the device plugin."""
-    info = state.node(node)
+    info = state.cluster.node(node)
     assert info is not None
     allocation = Allocation(
         "default/two",
@@ -263,7 +263,7 @@ HAMI_QUARTER: Limits = {"nvidia.com/gpumem": 2048, "nvidia.com/gpucores": 25}
 def dialect_pods(state: ExtenderState, pods: dict[str, tuple[Limits, ContainerAllocation]]) -> None:
     """Bound, started pods ``default/<name>`` on node ``g``, one container ``main`` each
     (its limits, what it got)."""
-    info = state.node("g")
+    info = state.cluster.node("g")
     assert info is not None
     for name, (limits, container) in pods.items():
         pod = dialect_pod_json(name, {"main": limits})
@@ -421,7 +421,7 @@ def test_the_gpu_gauges_follow_every_change_and_render_only_changed_nodes() -> N
     first = allocated(metrics.exposition()[0])
     assert first[(N3, 0)] == 0
     assert metrics.gpus.renders == 3  # N1, N2, N3; the CPU node has no GPU series
-    state.assume(Allocation("ns/p", N3, (ContainerAllocation("main", (0,), POD_MEM),)))
+    state.reservations.assume(Allocation("ns/p", N3, (ContainerAllocation("main", (0,), POD_MEM),)))
     second = allocated(metrics.exposition()[0])
     assert second[(N3, 0)] == POD_MEM * MIB
     assert {k: v for k, v in second.items() if k[0] != N3} == {

@@ -75,7 +75,7 @@ class Rig:
     def __post_init__(self) -> None:
         self.preemptor = Preemptor(
             self.state,
-            HoldBook(self.state.touch, clock=self.clock),
+            HoldBook(self.state.cluster.touch, clock=self.clock),
             self.budgets,
             evictor=self.evictor,
             store=self.store,
@@ -120,7 +120,7 @@ def offer(*nodes: str, victims: tuple[str, ...] = ()) -> dict[str, MetaVictims |
 @pytest.fixture
 def rig() -> Rig:
     rig = Rig()
-    rig.state.mark_synced()
+    rig.state.cluster.mark_synced()
     return rig
 
 
@@ -164,7 +164,7 @@ def test_victims_kube_scheduler_never_evicted_are_evicted_after_the_handover(rig
     low(rig, "a", "n1", 0, 8, EARLY)
     low(rig, "b", "n1", 0, 8, LATE)
     pod = high(16)
-    rig.state.remember_pod(pod)
+    rig.state.cluster.remember_pod(pod)
     offered = offer("n1", victims=("a", "b"))
     run(rig.preemptor.preempt(ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offered)))
     hold = rig.preemptor.holds.of("default/high")
@@ -265,7 +265,7 @@ def test_case_2_the_extender_evicts_one_12_gib_pod_after_the_wait(rig: Rig) -> N
     low(rig, "a", "n1", 0, 12, EARLY)
     low(rig, "b", "n1", 1, 12, LATE)
     pod = high(8)
-    rig.state.remember_pod(pod)
+    rig.state.cluster.remember_pod(pod)
     passed, failed = rig.filter(pod, "n1")
     assert (passed, list(failed)) == ([], ["n1"])
 
@@ -292,7 +292,7 @@ def test_a_preempt_call_within_the_wait_decides_instead(rig: Rig) -> None:
     low(rig, "c", "n2", 0, 16)  # n2: full; kube-scheduler offers it
     low(rig, "d", "n2", 1, 16, LATE)
     pod = high(8)
-    rig.state.remember_pod(pod)
+    rig.state.cluster.remember_pod(pod)
     rig.filter(pod, "n1")
     offered = offer("n2", victims=("d",))
     answer = run(
@@ -311,7 +311,7 @@ def test_a_budget_that_refuses_a_victim_blocks_every_eviction(rig: Rig) -> None:
     refusal = "Cannot evict pod as it would violate the pod's disruption budget."
     rig.evictor.refuse |= {"default/a": refusal, "default/b": refusal}
     pod = high(16)
-    rig.state.remember_pod(pod)
+    rig.state.cluster.remember_pod(pod)
     rig.filter(pod, "n1")
     rig.clock.now_s += 3
     run(rig.preemptor.tick())
@@ -339,7 +339,7 @@ def test_a_follower_never_evicts(rig: Rig) -> None:
     rig.node("n1", gpus=1)
     low(rig, "a", "n1", 0, 16)
     pod = high(8)
-    rig.state.remember_pod(pod)
+    rig.state.cluster.remember_pod(pod)
     rig.filter(pod, "n1")
     rig.leading = False
     rig.clock.now_s += 3
@@ -356,7 +356,7 @@ def held(rig: Rig) -> Hold:
     low(rig, "a", "n1", 0, 12, EARLY)
     low(rig, "b", "n1", 1, 12, LATE)
     pod = high(8)
-    rig.state.remember_pod(pod)
+    rig.state.cluster.remember_pod(pod)
     rig.filter(pod, "n1")
     rig.clock.now_s += 3
     run(rig.preemptor.tick())
@@ -392,7 +392,7 @@ def test_the_preemptor_binds_onto_its_held_gpus_and_the_hold_ends(rig: Rig) -> N
         await rig.preemptor.drain()
 
     run(bind())
-    allocation = rig.state.allocation("default/high")
+    allocation = rig.state.reservations.allocation("default/high")
     assert allocation is not None
     assert allocation.containers == hold.containers
     assert rig.preemptor.holds.of("default/high") is None
@@ -406,7 +406,7 @@ def test_holds_end_when_they_expire_or_the_preemptor_goes(rig: Rig) -> None:
     assert rig.preemptor.holds.of("default/high") is None
     assert rig.notes.reasons("default/high")[-1] == EVENT_EXPIRED
     second = Rig()
-    second.state.mark_synced()
+    second.state.cluster.mark_synced()
     held(second)
     second.state.forget_pod("default/high")
     run(second.preemptor.tick())
@@ -422,7 +422,7 @@ def test_a_new_leader_finishes_the_evictions_of_a_hold_and_decides_nothing_new(
     low(rig, "a", "n1", 0, 12, EARLY)
     low(rig, "b", "n1", 1, 12, LATE)
     pod = high(8)
-    rig.state.remember_pod(pod)
+    rig.state.cluster.remember_pod(pod)
     recorded = Hold(
         "default/high", uid("high"), "n1", HIGH,
         rig.preemptor.plans(pod, pod_request(pod), ["n1"])[0].assignment,

@@ -266,7 +266,7 @@ def test_the_filter_reports_pods_it_refused_everywhere(
 ) -> None:
     state = ExtenderState()
     state.upsert_node(node_json("n1", [16, 16]))
-    state.mark_synced()
+    state.cluster.mark_synced()
     rig = Rig()
     _filter(state, rig.requeuer, pod_json("p", gpu_mem), nodes)
     rig.requeuer.changed("n1")
@@ -291,4 +291,4 @@ def test_the_feed_reports_gpu_view_changes_and_releases_not_heartbeats() -> None
     other = bound_pod(state, "b", "n1", {1: 4})
     feeder.on_pod(Change("Pod", Action.DELETE, pod_key(other), other))
     assert released == ["n1", "n1"]
-    assert state.allocation("default/a") is None
+    assert state.reservations.allocation("default/a") is None

@@ -44,7 +44,7 @@ def feeder_with(*pods: dict[str, Any]) -> StateFeeder:
     for pod in pods:
         key = f"default/{pod['metadata']['name']}"
         feeder.on_pod(Change("Pod", Action.UPSERT, key, pod))
-    feeder.state.mark_synced()
+    feeder.state.cluster.mark_synced()
     return feeder
 
 
@@ -72,28 +72,31 @@ def test_a_skipped_bound_pod_is_counted_conservatively(
     _, pod, kind, charges, whole_node, free = case
     feeder = feeder_with(A8, pod)
     state = feeder.state
-    (skipped,) = state.skipped()
+    (skipped,) = state.reservations.skipped()
     assert (skipped.pod, skipped.node, skipped.kind) == (f"default/{pod['metadata']['name']}",
                                                          NODE, kind)  # fmt: skip
     assert (skipped.charges, skipped.whole_node) == (charges, whole_node)
-    assert state.ledger_state(NODE).gpu_free == (32, 40)  # the ledger holds only what it can
+    assert state.reservations.ledger_state(NODE).gpu_free == (
+        32,
+        40,
+    )  # the ledger holds only what it can
     node_state = state.schedulable_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == free
     assert feeder.errors == 1
     (line,) = [r.getMessage() for r in caplog.records if r.name.startswith("gpushare")]
     assert line.startswith("GPU pod skipped by the ledger, counted conservatively: pod default/")
-    assert state.drain_new_skips() == []  # reported once
+    assert state.reservations.drain_new_skips() == []  # reported once
 
 
 def test_skipped_pods_leave_when_they_go_or_fit() -> None:
     full = placed("full", 36, on(0, 36))
     feeder = feeder_with(A8, full)
-    assert [s.pod for s in feeder.state.skipped()] == ["default/full"]
+    assert [s.pod for s in feeder.state.reservations.skipped()] == ["default/full"]
     # a goes: the full pod now fits the ledger, and is no longer skipped
     feeder.on_pod(Change("Pod", Action.DELETE, "default/a", A8, A8))
-    assert feeder.state.skipped() == []
-    assert feeder.state.ledger_state(NODE).gpu_free == (4, 40)
+    assert feeder.state.reservations.skipped() == []
+    assert feeder.state.reservations.ledger_state(NODE).gpu_free == (4, 40)
     # an unreadable pod that finishes unblocks the node
     nan = placed("nan", 4, on(1, "lots"))
     feeder.on_pod(Change("Pod", Action.UPSERT, "default/nan", nan))
@@ -102,7 +105,7 @@ def test_skipped_pods_leave_when_they_go_or_fit() -> None:
     assert node_state.gpu_free == (4 - GPU, 0)
     done = {**nan, "status": {"phase": "Succeeded"}}
     feeder.on_pod(Change("Pod", Action.UPSERT, "default/nan", done, nan))
-    assert feeder.state.skipped() == []
+    assert feeder.state.reservations.skipped() == []
     node_state = feeder.state.schedulable_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == (4, 40)
@@ -171,8 +174,8 @@ def test_units_on_a_gpu_the_node_lost_count_on_every_gpu() -> None:
     feeder = feeder_with(A8, placed("b", 4, on(1, 4)))
     feeder.on_node(Change("Node", Action.UPSERT, NODE, node_json(NODE, [GPU], unit=MemoryUnit.GIB)))
     state = feeder.state
-    assert state.skipped() == []  # recorded before the node shrank: not skipped
-    assert state.ledger_state(NODE).gpu_free == (GPU - 8,)
+    assert state.reservations.skipped() == []  # recorded before the node shrank: not skipped
+    assert state.reservations.ledger_state(NODE).gpu_free == (GPU - 8,)
     node_state = state.schedulable_state(NODE)
     assert node_state is not None
     assert node_state.gpu_free == (GPU - 8 - 4,)
@@ -185,12 +188,12 @@ def test_skipped_pods_count_on_their_own_node_only() -> None:
                    uid="uid-odd")  # fmt: skip
     feeder.on_pod(Change("Pod", Action.UPSERT, "default/odd", odd))
     state = feeder.state
-    assert [s.pod for s in state.skipped()] == ["default/idx7", "default/odd"]
-    assert [s.pod for s in state.skipped(NODE)] == ["default/idx7"]
-    assert [s.pod for s in state.skipped("m")] == ["default/odd"]
-    assert state.skipped("nowhere") == []
+    assert [s.pod for s in state.reservations.skipped()] == ["default/idx7", "default/odd"]
+    assert [s.pod for s in state.reservations.skipped(NODE)] == ["default/idx7"]
+    assert [s.pod for s in state.reservations.skipped("m")] == ["default/odd"]
+    assert state.reservations.skipped("nowhere") == []
     feeder.on_pod(Change("Pod", Action.DELETE, "default/odd", odd, odd))
-    assert state.skipped("m") == []
+    assert state.reservations.skipped("m") == []
     m_state, n_state = state.schedulable_state("m"), state.schedulable_state(NODE)
     assert m_state is not None
     assert n_state is not None

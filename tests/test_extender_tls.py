@@ -66,7 +66,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def _serve(pki: Pki, *, client_ca: bool) -> Iterator[int]:
     """The in-memory app over HTTPS on a free loopback port (yields the port)."""
     state = ExtenderState()
-    state.mark_synced()
+    state.cluster.mark_synced()
     tls = uvicorn_tls(pki.cert, pki.key, pki.ca if client_ca else None)
     with serve_in_thread(create_app(state), **tls) as port:
         yield port

@@ -50,7 +50,7 @@ def served(tmp_path: Path) -> Iterator[tuple[uvicorn.Server, int, Ca, Pair, Path
     replace(first.cert, cert)
     replace(first.key, key)
     state = ExtenderState()
-    state.mark_synced()
+    state.cluster.mark_synced()
     (port,) = free_ports(1)
     server = uvicorn.Server(
         uvicorn.Config(

@@ -104,7 +104,7 @@ def test_app_fgd_scores_with_the_cluster_workload() -> None:
     policy = live_policy("fgd-cpu", 16, tracker)
     state = ExtenderState()
     state.upsert_node(node_json("n1", [16, 16], unit=MemoryUnit.GIB))
-    state.mark_synced()
+    state.cluster.mark_synced()
     app = create_app(state, policy=policy, gpu_unit=16, expire_interval_s=None)
     assert app.state.scheduler.policy is policy
     tracker.observe(pod_request(pod_json("p", 12)))
@@ -122,7 +122,7 @@ def test_cached_scores_follow_a_new_workload() -> None:
         state.upsert_node(node_json(name, [16, 16], unit=MemoryUnit.GIB))
     for name, amounts in used.items():
         seed_bound_pods(state, name, amounts)
-    state.mark_synced()
+    state.cluster.mark_synced()
     long_lived = Scheduler(state, AdaptiveFgd("fgd", tracker), UnwiredBinder())
     body = json.dumps({"Pod": pod_json("p", 4), "Nodes": None, "NodeNames": list(used)})
     args = decode(body.encode(), ExtenderArgs, "prioritize")
@@ -158,10 +158,10 @@ def test_the_state_counts_gpus_by_capacity_as_nodes_come_and_go() -> None:
     state.upsert_node(node_json("t4-a", [16, 16]))
     state.upsert_node(node_json("t4-b", [16, 16]))
     state.upsert_node(node_json("a100", [80]))
-    assert state.gpu_capacities() == {16: 4, 80: 1}
+    assert state.cluster.gpu_capacities() == {16: 4, 80: 1}
     state.upsert_node(node_json("t4-b", [80, 80, 80, 80]))  # relabelled with other GPUs
     state.remove_node("t4-a")
-    assert state.gpu_capacities() == {80: 5}
+    assert state.cluster.gpu_capacities() == {80: 5}
 
 
 def test_a_derived_unit_follows_the_inventory_and_rebuilds_the_policy() -> None:
@@ -171,7 +171,7 @@ def test_a_derived_unit_follows_the_inventory_and_rebuilds_the_policy() -> None:
     now = [0.0]
     state = ExtenderState()
     tracker = WorkloadTracker(
-        None, gpu_capacities=state.gpu_capacities, unit_check_s=5, clock=lambda: now[0]
+        None, gpu_capacities=state.cluster.gpu_capacities, unit_check_s=5, clock=lambda: now[0]
     )
     policy = AdaptiveFgd("fgd-spare", tracker)
     assert tracker.gpu_unit == 16
@@ -190,6 +190,6 @@ def test_a_derived_unit_follows_the_inventory_and_rebuilds_the_policy() -> None:
 def test_a_given_unit_never_moves() -> None:
     state = ExtenderState()
     state.upsert_node(node_json("a100", [80] * 8))
-    tracker = WorkloadTracker(16, gpu_capacities=state.gpu_capacities, unit_check_s=0)
+    tracker = WorkloadTracker(16, gpu_capacities=state.cluster.gpu_capacities, unit_check_s=0)
     assert tracker.workload() == default_workload(16)
     assert tracker.gpu_unit == 16

@@ -96,7 +96,7 @@ def expositions() -> list[str]:
     state = ExtenderState()
     state.upsert_node(node_json("n1", [16276, 16276]))
     seed_bound_pods(state, "n1", [4069])
-    state.mark_synced()
+    state.cluster.mark_synced()
     extender, _ = ExtenderMetrics(state).exposition()
     fake = FakeNvml([FakeDevice("GPU-1", 0, "Tesla T4", 16 * 2**30)])
     fake.set_processes(0, [(1, 2**30)])

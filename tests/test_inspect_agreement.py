@@ -43,7 +43,7 @@ NOW_NS = 1_800_000_000 * 10**9
 def pin_holder(state: ExtenderState, *containers: tuple[int, tuple[int, ...]]) -> None:
     """Pod ``default/held`` bound to ``NODE`` by the extender 1 s ago and not started by the
     device plugin: it pins equal pods. ``containers``: (share, GPU indices) in spec order."""
-    info = state.node(NODE)
+    info = state.cluster.node(NODE)
     assert info is not None
     allocation = Allocation(
         "default/held",
@@ -81,7 +81,7 @@ def over_capacity(name: str, amount: int, gpu: int) -> Setup:
     def run(state: ExtenderState) -> None:
         notes = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: str(gpu), ALIYUN_POD: str(amount)}
         state.observe_pod(pod_json(name, amount, node=NODE, annotations=notes))
-        assert [s.pod for s in state.skipped(NODE)] == [f"default/{name}"]
+        assert [s.pod for s in state.reservations.skipped(NODE)] == [f"default/{name}"]
 
     return run
 
@@ -94,7 +94,7 @@ def unknown_gpu(name: str, amount: int, gpu: int) -> Setup:
     def run(state: ExtenderState) -> None:
         notes = {ALIYUN_ASSIGNED: "true", ALIYUN_IDX: str(gpu), ALIYUN_POD: str(amount)}
         state.observe_pod(pod_json(name, amount, node=NODE, annotations=notes))
-        assert [(s.pod, s.kind) for s in state.skipped(NODE)] == [
+        assert [(s.pod, s.kind) for s in state.reservations.skipped(NODE)] == [
             (f"default/{name}", SkipKind.UNKNOWN_GPU)
         ]
 
@@ -108,7 +108,7 @@ def unreadable(name: str, amount: int, **annotations: str) -> Setup:
     def run(state: ExtenderState) -> None:
         with pytest.raises(CodecError):
             state.observe_pod(pod_json(name, amount, node=NODE, annotations=annotations))
-        assert [(s.pod, s.kind) for s in state.skipped(NODE)] == [
+        assert [(s.pod, s.kind) for s in state.reservations.skipped(NODE)] == [
             (f"default/{name}", SkipKind.UNREADABLE)
         ]
 
@@ -195,10 +195,10 @@ def test_inspect_and_the_extender_agree(case: Case) -> None:
     state = ExtenderState(wall_clock_ns=lambda: NOW_NS)
     state.upsert_node(node_json(NODE, [16, 16], unit=MemoryUnit.GIB))
     case.setup(state)
-    state.mark_synced()
+    state.cluster.mark_synced()
 
     status, text, error = filter_reason(state, case.asks)
-    nodes, pods = state.objects()
+    nodes, pods = state.cluster.objects()
     pods = tuple(p for p in pods if p["metadata"]["name"] != "new")  # the filter's copy
     report = build_report(Snapshot(nodes, (*pods, pod_json("new", case.asks))))
     (pending,) = report.pending
@@ -234,7 +234,7 @@ def test_inspect_and_the_extender_refuse_a_kind_the_node_does_not_serve(
     state = ExtenderState(wall_clock_ns=lambda: NOW_NS)
     node = gpu_node(NODE, [16, 16], serves=serves).to_dict()
     state.upsert_node(node)
-    state.mark_synced()
+    state.cluster.mark_synced()
     pod = pod_json("new", 16, annotations=annotations)
     app = create_app(state, expire_interval_s=None, clock_ns=lambda: NOW_NS)
     body: dict[str, Any] = {"Pod": pod, "NodeNames": [NODE], "Nodes": None}

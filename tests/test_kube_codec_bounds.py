@@ -67,7 +67,7 @@ def test_a_5000_uuid_pod_gets_one_short_refusal_on_every_node() -> None:
     nodes = [f"n{i:02d}" for i in range(12)]
     for name in nodes:
         state.upsert_node(node_json(name, [16, 16], unit=MemoryUnit.GIB))
-    state.mark_synced()
+    state.cluster.mark_synced()
     uuids = ",".join(f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(5000))
     pod = pod_json("many", 4, annotations={"nvidia.com/use-gpuuuid": uuids})
     scheduler = Scheduler(state, make_policy("binpack"), RecordingBinder())
@@ -76,7 +76,7 @@ def test_a_5000_uuid_pod_gets_one_short_refusal_on_every_node() -> None:
     (reason,) = reasons
     assert len(reason) < 400
     assert "and 4,997 more" in reason
-    report = build_report(Snapshot(tuple(state.objects()[0]), (pod,)))
+    report = build_report(Snapshot(tuple(state.cluster.objects()[0]), (pod,)))
     assert len(json.dumps([f.text for p in report.pending for f in p.nodes])) < 12 * 400
 
 

@@ -63,8 +63,8 @@ from gpushare.extender.limits import (
 )
 from gpushare.extender.live import LiveOptions, serve, tls_problems, uvicorn_tls
 from gpushare.extender.preemption import PreemptionOptions, Preemptor
+from gpushare.extender.reservations import DEFAULT_ASSUME_TTL_S, DEFAULT_HANDSHAKE_TIMEOUT_S
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
-from gpushare.extender.state import DEFAULT_ASSUME_TTL_S, DEFAULT_HANDSHAKE_TIMEOUT_S
 from gpushare.extender.workload import live_policy
 from gpushare.kube.codec import CodecError
 from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
@@ -96,7 +96,7 @@ def build_state(
                 state.upsert_node(item)
         except (OSError, ValueError, CodecError) as error:
             raise click.ClickException(f"--nodes {nodes_file}: {error}") from error
-    state.mark_synced()
+    state.cluster.mark_synced()
     return state
 
 
@@ -382,12 +382,12 @@ def extender(
         app = create_app(
             state,
             prefix=prefix,
-            policy=live_policy(policy, gpu_unit, gpu_capacities=state.gpu_capacities),
+            policy=live_policy(policy, gpu_unit, gpu_capacities=state.cluster.gpu_capacities),
             gpu_unit=gpu_unit or DEFAULT_GPU_UNIT,
             nodes_from_requests=True,
             limits=limits,
             preemptor=(
-                Preemptor(state, HoldBook(state.touch), options=preemption_options)
+                Preemptor(state, HoldBook(state.cluster.touch), options=preemption_options)
                 if preemption_options is not None
                 else None
             ),

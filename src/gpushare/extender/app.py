@@ -119,7 +119,7 @@ async def _expire_forever(
 ) -> None:
     while True:
         await asyncio.sleep(interval_s)
-        for allocation in state.expire():
+        for allocation in state.reservations.expire():
             log.info("assumed allocation of pod %s on %s expired", allocation.pod, allocation.node)
             if requeuer is not None:
                 requeuer.changed(allocation.node)
@@ -163,11 +163,12 @@ def create_app(
     ``policy`` is a policy or its registry name (``gpu_unit``: one whole GPU in the node unit,
     for ``fgd``/``fgd-cpu``); ``binder`` creates Bindings (default: ``UnwiredBinder``, which
     refuses); ``events`` records bind outcomes; ``expire_interval_s`` ``None`` turns the expiry
-    task off (tests call ``state.expire()``); ``registry`` holds the metrics (default: a fresh
-    ``CollectorRegistry``); ``nodes_from_requests``: let ``Nodes`` requests add or change nodes
-    (``--in-memory`` only; never with an API server, see ``gpushare.extender.scheduler``);
-    ``limits``: the request body's size and read time (``gpushare.extender.limits``; the
-    connection-level bounds are the server's, ``uvicorn_settings``); ``divert`` (forward or
+    task off (tests call ``state.reservations.expire()``); ``registry`` holds the metrics
+    (default: a fresh ``CollectorRegistry``); ``nodes_from_requests``: let ``Nodes`` requests
+    add or change nodes (``--in-memory`` only; never with an API server, see
+    ``gpushare.extender.scheduler``); ``limits``: the request body's size and read time
+    (``gpushare.extender.limits``; the connection-level bounds are the server's,
+    ``uvicorn_settings``); ``divert`` (forward or
     refuse a verb) and ``readiness`` (more conditions for ``/readyz``) are the leader-election
     hooks; ``preemptor``: GPU-aware preemption (``gpushare.extender.preemption``: the
     ``preempt`` verb, holds in filter, prioritize and bind, and its loop, run while the app
@@ -262,7 +263,7 @@ def create_app(
 
     async def inspect_node(request: Request) -> Response:
         name = request.path_params["node"]
-        info = state.node(name)
+        info = state.cluster.node(name)
         if info is None or not info.gpushare:
             return error_response(404, f"no GPU-share node {name!r}")
         with gc_paused():
@@ -272,7 +273,7 @@ def create_app(
         return _json({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        ready = state.synced and (readiness is None or readiness())
+        ready = state.cluster.synced and (readiness is None or readiness())
         return _json({"ready": ready}, 200 if ready else 503)
 
     async def version_(request: Request) -> Response:

@@ -115,7 +115,7 @@ class BindVerb:
         why not (the ledger then unchanged). Under the handshake rule, a pinned pod takes its
         pin's GPUs; the pod is then pending, assumed at ``now_ns``. Synchronous: nothing else
         runs in between."""
-        info = self._state.node(node)
+        info = self._state.cluster.node(node)
         preemptor = self._preemptor
         state = (
             preemptor.view(node, key, priority)
@@ -130,14 +130,14 @@ class BindVerb:
         if isinstance(placed, NotOnNode):
             return f"gpushare: pod {key} cannot be on node {node}: {placed.text}"
         pod = placed
-        own = self._state.allocation(key)
+        own = self._state.reservations.allocation(key)
         if own is not None and own.node == node and _matches(own, pod):
             return own, info  # a retry: the GPUs chosen before
-        if own is not None and not self._state.is_assumed(key):
+        if own is not None and not self._state.reservations.is_assumed(key):
             return f"gpushare: pod {key} already holds GPUs on node {own.node}"
         base = state.without(own)
         # The pod's own pending entry never pins it (``pin`` skips its key).
-        fit, rule = handshake_verdict(base, pod, self._state.pending(node))
+        fit, rule = handshake_verdict(base, pod, self._state.reservations.pending(node))
         if not fit.fits:
             why = describe_fit(fit, info)
             if fit.reason is Reason.HANDSHAKE:
@@ -151,13 +151,15 @@ class BindVerb:
             containers = fit.assignment if forced else self._policy.choose_gpus(base, pod)
         allocation = Allocation(pod=key, node=node, containers=containers)
         if own is not None:
-            self._state.release(key)  # a stale assumption from an attempt on another node
-        result = self._state.assume(allocation)
+            self._state.reservations.release(
+                key
+            )  # a stale assumption from an attempt on another node
+        result = self._state.reservations.assume(allocation)
         if not result.ok:
             if own is not None:
-                self._state.assume(own)
+                self._state.reservations.assume(own)
             return f"gpushare: {result.describe()}"
-        self._state.note_pending(allocation, pod, now_ns)
+        self._state.reservations.note_pending(allocation, pod, now_ns)
         return allocation, info
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
@@ -176,7 +178,7 @@ class BindVerb:
         return ExtenderBindingResult(message)
 
     async def _bind(self, key: str, args: ExtenderBindingArgs) -> tuple[str, Allocation | None]:
-        pod = self._state.pod(key)
+        pod = self._state.cluster.pod(key)
         if pod is None:
             return f"gpushare: pod {key} unknown to the extender (never seen)", None
         if args.pod_uid and pod_uid(pod) and pod_uid(pod) != args.pod_uid:
@@ -184,7 +186,7 @@ class BindVerb:
         bound = pod_node_name(pod)
         if bound:
             if bound == args.node:
-                return "", self._state.allocation(key)
+                return "", self._state.reservations.allocation(key)
             return f"gpushare: pod {key} is already bound to node {bound}, not {args.node}", None
         try:
             request = pod_request(pod)
@@ -193,7 +195,7 @@ class BindVerb:
         allocation: Allocation | None = None
         annotations: dict[str, str] = {}
         if request.gpu_containers:
-            if not self._state.synced:
+            if not self._state.cluster.synced:
                 return NOT_SYNCED, None
             now_ns = self._clock_ns()
             async with self._decide.lock():
@@ -220,10 +222,10 @@ class BindVerb:
                 None,
             )
         if failure is not None:
-            if allocation is not None and self._state.allocation(key) == allocation:
-                self._state.release(key)
+            if allocation is not None and self._state.reservations.allocation(key) == allocation:
+                self._state.reservations.release(key)
             return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None
-        self._state.record_bound(key, args.node, annotations)
+        self._state.cluster.record_bound(key, args.node, annotations)
         if self._preemptor is not None:
             self._preemptor.bound(key)
         return "", allocation
@@ -240,7 +242,7 @@ def _describe_allocation(
 ) -> str:
     """``pod ns/n bound to node n3: container main on GPU 1 (8138 MiB each)``; with compute
     ``(8 GiB, 50% compute each)``, whole GPUs ``(whole)``."""
-    info = state.node(node)
+    info = state.cluster.node(node)
     unit = f" {info.unit}" if info is not None and info.unit else ""
     parts = [
         f"container {c.container} on GPU {','.join(map(str, c.gpu_indices))} "

@@ -79,13 +79,13 @@ class StateFeeder:
 
     def _report_skips(self) -> int:
         """Log (and hand to ``on_skip``) the pods skipped since the last call; how many."""
-        skips = self.state.drain_new_skips()
+        skips = self.state.reservations.drain_new_skips()
         for skipped in skips:
             log.warning(
                 "GPU pod skipped by the ledger, counted conservatively: %s", skipped.describe()
             )
             if self.on_skip is not None:
-                self.on_skip(skipped, self.state.pod(skipped.pod))
+                self.on_skip(skipped, self.state.cluster.pod(skipped.pod))
         return len(skips)
 
     def attach(self, cache: ClusterCache) -> None:
@@ -98,7 +98,7 @@ class StateFeeder:
         if change.action is Action.DELETE:
             self.state.remove_node(change.key)
             return
-        before = self.state.node(change.key)
+        before = self.state.cluster.node(change.key)
         try:
             info = self.state.upsert_node(change.obj)
         except CodecError as error:
@@ -160,10 +160,10 @@ class StateFeeder:
                     stats.nodes.last_error or "no error",
                     stats.pods.last_error or "no error",
                 )
-        self.state.mark_synced()
+        self.state.cluster.mark_synced()
         log.info(
             "synced: %d nodes (%d GPU-share), %d allocations",
-            len(self.state.nodes()),
-            sum(1 for info in self.state.nodes() if info.gpushare),
-            self.state.allocation_count(),
+            len(self.state.cluster.nodes()),
+            sum(1 for info in self.state.cluster.nodes() if info.gpushare),
+            self.state.reservations.allocation_count(),
         )

@@ -234,7 +234,7 @@ class LiveExtender:
         ).set_function(lambda: 1.0 if self._deciding() else 0.0)
         self.requeuer = Requeuer(
             PodRequeuer(client).requeue,
-            self.state.pod,
+            self.state.cluster.pod,
             deciding=self._deciding,
             options=options.requeue,
             registry=self.registry,
@@ -314,7 +314,7 @@ class LiveExtender:
         self.workload: WorkloadTracker | None = None
         if options.policy in WORKLOAD_POLICIES:
             self.workload = WorkloadTracker(
-                options.gpu_unit, gpu_capacities=self.state.gpu_capacities
+                options.gpu_unit, gpu_capacities=self.state.cluster.gpu_capacities
             )
             self.cache.on_pod(self.workload.on_pod)
         self.app = create_app(
@@ -384,7 +384,7 @@ class LiveExtender:
 
     def _holds_changed(self, node: str) -> None:
         """A preemption hold on ``node`` came or went: what fits there changed."""
-        self.state.touch(node)
+        self.state.cluster.touch(node)
         self.requeuer.changed(node)
 
     def _on_skip(self, skipped: SkippedPod, pod: Json | None) -> None:
@@ -440,7 +440,8 @@ class LiveExtender:
         return self.leadership is None or self.leadership.deciding()
 
     def _ready(self) -> bool:
-        """``/readyz`` beyond ``state.synced``: fresh caches (followers too: they forward)."""
+        """``/readyz`` beyond ``state.cluster.synced``: fresh caches (followers too: they
+        forward)."""
         return not self.cache.stale
 
     async def _rebuild(self) -> None:

@@ -69,7 +69,7 @@ compute charge (``gpushare.core.skipped``) is in the fit, not in the gauge.
 **Pending.** ``gpushare_gpu_memory_pending_bytes`` is Alibaba's "assumed, not assigned" state:
 the memory of the GPU containers of pods bound to the node that the device plugin has not
 answered yet (``ALIYUN_COM_GPU_MEM_ASSIGNED`` not ``"true"``), from
-``ExtenderState.pending(node)``. It counts only pods within the handshake timeout
+``Reservations.pending(node)``. It counts only pods within the handshake timeout
 (``handshake_timeout_s``; always 0 with the pin rule off); a pod stuck longer is still in
 ``allocated``. It is *not* the ledger's "assumed" (bound by this extender, not yet seen by the
 watch), which lasts milliseconds and is not exported on its own.
@@ -189,11 +189,11 @@ class GpuSeries:
         state = self._state
         kept: dict[str, tuple[int, tuple[str, ...]]] = {}
         parts: list[list[str]] = [[] for _ in GPU_FAMILIES]
-        for info in state.nodes():
+        for info in state.cluster.nodes():
             if not info.gpushare:
                 continue
             name = info.node.name
-            version = state.version(name)
+            version = state.cluster.version(name)
             lines = self._lines.get(name)
             if lines is None or lines[0] != version:
                 lines = (version, self._render(info))
@@ -226,15 +226,15 @@ def gpu_samples(state: ExtenderState, info: NodeInfo) -> list[tuple[Gpu, tuple[f
     in GPUs, held whole (module doc)."""
     node = info.node
     scale = unit_bytes(info.unit)
-    used = state.used_with_skipped(node.name)
-    held = state.ledger_state(node.name)
+    used = state.reservations.used_with_skipped(node.name)
+    held = state.reservations.ledger_state(node.name)
     holders: dict[int, int] = {}
-    for allocation in state.allocations(node.name):
+    for allocation in state.reservations.allocations(node.name):
         for index, amount in allocation.per_gpu().items():
             if amount:
                 holders[index] = holders.get(index, 0) + 1
     waiting: dict[int, int] = {}
-    for pod in state.pending(node.name):
+    for pod in state.reservations.pending(node.name):
         for step in pod.steps[pod.done :]:
             for index in step.gpu_indices:
                 waiting[index] = waiting.get(index, 0) + step.share
@@ -267,14 +267,14 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         synced = self._synced()
-        synced.add_metric([], 1.0 if self._state.synced else 0.0)
+        synced.add_metric([], 1.0 if self._state.cluster.synced else 0.0)
         skipped = GaugeMetricFamily(
             "gpushare_extender_skipped_pods",
             "Bound GPU pods the ledger could not record (counted conservatively), by node and why.",
             labels=["node", "kind"],
         )
         current: dict[tuple[str, str], int] = {}
-        for skip in self._state.skipped():
+        for skip in self._state.reservations.skipped():
             current[(skip.node, str(skip.kind))] = current.get((skip.node, str(skip.kind)), 0) + 1
         for (node_name, kind), count in sorted(current.items()):
             skipped.add_metric([node_name, kind], float(count))
@@ -285,7 +285,7 @@ class StateCollector(Collector):
         )
         for skip_kind in SkipKind:
             recorded.add_metric(
-                [str(skip_kind)], float(self._state.skips_recorded.get(skip_kind, 0))
+                [str(skip_kind)], float(self._state.reservations.skips_recorded.get(skip_kind, 0))
             )
         return [synced, skipped, recorded]
 

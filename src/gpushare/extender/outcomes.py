@@ -52,7 +52,7 @@ def outcome_of(error: str) -> str:
 def skipped_note(state: ExtenderState, node: str) -> str:
     """``; counted too, not in the ledger: <SkippedPod.describe>, ...`` for the skipped pods on
     ``node`` (``""`` when none): a refusal caused by them says so, with their numbers."""
-    skipped = state.skipped(node)
+    skipped = state.reservations.skipped(node)
     if not skipped:
         return ""
     return "; counted too, not in the ledger: " + " | ".join(s.describe() for s in skipped)

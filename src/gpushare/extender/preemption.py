@@ -339,8 +339,8 @@ class Preemptor:
         bound (its bind in flight) or unknown is never a victim."""
         residents = []
         version = self.budgets.version
-        for allocation in self.state.allocations(node):
-            pod = self.state.pod(allocation.pod)
+        for allocation in self.state.reservations.allocations(node):
+            pod = self.state.cluster.pod(allocation.pod)
             known = self._read.get(allocation.pod)
             if (
                 known is not None
@@ -376,7 +376,7 @@ class Preemptor:
         out = []
         incumbent: VictimCost | None = None  # the cheapest set so far: later nodes must beat it
         for name in nodes:
-            info = self.state.node(name)
+            info = self.state.cluster.node(name)
             view = self.view(name, key, priority)
             if info is None or view is None or not info.gpushare:
                 continue
@@ -384,12 +384,12 @@ class Preemptor:
             if isinstance(placed, NotOnNode):
                 continue
             plan = plan_preemption(
-                view.without(self.state.allocation(key)),
+                view.without(self.state.reservations.allocation(key)),
                 placed,
                 priority,
                 self.residents(name),
                 now_s=now,
-                pending=self.state.pending(name),
+                pending=self.state.reservations.pending(name),
                 budgets=allowed,
                 max_checks=self.options.max_checks,
                 better_than=incumbent,
@@ -471,8 +471,8 @@ class Preemptor:
         """The UIDs of the pods holding GPUs on ``node``: kube-scheduler's victims among them
         are replaced by the extender's; its others (chosen for CPU or memory) are kept."""
         uids: set[str] = set()
-        for allocation in self.state.allocations(node):
-            pod = self.state.pod(allocation.pod)
+        for allocation in self.state.reservations.allocations(node):
+            pod = self.state.cluster.pod(allocation.pod)
             if pod is not None:
                 uids.add(pod_uid(pod))
         return uids
@@ -507,7 +507,7 @@ class Preemptor:
             if plan.due > now:
                 continue
             del self._plans[key]
-            pod = self.state.pod(key)
+            pod = self.state.cluster.pod(key)
             if pod is None or pod_uid(pod) != plan.uid or pod_node_name(pod):
                 continue
             try:
@@ -538,10 +538,10 @@ class Preemptor:
     def _hold(self, pod: Json, request: PodRequest, best: Preemption, evictor: str) -> Hold:
         """The hold that keeps ``best``'s GPUs for ``pod`` (module doc, "holds")."""
         now = self._wall()
-        victims = [self.state.pod(v) for v in best.victims]
+        victims = [self.state.cluster.pod(v) for v in best.victims]
         graces = [
             _grace_s(p, self.options.default_grace_s)
-            for p in [*victims, *(self.state.pod(w) for w in best.waiting_for)]
+            for p in [*victims, *(self.state.cluster.pod(w) for w in best.waiting_for)]
             if p is not None
         ]
         life = min(self.options.hold_max_s, max(graces, default=0.0) + self.options.hold_margin_s)
@@ -647,7 +647,7 @@ class Preemptor:
             return
         now = self._clock()
         for victim, uid in zip(hold.victims, hold.victim_uids, strict=True):
-            pod = self.state.pod(victim)
+            pod = self.state.cluster.pod(victim)
             if pod is None or pod_uid(pod) != uid or pod_deleting(pod) or pod_finished(pod):
                 continue
             tried = self._tries.setdefault(uid, _Victim())
@@ -674,7 +674,7 @@ class Preemptor:
         evictions a hold names (after a restart or a failed call)."""
         now = self._wall()
         for hold in self.holds.all():
-            pod = self.state.pod(hold.pod)
+            pod = self.state.cluster.pod(hold.pod)
             if pod is None or pod_uid(pod) != hold.uid or pod_finished(pod):
                 self._end(hold, "gone")
             elif pod_node_name(pod):
@@ -721,7 +721,7 @@ class Preemptor:
 
     def _announce(self, hold: Hold, best: Preemption, evictor: str) -> None:
         """The Events of a decided preemption: on the preemptor and on each victim."""
-        info = self.state.node(hold.node)
+        info = self.state.cluster.node(hold.node)
         unit = f" {info.unit}" if info is not None and info.unit else ""
         gpus = _describe_gpus(hold.containers, unit)
         who = "kube-scheduler evicts" if evictor == SCHEDULER else "evicting"
@@ -738,13 +738,13 @@ class Preemptor:
             f"gpushare: {what}; this pod gets {gpus}, held for it until it binds",
         )
         for victim, uid in zip(hold.victims, hold.victim_uids, strict=True):
-            allocation = self.state.allocation(victim)
+            allocation = self.state.reservations.allocation(victim)
             freed = (
                 _describe_gpus(allocation.containers, unit)
                 if allocation is not None
                 else "its GPUs"
             )
-            victim_pod = self.state.pod(victim)
+            victim_pod = self.state.cluster.pod(victim)
             own = pod_priority(victim_pod) if victim_pod is not None else "?"
             self._note(
                 victim,

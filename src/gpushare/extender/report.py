@@ -47,9 +47,9 @@ def shared_report(
     against ``now_s``, seconds since the epoch); of ``node`` alone when given.
     ``reader``: the ``SnapshotReader`` kept between requests (objects unchanged since are not read
     again)."""
-    nodes, pods = state.objects()
-    names = [node] if node is not None else [info.node.name for info in state.nodes()]
-    pending = {name: state.pending(name) for name in names}
+    nodes, pods = state.cluster.objects()
+    names = [node] if node is not None else [info.node.name for info in state.cluster.nodes()]
+    pending = {name: state.reservations.pending(name) for name in names}
     return build_report(
         Snapshot(nodes, pods, tuple(holds)), node=node, pending=pending, reader=reader,
         now_s=now_s,
@@ -68,9 +68,9 @@ def node_report(
     ``gpushare`` report (``shared_report`` of the node alone). The cluster view leaves it out:
     it carries the whole cluster's ``gpushare`` report once."""
     node = info.node
-    used = state.used_with_skipped(node.name)
-    allocations = state.allocations(node.name)
-    skipped = state.skipped(node.name)
+    used = state.reservations.used_with_skipped(node.name)
+    allocations = state.reservations.allocations(node.name)
+    skipped = state.reservations.skipped(node.name)
     holders: dict[int, list[dict[str, Any]]] = {gpu.index: [] for gpu in node.gpus}
     for pod in skipped:
         for index, amount in pod.charges:
@@ -82,7 +82,7 @@ def node_report(
                 )  # fmt: skip
     for allocation in allocations:  # each read once, not once per GPU
         namespace, _, name = allocation.pod.partition("/")
-        assumed = state.is_assumed(allocation.pod)
+        assumed = state.reservations.is_assumed(allocation.pod)
         compute, whole = allocation.per_gpu_compute(), allocation.whole_gpus()
         for index, amount in allocation.per_gpu().items():
             if amount and index in holders:
@@ -96,7 +96,7 @@ def node_report(
                     entry["whole"] = True
                 holders[index].append(entry)
     devs: list[dict[str, Any]] = []
-    recorded = state.ledger_state(node.name)
+    recorded = state.reservations.ledger_state(node.name)
     two_dimensional = any(recorded.gpu_compute_used) or any(recorded.gpu_whole)
     for position, gpu in enumerate(node.gpus):
         dev: dict[str, Any] = {
@@ -149,29 +149,31 @@ def violations(state: ExtenderState) -> list[dict[str, Any]]:
     pod on a missing GPU index over every GPU is in ``usedGPU``, not here), a GPU index a node
     lacks, an allocation that cannot be read. Sorted by node, then GPU (``None`` last)."""
     found: dict[tuple[str, int | None, str], dict[str, Any]] = {}
-    for v in state.ledger_violations():
+    for v in state.reservations.ledger_violations():
         found[(v.node, v.gpu_index, str(v.kind))] = {
             "kind": str(v.kind), "node": v.node, "gpu": v.gpu_index, "used": v.used,
             "capacity": v.capacity, "pods": list(v.pods),
         }  # fmt: skip
     over = str(ViolationKind.OVER_CAPACITY)
-    for name in sorted({pod.node for pod in state.skipped()}):
-        info = state.node(name)
+    for name in sorted({pod.node for pod in state.reservations.skipped()}):
+        info = state.cluster.node(name)
         gpus = info.node.gpus if info is not None else ()
-        ledger_used = state.ledger_state(name).gpu_used if info is not None else ()
-        named = [p for p in state.skipped(name) if p.kind is SkipKind.OVER_CAPACITY]
+        ledger_used = state.reservations.ledger_state(name).gpu_used if info is not None else ()
+        named = [p for p in state.reservations.skipped(name) if p.kind is SkipKind.OVER_CAPACITY]
         for position, gpu in enumerate(gpus):
             naming = [p.pod for p in named if dict(p.charges).get(gpu.index)]
             total = ledger_used[position] + sum(dict(p.charges).get(gpu.index, 0) for p in named)
             if total <= gpu.capacity:
                 continue
-            holders = {a.pod for a in state.allocations(name) if gpu.index in a.per_gpu()}
+            holders = {
+                a.pod for a in state.reservations.allocations(name) if gpu.index in a.per_gpu()
+            }
             holders |= set(naming)
             found[(name, gpu.index, over)] = {
                 "kind": over, "node": name, "gpu": gpu.index, "used": total,
                 "capacity": gpu.capacity, "pods": sorted(holders),
             }  # fmt: skip
-    for pod in state.skipped():
+    for pod in state.reservations.skipped():
         if pod.kind is SkipKind.UNREADABLE:
             found[(pod.node, None, pod.pod)] = {
                 "kind": str(pod.kind), "node": pod.node, "gpu": None, "used": 0, "capacity": 0,
@@ -204,9 +206,11 @@ def cluster_report(
     cluster = shared_report(state, reader=reader, holds=holds, now_s=now_s)
     return {
         "nodes": [
-            node_report(state, info, shared=False) for info in state.nodes() if info.gpushare
+            node_report(state, info, shared=False)
+            for info in state.cluster.nodes()
+            if info.gpushare
         ],
         "violations": violations(state),
-        "skipped": [skipped_json(pod) for pod in state.skipped()],
+        "skipped": [skipped_json(pod) for pod in state.reservations.skipped()],
         "gpushare": report_json(cluster),
     }

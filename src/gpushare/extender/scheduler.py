@@ -192,7 +192,7 @@ class Scheduler:
         if self.preemptor is not None and self.preemptor.held(name):
             self._uncached -= 1
             return self._uncached
-        return self.state.version(name)
+        return self.state.cluster.version(name)
 
     def _view(self, name: str, pod: PodRequest, priority: int) -> NodeState | None:
         """Node ``name`` as ``pod`` of ``priority`` sees it: with the GPUs held for
@@ -211,15 +211,15 @@ class Scheduler:
         if state is None:
             return None
         if own is not None and own.node == name:
-            return handshake_fit(state.without(own), pod, self.state.pending(name))
+            return handshake_fit(state.without(own), pod, self.state.reservations.pending(name))
         if self.preemptor is not None and self.preemptor.held(name):
-            return handshake_fit(state, pod, self.state.pending(name))
-        shape, version = shape_key(pod), self.state.version(name)
+            return handshake_fit(state, pod, self.state.reservations.pending(name))
+        shape, version = shape_key(pod), self.state.cluster.version(name)
         result = self._fits.get(name, shape, version)
         if result is None:
             result = check_fit(state, pod)
             self._fits.put(name, shape, version, result)
-        return handshake_fit(state, pod, self.state.pending(name), result)
+        return handshake_fit(state, pod, self.state.reservations.pending(name), result)
 
     def _policy_generation(self) -> int:
         return 0 if self._generational is None else self._generational.generation
@@ -246,15 +246,15 @@ class Scheduler:
         error = ""
         try:
             pod = pod_request(args.pod)
-            self.state.remember_pod(args.pod)
+            self.state.cluster.remember_pod(args.pod)
         except CodecError as codec_error:
             pod, error = None, f"gpushare: {codec_error}"
-        if pod is not None and pod.gpu_containers and not self.state.synced:
+        if pod is not None and pod.gpu_containers and not self.state.cluster.synced:
             pod, error = None, NOT_SYNCED
         if pod is not None and not pod.gpu_containers:
             passed = names
         elif pod is not None:
-            own = self.state.allocation(pod.key)
+            own = self.state.reservations.allocation(pod.key)
             priority = pod_priority(args.pod)
             if names_mode and own is None:  # kept per node until it changes (module doc)
                 outcome = functools.partial(self._outcome, pod=pod, own=None, priority=priority)
@@ -293,9 +293,9 @@ class Scheduler:
         except CodecError as error:
             raise RequestError(f"gpushare: {error}") from None
         values: dict[str, float] = {}
-        if pod.gpu_containers and self.state.synced:
+        if pod.gpu_containers and self.state.cluster.synced:
             self._drop_values_on_new_generation()
-            own = self.state.allocation(pod.key)
+            own = self.state.reservations.allocation(pod.key)
             priority = pod_priority(args.pod)
             if own is None and self.policy.deterministic:
                 return self._prioritize_memoised(names, pod, priority)
@@ -312,7 +312,7 @@ class Scheduler:
         """The filter's verdict on node ``name``: ``FITS``, ``DOES_NOT_FIT_NOW`` with the
         reason (``held`` when the handshake rule refused it) or ``CAN_NEVER_FIT`` with the
         reason (also for an unknown or non-GPU-share node)."""
-        info = self.state.node(name)
+        info = self.state.cluster.node(name)
         if info is not None and info.gpushare:
             placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
             if isinstance(placed, NotOnNode):
@@ -342,7 +342,7 @@ class Scheduler:
     ) -> float | None:
         """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit
         (or does not serve the pod's kind of request)."""
-        info = self.state.node(name)
+        info = self.state.cluster.node(name)
         if info is not None:
             placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
             if isinstance(placed, NotOnNode):

@@ -137,7 +137,7 @@ def bound_pod(
     ``gpus`` (GPU index → amount; several GPUs must hold the same amount), fed to ``state`` as
     the watch would (``pod``: more ``pod_json`` keywords: ``priority``, ``started``...);
     returns the pod. ``AssertionError`` if the state does not commit it."""
-    info = state.node(node)
+    info = state.cluster.node(node)
     assert info is not None, f"unknown node {node}"
     shares = set(gpus.values())
     assert len(shares) == 1, f"one amount per GPU, got {gpus}"
@@ -196,7 +196,7 @@ class RecordingEvents:
 def seed_bound_pods(state: ExtenderState, node: str, used: Sequence[int]) -> None:
     """Bound pods ``seed-<node>-<i>`` holding ``used[i]`` on GPU i, fed to ``state`` as the
     watch would; ``AssertionError`` if the state does not commit one."""
-    info = state.node(node)
+    info = state.cluster.node(node)
     assert info is not None, f"unknown node {node}"
     for index, amount in enumerate(used):
         if amount:
@@ -246,8 +246,8 @@ def populated_state(
             pod_json(f"pod-{i}", share, namespace="bench", node=info.node.name, annotations=notes)
         )
     for i in range(pending):
-        state.remember_pod(pod_json(f"pending-{i}", 4, namespace="bench"))
-    state.mark_synced()
+        state.cluster.remember_pod(pod_json(f"pending-{i}", 4, namespace="bench"))
+    state.cluster.mark_synced()
     return state, names
 
 
