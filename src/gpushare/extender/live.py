@@ -419,6 +419,7 @@ class LiveExtender:
                 if task.get_name() != "gpushare-peer":
                     task.cancel()
             await asyncio.gather(*side, return_exceptions=True)
+            await _close_remaining(self.server, self.peer_server)
             sync.cancel()
             try:
                 with contextlib.suppress(asyncio.CancelledError):
@@ -465,6 +466,25 @@ def _contexts(server: uvicorn.Server) -> list[ssl.SSLContext]:
     """The SSL context a started uvicorn server serves with (none before it started)."""
     context = getattr(server.config, "ssl", None)
     return [context] if isinstance(context, ssl.SSLContext) else []
+
+
+async def _close_remaining(*servers: uvicorn.Server | None) -> None:
+    """Close the connections ``servers`` still hold once they have stopped: uvicorn cancels
+    the requests still running after ``graceful_shutdown_s`` but leaves their connections open
+    (the client gets a reset instead of a hang; a loop that goes on, as in tests, keeps no
+    socket behind)."""
+    closed = 0
+    for server in servers:
+        if server is None:
+            continue
+        for connection in list(server.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if isinstance(transport, asyncio.Transport) and not transport.is_closing():
+                transport.abort()
+                closed += 1
+    if closed:
+        log.info("closed %d connection(s) still open after the graceful shutdown", closed)
+        await asyncio.sleep(0)  # the transports' close callbacks run now
 
 
 async def serve(client: AsyncClient, options: LiveOptions) -> None:
