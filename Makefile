@@ -110,7 +110,7 @@ $(VENV)/.bench-installed: $(STAMP)
 	$(BIN)/pip install --quiet --constraint $(CONSTRAINTS) -e '.[bench]'
 	touch $@
 
-# Issue 15 item 4, 5,000 nodes x 8 GPUs and 50,000 GPU pods (docs/extender.md "5,000 nodes"):
+# 5,000 nodes x 8 GPUs and 50,000 GPU pods (docs/extender.md, "5,000 nodes"):
 # filter/prioritize latency against the canned floor, /inspect, the extender's RSS and cold
 # start with every object in a real API server, and kube-scheduler throughput over 5,000 kwok
 # nodes (1,000 pods a round). About 30 minutes on the 2-core development machine.

@@ -1,5 +1,5 @@
-"""Device plugin Allocate latency with 110 pending GPU pods on the node (design.md §6, issue 5
-item 8; budget p99 ≤ 50 ms).
+"""Device plugin Allocate latency with 110 pending GPU pods on the node (docs/design.md,
+"Budgets": p99 ≤ 50 ms).
 
 Run: ``make bench-deviceplugin`` (or ``.venv/bin/python bench/deviceplugin.py [--pods 110]
 [--rounds 3] [--seed 1]``). Needs the test control plane (``make controlplane``).

@@ -1,4 +1,5 @@
-"""Does a policy dominate FGD's curve? Seed-paired differences at every arrived level (issue 17).
+"""Does a policy dominate FGD's curve? Seed-paired differences at every arrived level
+(docs/simulator.md, "Every workload (10 seeds, 75–100 % arrived)").
 
 Run: ``.venv/bin/python bench/dominance.py out/sweep/*/results.json [--policy fgd-spare]
 [--baseline fgd] [--from 75] [--to 100]``. Each ``results.json`` is one ``gpushare simulate
@@ -9,10 +10,11 @@ docs/simulator.md, "Below saturation", has the commands that make them.
 For every workload and every arrived level L from ``--from`` to ``--to`` (the curve's bins:
 unallocated GPU % of capacity at L % arrived), the difference d_s(L) = policy − baseline of
 seed s, its mean and sample standard deviation over the seeds. The policy is **behind** at L
-when mean(d) > sd(d) (worse beyond one standard deviation of the difference: the issue's
-test), **ahead** at 100 % when mean(d) < −sd(d). Prints a Markdown table: per workload the
-baseline and policy at 100 % (mean ± sd), the difference at 100 %, the worst level (largest
-mean − sd), the levels behind, and multi-GPU pods failed per run (the whole 130 % stream, as
+when mean(d) > sd(d) (worse beyond one standard deviation of the difference: the acceptance
+test for ``fgd-spare`` in docs/simulator.md, "Every workload (10 seeds, 75–100 % arrived)"),
+**ahead** at 100 % when mean(d) < −sd(d). Prints a Markdown table: per workload the baseline
+and policy at 100 % (mean ± sd), the difference at 100 %, the worst level (largest mean − sd),
+the levels behind, and multi-GPU pods failed per run (the whole 130 % stream, as
 ``results.json`` counts them) and seconds per run for both.
 """
 

@@ -1,4 +1,5 @@
-"""Every policy on every workload: the 100 % table and the 75–100 % curves (issue 17).
+"""Every policy on every workload: the 100 % table and the 75–100 % curves (docs/simulator.md,
+"Every policy, every workload (10 seeds)").
 
 Run: ``.venv/bin/python bench/every_policy.py out/sweep*/*/results.json [--plot FILE]
 [--highlight fgd-spare]``. Each ``results.json`` is one ``gpushare simulate --out

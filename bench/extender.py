@@ -1,4 +1,4 @@
-"""Extender filter and prioritize latency over loopback HTTP (design.md §6, issue 4 item 8).
+"""Extender filter and prioritize latency over loopback HTTP (docs/design.md, "Budgets").
 
 Run: ``.venv/bin/python bench/extender.py [--nodes 1000] [--pods 20000] [--requests 300]
 [--rounds 5]`` (``make bench-extender``; ``make bench-scale``: 5,000 nodes, 50,000 pods).
@@ -16,7 +16,7 @@ server and round sends ``--requests`` requests one after another; each round mea
 then the canned server, verb by verb, so both see the same machine. Reports the first (cold)
 request, the medians over the rounds of p50 and p99, each round's p99 and its ratio, and the
 ratio of the median p99s.
-Budget: p99 ≤ 2× the floor.
+Budget (docs/design.md, "Budgets"): p99 ≤ 2× the floor.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Leader failover under load (issue 15, item 2): the time from the leader's death to the next
-successful bind, and the end state judged from the pods' annotations alone.
+"""Leader failover under load (docs/install.md, "High availability"): the time from the
+leader's death to the next successful bind, and the end state judged from the pods'
+annotations alone.
 
 Run: ``make bench-failover`` (or ``.venv/bin/python bench/failover.py [--nodes 100]
 [--pods 1000] [--kills 3] [--replicas 3] [--seed N]``). Needs the test control plane

@@ -1,4 +1,5 @@
-"""``/inspect`` and ``kubectl inspect gpushare`` report building at scale (issue 13, item 6).
+"""``/inspect`` and ``kubectl inspect gpushare`` report building at scale (docs/extender.md,
+"``/inspect`` at scale").
 
 (Not ``bench/inspect.py``: run as a script, that name would shadow the standard library's
 ``inspect`` module.)

@@ -1,5 +1,5 @@
-"""The extender's ``/metrics`` scrape at scale (issue 15, item 4: a scrape at 40,000 GPUs took
-2.2–3.1 s on the event loop and stalled filter).
+"""The extender's ``/metrics`` scrape at scale (docs/extender.md, "5,000 nodes": a scrape at
+40,000 GPUs took 2.2–3.1 s on the event loop and stalled filter).
 
 Run: ``.venv/bin/python bench/metrics_scrape.py [--nodes 5000] [--pods 50000] [--changed 100]
 [--rounds 5]`` (``make bench-metrics``).

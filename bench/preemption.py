@@ -1,9 +1,11 @@
-"""GPU-aware preemption against kube-scheduler's own, on the real control plane (issue 25).
+"""GPU-aware preemption against kube-scheduler's own, on the real control plane (docs/usage.md,
+"Priorities and preemption").
 
 Run: ``make bench-preemption`` (or ``.venv/bin/python bench/preemption.py [--nodes 100]
 [--preemptors 200] [--seed 20261127]``). Needs the test control plane (``make controlplane``).
-``--cases`` replays issue 25's five cases instead (``gpushare.testing.preemption.ISSUE_CASES``)
-under both preemptions and prints which pods each evicted and where the high pod went.
+``--cases`` replays the five preemption cases instead (``gpushare.testing.preemption.ISSUE_CASES``,
+the table of docs/usage.md, "What kube-scheduler does without gpushare's preemption") under both
+preemptions and prints which pods each evicted and where the high pod went.
 
 Set-up, the same for both runs: ``--nodes`` kwok nodes of eight 16 GiB GPUs, every GPU full of
 low-priority pods (PriorityClass 100) of mixed sizes (2, 4, 8, 12 or 16 GiB, seeded; created
@@ -170,7 +172,7 @@ def run(plane: ControlPlane, kube: Client, mode: str, args: argparse.Namespace) 
 
 @dataclass
 class CaseResult:
-    """Issue 25's case under one preemption: the pods evicted and where the high pod went."""
+    """One preemption case under one preemption: the pods evicted and where the high pod went."""
 
     case: str
     mode: str
@@ -179,8 +181,9 @@ class CaseResult:
 
 
 def replay_cases(plane: ControlPlane, kube: Client, wait_s: float) -> list[CaseResult]:
-    """Issue 25's cases (``ISSUE_CASES``) under both preemptions: evicted pods go at once; the
-    high pod gets ``wait_s`` seconds to bind (and 3 more for evictions still coming)."""
+    """The five preemption cases (``ISSUE_CASES``) under both preemptions: evicted pods go at
+    once; the high pod gets ``wait_s`` seconds to bind (and 3 more for evictions still
+    coming)."""
     results = []
     for mode in ("kube-scheduler", "gpushare"):
         for scenario in ISSUE_CASES:
@@ -335,7 +338,7 @@ def main() -> int:
     parser.add_argument(
         "--cases",
         action="store_true",
-        help="replay issue 25's five cases under both preemptions instead (a table)",
+        help="replay the five preemption cases under both preemptions instead (a table)",
     )
     args = parser.parse_args()
     LOG_LEVEL[0] = args.extender_log_level

@@ -1,5 +1,6 @@
-"""The extender's memory and cold start at scale (issue 15, item 4): RSS and its growth per
-10,000 pods, and the time from start to ``/readyz`` with every node and pod in the API server.
+"""The extender's memory and cold start at scale (docs/extender.md, "5,000 nodes"): RSS and
+its growth per 10,000 pods, and the time from start to ``/readyz`` with every node and pod in
+the API server.
 
 Run: ``make bench-scale`` (or ``.venv/bin/python bench/scale.py [--nodes 5000] [--pods 50000]
 [--step 10000] [--cold-starts 3] [--concurrency 32] [--profile out/cold.raw]``). Needs the

@@ -1,9 +1,10 @@
-"""Scheduling throughput through kube-scheduler with the extender (design.md §6: at least 0.8×
-the same scheduler on pods without GPU memory).
+"""Scheduling throughput through kube-scheduler with the extender (docs/design.md, "Budgets": at
+least 0.8× the same scheduler on pods without GPU memory).
 
 Run: ``make bench-scheduling`` (or ``.venv/bin/python bench/scheduling.py [--nodes 1000]
 [--pods 1000] [--rounds 2] [--budget 0.8]``). Needs the test control plane (``make
-controlplane``). ``make bench-scale`` runs it at 5,000 nodes against issue 15's 0.9.
+controlplane``). ``make bench-scale`` runs it at 5,000 nodes against the 0.9× budget of
+docs/extender.md, "5,000 nodes".
 
 Set-up: a real control plane, ``--nodes`` kwok nodes with eight 16 GiB GPUs each, and
 ``gpushare extender --kubeconfig`` as its own process (default options: binpack, the handshake

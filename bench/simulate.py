@@ -1,4 +1,5 @@
-"""Simulator and placement-decision speed on the openb default trace (design.md §6 budgets).
+"""Simulator and placement-decision speed on the openb default trace (budgets: docs/design.md,
+"Budgets").
 
 Run: ``make bench`` or ``.venv/bin/python bench/simulate.py [--trace DIR] [--repeats N]``.
 Reports medians, and ratios against a baseline measured in the same run:
@@ -6,10 +7,10 @@ Reports medians, and ratios against a baseline measured in the same run:
 * one full run (tuned to 130%, one process, one core) of ``fgd``, ``fgd-cpu`` and
   ``fgd-spare``, against ``bestfit`` (a policy with trivial scores: the cost of the loop
   itself) and, for gpushare's policies, against ``fgd``. Budgets: fgd ≤ 20 s; gpushare's
-  policy ≤ 1.5× fgd (issue 17).
+  policies ≤ 1.5× fgd.
 * one placement decision (``Placer.decide``: filter + score + tie-break + GPU choice over all
-  1,213 nodes), every pod of a run timed: p50/p99/max. Budget: p99 ≤ 5 ms (design.md), ≤ 2 ms
-  for gpushare's policy (issue 17). A cold decision
+  1,213 nodes), every pod of a run timed: p50/p99/max. Budget: p99 ≤ 5 ms, ≤ 2 ms for
+  gpushare's policies. A cold decision
   (fresh cache, cluster half full) is reported too: the worst case, e.g. after a restart.
 """
 

@@ -1,4 +1,4 @@
-"""Fixtures of the real-GPU checks (issue 16). They are not part of ``make test`` (``bench/`` is
+"""Fixtures of the real-GPU checks. They are not part of ``make test`` (``bench/`` is
 outside pytest's ``testpaths``; CI has no GPU) and run with:
 
     .venv/bin/pytest bench/gpu -v -s

@@ -1,4 +1,4 @@
-"""One CUDA client for the GPU checks in this directory (issue 16): allocates device memory and
+"""One CUDA client for the GPU checks in this directory: allocates device memory and
 optionally times a compute-bound kernel, through the driver API alone (``libcuda.so.1`` via
 ``ctypes``, no other package).
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The real-GPU checks of issue 16 on a machine with an NVIDIA GPU, as root, where the project's
-# virtual environment is not built: `bash bench/gpu/run.sh [pytest args]`. With a `.whl/` folder
-# of the runtime's wheels (cp312, made with `pip download`, docs/usage.md "Checked on a real GPU")
-# they are installed into /tmp/site first; else the current python must have them (`.venv`).
+# The real-GPU checks (docs/testing.md, "Which tier proves what") on a machine with an NVIDIA
+# GPU, as root, where the project's virtual environment is not built:
+# `bash bench/gpu/run.sh [pytest args]`. With a `.whl/` folder of the runtime's wheels (cp312,
+# made with `pip download`; docs/usage.md, "Enforced shares (MPS)") they are installed into
+# /tmp/site first; else the current python must have them (`.venv`).
 # Writes the log to $OUT/gpu-checks.log when $OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,4 +1,5 @@
-"""The real-GPU checks of issue 16. Run on a machine with an NVIDIA GPU, as root:
+"""The real-GPU checks (docs/testing.md, "Which tier proves what"). Run on a machine with an
+NVIDIA GPU, as root:
 
     .venv/bin/pytest bench/gpu -v -s        (or: bash bench/gpu/run.sh, without a .venv)
 
@@ -15,7 +16,7 @@
 (d) A SIGKILLed control daemon is restarted (unhealthy, then healthy) and serves clients again.
 
 Without a GPU every check is skipped with the reason (``conftest.py``). Outputs are printed
-(``-s``) for the issue's note; the last run's numbers are in docs/usage.md.
+(``-s``); the last run's numbers are in docs/usage.md, "Enforced shares (MPS)".
 """
 
 from __future__ import annotations
