@@ -1,10 +1,10 @@
 """The ledger: which pod holds how much of which GPU, per node, committed or assumed.
 
 A pure, synchronous book of allocations (no I/O, no threads, no global clock). The extender
-derives it from the API server (docs/design.md, "Source of truth"): allocations seen on bound pods
-are
-*committed* with ``apply``; allocations the extender has decided but not yet seen come back are
-*assumed* with ``assume`` and expire ``assume_ttl_s`` seconds later unless ``apply`` confirms them.
+derives it from the API server (docs/design.md, "Source of truth"): allocations seen on bound
+pods are *committed* with ``apply``; allocations the extender has decided but not yet seen come
+back are *assumed* with ``assume`` and expire ``assume_ttl_s`` seconds later unless ``apply``
+confirms them.
 Assumed allocations count in every free/fit computation exactly like committed ones.
 
 The ledger guards the "no overcommit, ever" contract for GPUs, in both dimensions: an
@@ -15,10 +15,9 @@ and a rejected call leaves the ledger exactly as it was. CPU and memory
 are recorded (they show in ``state``) but not enforced here: ``gpushare.core.fit.check_fit``
 checks them before a decision, and kube-scheduler owns them on a cluster.
 
-All amounts are unit-free integers in the node's own unit (docs/design.md, "Units"). Expected
-outcomes
-are ``LedgerResult`` values; exceptions are raised only for programming errors (a malformed
-``Allocation``, asking the state of a node the ledger does not know).
+All amounts are unit-free integers in the node's own unit (docs/design.md, "Units").
+Expected outcomes are ``LedgerResult`` values; exceptions are raised only for programming
+errors (a malformed ``Allocation``, asking the state of a node the ledger does not know).
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ class PluginRunner:
     resource (default `aliyun.com/gpu-mem`). Times are seconds. `registrations` counts successful
     Register calls (await `wait_registered(n)`), `attempts` every Register tried; `last_error` is
     the latest failure, `None` once registered. `on_registered`, if given, is awaited after every
-    successful registration; its exceptions are logged and do not stop the runner. A runner starts
-    once.
+    successful registration; its exceptions are logged and do not stop the runner. A runner
+    starts only once.
     """
 
     def __init__(

@@ -151,9 +151,8 @@ class BindVerb:
             containers = fit.assignment if forced else self._policy.choose_gpus(base, pod)
         allocation = Allocation(pod=key, node=node, containers=containers)
         if own is not None:
-            self._state.reservations.release(
-                key
-            )  # a stale assumption from an attempt on another node
+            # a stale assumption from an attempt on another node
+            self._state.reservations.release(key)
         result = self._state.reservations.assume(allocation)
         if not result.ok:
             if own is not None:
