@@ -662,7 +662,7 @@ def test_health_version_and_inspect() -> None:
             "name": f"seed-{N3}-0",
             "namespace": "default",
             "usedGPU": 8138,
-            "assumed": False,
+            "bindInFlight": False,
             "containers": ["main"],
         }
     ]

@@ -231,7 +231,7 @@ def test_kubectl_inspect_gpushare_shows_compute_and_whole_gpus(cluster: Cluster)
 def test_a_restarted_extender_rebuilds_the_same_ledger(cluster: Cluster) -> None:
     def confirmed() -> bool | None:  # the watch has confirmed every bind: none only assumed
         report = cluster.extender.get(f"/gpushare-scheduler/inspect/{NODE}")[1]
-        return not any(p["assumed"] for d in report["devs"] for p in d["pods"]) or None
+        return not any(p["bindInFlight"] for d in report["devs"] for p in d["pods"]) or None
 
     wait_for("binds confirmed", confirmed)
     options = LiveOptions(

@@ -180,11 +180,11 @@ class Live:
         return wait_for(f"event {reason} on pod {name}", probe)
 
     def gpu_pods(self, node: str) -> dict[int, dict[str, tuple[int, bool]]]:
-        """``/inspect/<node>``: GPU index → pod name → (MiB, assumed)."""
+        """``/inspect/<node>``: GPU index → pod name → (MiB, bind in flight)."""
         status, report = self.extender.get(f"/gpushare-scheduler/inspect/{node}")
         assert status == 200, report
         return {
-            dev["id"]: {p["name"]: (p["usedGPU"], p["assumed"]) for p in dev["pods"]}
+            dev["id"]: {p["name"]: (p["usedGPU"], p["bindInFlight"]) for p in dev["pods"]}
             for dev in report["devs"]
         }
 

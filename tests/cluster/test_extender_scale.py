@@ -128,7 +128,7 @@ def inspect_placements(
                     continue
                 placement = placements.setdefault(pod["name"], {})
                 placement[node["name"], dev["id"]] = pod["usedGPU"]
-                if pod["assumed"]:
+                if pod["bindInFlight"]:
                     assumed.add(pod["name"])
     return placements, assumed, report["violations"]
 

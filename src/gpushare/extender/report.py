@@ -3,7 +3,9 @@
 Keys follow Alibaba gpushare's ``pkg/scheduler/gpushare-inspect.go`` (``nodes``, ``name``,
 ``totalGPU``, ``usedGPU``, ``devs``, ``id``, ``pods``, ``namespace``, ``usedGPU``), so their
 tooling keeps working, with gpushare's additions (``unit``, ``source``, per GPU ``model``,
-``uuid``, ``healthy``; per pod ``containers`` and ``assumed``). Amounts are in the node's unit.
+``uuid``, ``healthy``; per pod ``containers`` and ``bindInFlight``: bound by this extender, not
+yet seen bound by its watch, the ledger's *assumed*; the ``gpushare`` report's ``assumed`` is
+Alibaba's, bound but not yet started by the device plugin). Amounts are in the node's unit.
 Compute (docs/compute.md) adds keys only where there is some: per GPU ``compute`` (thousandths
 held by pods that ask compute) and ``whole`` on a node where a GPU holds either, per pod
 ``compute`` and ``whole`` when it holds them there.
@@ -77,17 +79,17 @@ def node_report(
             if amount and index in holders:
                 namespace, _, name = pod.pod.partition("/")
                 holders[index].append(
-                    {"name": name, "namespace": namespace, "usedGPU": amount, "assumed": False,
+                    {"name": name, "namespace": namespace, "usedGPU": amount, "bindInFlight": False,
                      "containers": [], "skipped": str(pod.kind)}
                 )  # fmt: skip
     for allocation in allocations:  # each read once, not once per GPU
         namespace, _, name = allocation.pod.partition("/")
-        assumed = state.reservations.is_assumed(allocation.pod)
+        in_flight = state.reservations.is_assumed(allocation.pod)
         compute, whole = allocation.per_gpu_compute(), allocation.whole_gpus()
         for index, amount in allocation.per_gpu().items():
             if amount and index in holders:
                 entry = {"name": name, "namespace": namespace, "usedGPU": amount,
-                         "assumed": assumed, "containers": [
+                         "bindInFlight": in_flight, "containers": [
                              c.container for c in allocation.containers
                              if index in c.gpu_indices]}  # fmt: skip
                 if compute.get(index):
