@@ -52,7 +52,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 controlplane:
-	scripts/build-controlplane.sh
+	scripts/heartbeat.sh controlplane scripts/build-controlplane.sh
 
 # containerd, runc, CNI plugins, busybox-static, iptables for the real-node tier (tests/node).
 node-runtime:
