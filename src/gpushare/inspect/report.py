@@ -53,7 +53,6 @@ from gpushare.core.preemption import Hold, with_holds
 from gpushare.core.serves import Serves
 from gpushare.core.skipped import SkippedPod, charged, refused, unreadable
 from gpushare.kube.codec import (
-    TERMINAL_PHASES,
     CodecError,
     MemoryUnit,
     NodeInfo,
@@ -61,6 +60,7 @@ from gpushare.kube.codec import (
     node_info,
     node_internal_ip,
     object_name,
+    phase_finished,
     pod_allocation,
     pod_deleting,
     pod_finished,
@@ -383,7 +383,7 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     if type(spec) is dict and type(status) is dict:  # plain JSON: no walk through _dig
         bound, phase = spec.get("nodeName"), status.get("phase")
         bound = bound if isinstance(bound, str) and bound else None
-        finished = isinstance(phase, str) and phase in TERMINAL_PHASES
+        finished = phase_finished(phase)
     else:
         bound, finished = pod_node_name(obj) or None, pod_finished(obj)
     if finished:

@@ -26,6 +26,7 @@ __all__ = [
     "object_labels",
     "object_name",
     "object_namespace",
+    "phase_finished",
     "pod_annotation",
     "pod_container_names",
     "pod_deleting",
@@ -86,10 +87,16 @@ def pod_phase(pod: Json) -> str:
     return _text(_dig(pod, "status", "phase"))
 
 
+def phase_finished(phase: object) -> bool:
+    """Whether ``status.phase`` ``phase`` is one of ``TERMINAL_PHASES`` (``Succeeded`` or
+    ``Failed``): the pod holds nothing any more. The one rule every component uses for
+    "finished" (``pod_finished`` of a whole pod; readers that hold the phase already)."""
+    return isinstance(phase, str) and phase in TERMINAL_PHASES
+
+
 def pod_finished(pod: Json) -> bool:
-    """Whether the pod's phase is one of ``TERMINAL_PHASES`` (``Succeeded`` or ``Failed``): it
-    holds nothing any more. The one rule every component uses for "finished"."""
-    return pod_phase(pod) in TERMINAL_PHASES
+    """Whether the pod is finished (``phase_finished`` of its ``status.phase``)."""
+    return phase_finished(pod_phase(pod))
 
 
 def pod_deletion_timestamp(pod: Json) -> str:
