@@ -6,6 +6,7 @@
 # Usage (as root, after `make test` has built everything once):
 #   scripts/soak.sh [COMMIT]           # default: HEAD
 #   RUNS=20 BURNERS=1 OUT=/tmp/soak scripts/soak.sh HEAD
+#   FIRST=15 RUNS=6 scripts/soak.sh 380706c   # runs 15..20 of a soak of that commit begun earlier
 #
 # The commit is checked out in a git worktree under $OUT (the checkout you edit can change
 # meanwhile); its tests run with this checkout's .venv and the worktree's src/ first on the
@@ -17,6 +18,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 COMMIT="$(git -C "$ROOT" rev-parse --short "${1:-HEAD}")"
 RUNS="${RUNS:-20}"
+FIRST="${FIRST:-1}"
 BURNERS="${BURNERS:-1}"
 OUT="${OUT:-/tmp/gpushare-soak}"
 TREE="$OUT/tree"
@@ -35,9 +37,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "commit $COMMIT, $RUNS runs, $BURNERS CPU burner(s), started $(date +%H:%M)" >"$OUT/summary.txt"
+echo "commit $COMMIT, runs $FIRST..$((FIRST + RUNS - 1)), $BURNERS CPU burner(s), started $(date +%H:%M)" \
+    >>"$OUT/summary.txt"
 cd "$TREE"
-for n in $(seq 1 "$RUNS"); do
+for n in $(seq "$FIRST" $((FIRST + RUNS - 1))); do
     start=$(date +%s)
     rc=0
     PYTHONPATH="$TREE/src" timeout 3600 "$ROOT/.venv/bin/pytest" tests/cluster tests/node -q \
