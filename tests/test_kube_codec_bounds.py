@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from gpushare.core.policies import make_policy
+from gpushare.core.text import shown_names
 from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import ExtenderArgs
 from gpushare.inspect import Snapshot, build_report
 from gpushare.kube.codec import INVENTORY, CodecError, MemoryUnit, node_info
-from gpushare.kube.codec.common import shown, shown_names
+from gpushare.kube.codec.common import shown
 from gpushare.testing.extender import RecordingBinder, node_json, pod_json
 
 

@@ -37,6 +37,7 @@ from gpushare.kube.codec.resolve import (
     NO_GPU_UUID,
     PERCENT_BASIS,
     UNRESOLVED,
+    NodeView,
     NotOnNode,
     on_node,
     resolve,
@@ -261,7 +262,8 @@ RESOLVES = [
 @pytest.mark.parametrize("case", RESOLVES, ids=[c.id for c in RESOLVES])
 def test_memory_is_resolved_into_the_node_unit(case: Resolve) -> None:
     node = gpu_node(list(case.capacities), models=list(case.models) or None)
-    result = resolve(PodRequest("ns/p", (case.container,)), case.unit, node)
+    unit_mib = case.unit.mib if case.unit is not None else None
+    result = resolve(PodRequest("ns/p", (case.container,)), NodeView(node, unit_mib))
     if isinstance(case.expected, str):
         assert result == NotOnNode(UNRESOLVED, case.expected)
     else:
@@ -272,7 +274,7 @@ def test_memory_is_resolved_into_the_node_unit(case: Resolve) -> None:
 
 def test_a_request_with_nothing_to_resolve_is_returned_as_it_is() -> None:
     request = PodRequest("ns/p", (ContainerRequest("m", 4),))
-    assert resolve(request, None, gpu_node([16])) is request
+    assert resolve(request, NodeView(gpu_node([16]), None)) is request
 
 
 # -- allocations with compute and whole GPUs --------------------------------------------------
@@ -371,7 +373,7 @@ def typed(use: tuple[str, ...] = (), avoid: tuple[str, ...] = (), **kw: Any) -> 
 def test_hamis_gpu_types_become_the_nodes_models(
     request_: PodRequest, allowed: set[str] | None
 ) -> None:
-    placed = on_node(request_, MemoryUnit.GIB, MIXED, Serves.BOTH)
+    placed = on_node(request_, NodeView(MIXED, MemoryUnit.GIB.mib, Serves.BOTH))
     if allowed is None:
         assert isinstance(placed, NotOnNode)
         assert placed.why == NO_GPU_TYPE
@@ -412,7 +414,7 @@ def named(use: tuple[str, ...] = (), avoid: tuple[str, ...] = (), **kw: Any) -> 
 def test_hamis_gpu_uuids_become_the_positions_the_container_may_use(
     request_: PodRequest, uuids: tuple[str, ...], allowed: set[int] | None
 ) -> None:
-    placed = on_node(request_, MemoryUnit.GIB, MIXED, Serves.BOTH, uuids)
+    placed = on_node(request_, NodeView(MIXED, MemoryUnit.GIB.mib, Serves.BOTH, uuids))
     if allowed is None:
         assert isinstance(placed, NotOnNode)
         assert placed.why in (NO_GPU_UUID, NO_GPU_TYPE)

@@ -31,7 +31,7 @@ from gpushare.kube.codec import (
     pod_request,
     pod_uid,
 )
-from gpushare.kube.codec.resolve import NotOnNode, on_node
+from gpushare.kube.codec.resolve import NotOnNode, node_view, on_node
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class BindVerb:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
-        placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
+        placed = on_node(pod, node_view(info))
         if isinstance(placed, NotOnNode):
             return f"gpushare: pod {key} cannot be on node {node}: {placed.text}"
         pod = placed

@@ -87,7 +87,7 @@ from gpushare.kube.codec import (
     pod_started_s,
     pod_uid,
 )
-from gpushare.kube.codec.resolve import NotOnNode, on_node
+from gpushare.kube.codec.resolve import NotOnNode, node_view, on_node
 from gpushare.kube.evictions import Eviction, EvictionOutcome
 from gpushare.kube.refs import PodRef
 
@@ -380,7 +380,7 @@ class Preemptor:
             view = self.view(name, key, priority)
             if info is None or view is None or not info.gpushare:
                 continue
-            placed = on_node(request, info.unit, info.node, info.serves, info.uuids)
+            placed = on_node(request, node_view(info))
             if isinstance(placed, NotOnNode):
                 continue
             plan = plan_preemption(

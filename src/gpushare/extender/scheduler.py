@@ -101,7 +101,7 @@ from gpushare.kube.codec import (
     pod_priority,
     pod_request,
 )
-from gpushare.kube.codec.resolve import NotOnNode, on_node
+from gpushare.kube.codec.resolve import NotOnNode, node_view, on_node
 
 __all__ = [
     "NOT_GPUSHARE",
@@ -314,7 +314,7 @@ class Scheduler:
         reason (also for an unknown or non-GPU-share node)."""
         info = self.state.cluster.node(name)
         if info is not None and info.gpushare:
-            placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
+            placed = on_node(pod, node_view(info))
             if isinstance(placed, NotOnNode):
                 return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {placed.text}")
             pod = placed
@@ -344,7 +344,7 @@ class Scheduler:
         (or does not serve the pod's kind of request)."""
         info = self.state.cluster.node(name)
         if info is not None:
-            placed = on_node(pod, info.unit, info.node, info.serves, info.uuids)
+            placed = on_node(pod, node_view(info))
             if isinstance(placed, NotOnNode):
                 return None
             pod = placed

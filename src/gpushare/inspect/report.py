@@ -71,7 +71,7 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.codec.handshake import pending_pod
 from gpushare.kube.codec.record import fast_pod_record
-from gpushare.kube.codec.resolve import NotOnNode, on_node, resolve
+from gpushare.kube.codec.resolve import NodeView, NotOnNode, node_view, on_node, resolve
 
 UNKNOWN_UNIT = "unit unknown"
 
@@ -681,7 +681,7 @@ def _node_report(
         )  # fmt: skip
     unplaced = 0
     for asked in sorted(book.unplaced, key=lambda r: r.key) if pod_rows else book.unplaced:
-        resolved = resolve(asked, info.unit, info.node, info.uuids)
+        resolved = resolve(asked, node_view(info))
         request = resolved if isinstance(resolved, PodRequest) else asked
         unplaced += request.gpu_total
         if not pod_rows:
@@ -742,7 +742,8 @@ def _pending_report(
             )
         unit = None if report.unit is None else MemoryUnit(report.unit)
         uuids = tuple(gpu.uuid for gpu in report.gpus)
-        placed = on_node(request, unit, state.node, report.serves, uuids)  # the extender's rule
+        view = NodeView(state.node, unit.mib if unit else None, report.serves, uuids)
+        placed = on_node(request, view)  # the extender's rule
         if isinstance(placed, NotOnNode):
             text = f"node {report.name}: {placed.text}"
             fits.append(NodeFit(report.name, report.unit, None, placed.text, text, placed.why))

@@ -1,6 +1,6 @@
 """What every codec module shares: resource and annotation names, ``CodecError`` and the bounded
-echo of values in messages (``shown``, ``shown_names``), Kubernetes quantities, and typed
-accessors for plain JSON dicts. Pure; no I/O."""
+echo of values in messages (``shown``; lists of names: ``gpushare.core.text.shown_names``),
+Kubernetes quantities, and typed accessors for plain JSON dicts. Pure; no I/O."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import enum
 import json
 import re
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, TypeGuard
 
@@ -58,8 +58,6 @@ _ECHO.maxother = 80
 _ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxset = _ECHO.maxdict = _ECHO.maxfrozenset = 4
 ECHO_CHARS = 120
 """Characters of a value that an error message echoes at most (``shown``)."""
-NAMES_SHOWN = 3
-"""Items of a list that a message names before it counts the rest (``shown_names``)."""
 
 
 def shown(value: object) -> str:
@@ -68,14 +66,6 @@ def shown(value: object) -> str:
     expanded a billion times or a list of thousands), at most ``ECHO_CHARS`` characters."""
     text = _ECHO.repr(value)
     return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
-
-
-def shown_names(names: Sequence[str], sep: str = ", ") -> str:
-    """``a, b, c and 4,995 more``: the first ``NAMES_SHOWN`` of ``names`` (each at most 80
-    characters) and how many are left out."""
-    head = [n if len(n) <= 80 else n[:77] + "..." for n in names[:NAMES_SHOWN]]
-    more = len(names) - len(head)
-    return sep.join(head) + (f" and {more:,} more" if more > 0 else "")
 
 
 class CodecError(ValueError):

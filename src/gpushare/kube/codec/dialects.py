@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpushare.core.model import GPU_COMPUTE_MILLI
+from gpushare.core.resolve import MIB_BASIS, PERCENT_BASIS
 from gpushare.kube.codec.common import GPU_MEM, CodecError
 
 TENCENT_CORE = "tencent.com/vcuda-core"
@@ -73,8 +74,8 @@ class MemoryBasis(enum.StrEnum):
     of the GPU's memory; the extender turns it into the node's unit."""
 
     NODE_UNITS = "units of the node"
-    MIB = "MiB"
-    PERCENT = "% of the GPU"
+    MIB = MIB_BASIS
+    PERCENT = PERCENT_BASIS
 
 
 DIALECT_RESOURCES: Mapping[Dialect, frozenset[str]] = {

@@ -1,47 +1,24 @@
-"""A dialect's GPU memory in the node's unit, for one node (``resolve``). Pure; no I/O.
-
-``pod_request`` reads memory written in another system's dialect as it is written: MiB
-(gpu-manager's ``vcuda-memory``, HAMi's ``gpumem``) or a percentage of each GPU (HAMi's
-``gpumem-percentage``, and HAMi's default of the whole memory), recorded in
-``ContainerRequest.memory_basis``. The core places only requests in the node's unit, so the
-extender resolves such a request against each candidate node before the fit (filter,
-prioritize) and against the chosen node at bind:
-
-* **MiB** on a MiB node: as written; on a GiB node: **rounded up** to whole GiB (4,097 MiB is
-  5 GiB), so a container never gets less than it asked. A node whose unit is unknown (no
-  ``gpushare.io/gpu-inventory`` annotation: Alibaba's capacity fallback) cannot take it.
-* **Percent** of each GPU: of the largest GPU capacity the container may use on that node (its
-  allowed models; all GPUs when none is allowed, for the fit to say so), **rounded up**. On a
-  node whose GPUs differ in size a container may then fit only the larger ones: it never gets
-  less than its share of the GPU it lands on.
-
-GPU types (HAMi's ``nvidia.com/use-gputype``/``nouse-gputype``, ``ContainerRequest.gpu_types``)
-are resolved first: the node's GPU models that contain one of the types asked (any case) and
-none of those excluded become the container's ``allowed_models`` (within any it had); a node
-with none of them cannot take the pod (``NO_GPU_TYPE``), as HAMi's filter says. GPU UUIDs
-(``nvidia.com/use-gpuuuid``/``nouse-gpuuuid``, ``ContainerRequest.gpu_uuids``) then become the
-positions of the node's GPUs named (and not avoided), ``allowed_positions``; a node with none
-of them, or whose UUIDs are unknown (no inventory), cannot take it (``NO_GPU_UUID``).
-
-A request already in the node's unit (every ``aliyun.com/gpu-mem`` pod) is returned as it is,
-the same object.
-
-``on_node`` is the whole rule for a request on one node before any fit: refused when the node
-does not serve its kind of request (``gpushare.core.serves``: whole GPUs, shares, or both),
-else resolved. The extender's filter, prioritize and bind and the inspect report all call it,
-so they refuse the same pods with the same sentence.
+"""A request resolved for one node, from the adapter's side: ``node_view`` turns a decoded node
+(``NodeInfo``) into the ``gpushare.core.resolve.NodeView`` the core resolves requests against.
+The rule itself (memory in the node's unit, GPU types and UUIDs, what the node serves) is the
+core's: ``gpushare.core.resolve`` (its names are re-exported here for the adapter's callers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import NamedTuple
-
-from gpushare.core.model import ContainerRequest, Node, PodRequest
-from gpushare.core.serves import Serves, serves_refusal
-from gpushare.kube.codec.common import INVENTORY, MemoryUnit, shown_names
-from gpushare.kube.codec.dialects import MemoryBasis
+from gpushare.core.resolve import (
+    MIB_BASIS,
+    NO_GPU_TYPE,
+    NO_GPU_UUID,
+    NOT_SERVED,
+    PERCENT_BASIS,
+    UNRESOLVED,
+    NodeView,
+    NotOnNode,
+    on_node,
+    resolve,
+)
+from gpushare.kube.codec.nodes import NodeInfo
 
 __all__ = [
     "MIB_BASIS",
@@ -50,166 +27,17 @@ __all__ = [
     "NO_GPU_UUID",
     "PERCENT_BASIS",
     "UNRESOLVED",
+    "NodeView",
     "NotOnNode",
+    "node_view",
     "on_node",
     "resolve",
 ]
 
-MIB_BASIS: str = MemoryBasis.MIB
-"""``ContainerRequest.memory_basis`` of memory asked in MiB."""
-PERCENT_BASIS: str = MemoryBasis.PERCENT
-"""``ContainerRequest.memory_basis`` of memory asked in percent of each GPU's memory."""
-NOT_SERVED = "the node does not serve this kind of request"
-"""``NotOnNode.why`` of a pod asking whole GPUs of a ``shared`` node, or a share of a ``whole``
-node (``gpushare.core.serves``)."""
-UNRESOLVED = "memory not resolvable into the node's unit"
-"""``NotOnNode.why`` of a pod whose memory cannot be put in the node's unit (MiB on a node of
-unknown unit, percent on a node without GPUs)."""
 
-
-NO_GPU_TYPE = "no GPU of the types the pod asks"
-"""``NotOnNode.why`` of a pod whose ``nvidia.com/use-gputype``/``nouse-gputype`` leave it no GPU
-model of the node."""
-
-
-NO_GPU_UUID = "none of the GPUs the pod names"
-"""``NotOnNode.why`` of a pod whose ``nvidia.com/use-gpuuuid``/``nouse-gpuuuid`` leave it no GPU
-of the node."""
-
-
-class NotOnNode(NamedTuple):
-    """Why a request can never be on a node: ``why``, the fixed reason (``NOT_SERVED``,
-    ``UNRESOLVED``), and ``text``, the sentence with the names."""
-
-    why: str
-    text: str
-
-
-def on_node(
-    request: PodRequest,
-    unit: MemoryUnit | None,
-    node: Node,
-    serves: Serves,
-    uuids: Sequence[str] = (),
-) -> PodRequest | NotOnNode:
-    """``request`` as node ``node`` (memory unit ``unit``, ``None``: unknown; serving
-    ``serves``; its GPUs' ``uuids`` by position, ``NodeInfo.uuids``) can place it (module
-    doc): ``NotOnNode`` when the node does not serve its kind of request, else ``resolve``'s
-    request in the node's unit, or ``NotOnNode`` with why not."""
-    refusal = serves_refusal(serves, request)
-    if refusal:
-        return NotOnNode(NOT_SERVED, refusal)
-    return resolve(request, unit, node, uuids)
-
-
-def resolve(
-    request: PodRequest, unit: MemoryUnit | None, node: Node, uuids: Sequence[str] = ()
-) -> PodRequest | NotOnNode:
-    """``request`` with every container's GPU types and UUIDs resolved and its memory in
-    ``node``'s unit (module doc), or why it cannot be on this node (``NO_GPU_TYPE``,
-    ``NO_GPU_UUID``, ``UNRESOLVED``). ``unit``: the node's ``MemoryUnit`` (``None``: unknown);
-    ``uuids``: its GPUs' UUIDs by position. The same object when nothing is to resolve."""
-    if request.resolved:  # the common case
-        return request
-    chosen = _gpu_choice(request, node, uuids)
-    if isinstance(chosen, NotOnNode):
-        return chosen
-    containers: list[ContainerRequest] = []
-    for c in chosen.containers:
-        if not c.memory_basis:
-            containers.append(c)
-            continue
-        if c.memory_basis == MIB_BASIS:
-            if unit is None:
-                return NotOnNode(UNRESOLVED, (
-                    f"container {c.name} asks GPU memory in MiB and the node's memory unit is "
-                    f"unknown (no {INVENTORY} annotation)"
-                ))  # fmt: skip
-            share = -(-c.gpu_share // unit.mib)
-        else:
-            sizes = [
-                g.capacity for p, g in enumerate(node.gpus) if c.allows_at(p, g.model)
-            ] or node.capacities
-            if not sizes:
-                return NotOnNode(UNRESOLVED, "node has no GPUs")
-            share = -(-max(sizes) * c.gpu_share // 100)
-        containers.append(replace(c, gpu_share=share, memory_basis=""))
-    return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
-
-
-def _gpu_choice(request: PodRequest, node: Node, uuids: Sequence[str]) -> PodRequest | NotOnNode:
-    """``request`` with each container's GPU types and UUIDs (module doc) turned into the
-    ``allowed_models`` and ``allowed_positions`` of ``node``, whose GPUs have ``uuids`` by
-    position, or why no GPU of the node will do (``NO_GPU_TYPE``, ``NO_GPU_UUID``). The same
-    object when no container names a type or a UUID."""
-    if not any(c.names_gpus for c in request.containers):
-        return request
-    models = sorted({gpu.model for gpu in node.gpus})
-    containers: list[ContainerRequest] = []
-    for c in request.containers:
-        chosen: ContainerRequest | NotOnNode = c
-        if c.gpu_types or c.excluded_gpu_types:
-            chosen = _by_type(c, models)
-        if isinstance(chosen, ContainerRequest) and (chosen.gpu_uuids or chosen.excluded_gpu_uuids):
-            chosen = _by_uuid(chosen, node, uuids)
-        if isinstance(chosen, NotOnNode):
-            return chosen
-        containers.append(chosen)
-    return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
-
-
-def _by_type(c: ContainerRequest, models: list[str]) -> ContainerRequest | NotOnNode:
-    """``c`` with its GPU types turned into the ``allowed_models`` among the node's ``models``
-    (within any it had), or ``NO_GPU_TYPE``."""
-    allowed = [
-        m for m in models
-        if c.allows(m) and _names_any(m, c.gpu_types or ("",))
-        and not _names_any(m, c.excluded_gpu_types)
-    ]  # fmt: skip
-    if not allowed:
-        asked = _choice("GPUs of type", c.gpu_types, c.excluded_gpu_types)
-        return NotOnNode(NO_GPU_TYPE, (
-            f"container {c.name} asks {asked} (nvidia.com/use-gputype, nouse-gputype) "
-            f"and the node's GPUs are {shown_names(sorted(set(models))) or 'none'}"
-        ))  # fmt: skip
-    return replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
-
-
-def _by_uuid(c: ContainerRequest, node: Node, uuids: Sequence[str]) -> ContainerRequest | NotOnNode:
-    """``c`` with its GPU UUIDs turned into the ``allowed_positions`` of ``node`` (whose GPUs
-    have ``uuids`` by position; within the models it allows), or ``NO_GPU_UUID``."""
-    if len(uuids) != len(node.gpus) or not all(uuids):
-        return NotOnNode(NO_GPU_UUID, (
-            f"container {c.name} names GPUs by UUID (nvidia.com/use-gpuuuid, "
-            "nouse-gpuuuid) and the node's GPU UUIDs are unknown (no gpushare.io/gpu-"
-            "inventory annotation)"
-        ))  # fmt: skip
-    wanted, avoided = set(c.gpu_uuids), set(c.excluded_gpu_uuids)
-    positions = frozenset(
-        p
-        for p, uuid in enumerate(uuids)
-        if (not wanted or uuid in wanted) and uuid not in avoided
-        and c.allows_at(p, node.gpus[p].model)
-    )  # fmt: skip
-    if not positions:
-        asked = _choice("GPU", c.gpu_uuids, c.excluded_gpu_uuids)
-        return NotOnNode(NO_GPU_UUID, (
-            f"container {c.name} asks {asked} (nvidia.com/use-gpuuuid, nouse-gpuuuid) "
-            f"and none of the node's {len(uuids)} GPUs is one of them"
-        ))  # fmt: skip
-    return replace(c, allowed_positions=positions, gpu_uuids=(), excluded_gpu_uuids=())
-
-
-def _choice(what: str, wanted: tuple[str, ...], avoided: tuple[str, ...]) -> str:
-    """``"<what> A/B, not C"``: a container's choice of GPUs, for a refusal; long lists are
-    cut (``shown_names``: ``A/B/C and 4,997 more``), so that a refusal the same pod gets on
-    every node stays short and the same text (kube-scheduler writes one line per distinct
-    reason into the pod's status)."""
-    parts = [f"{what} {shown_names(wanted, '/')}"] * bool(wanted)
-    return ", ".join(parts + [f"not {shown_names(avoided, '/')}"] * bool(avoided))
-
-
-def _names_any(model: str, types: tuple[str, ...]) -> bool:
-    """Whether ``model`` contains one of ``types``, any case (HAMi's type match)."""
-    upper = model.upper()
-    return any(t.upper() in upper for t in types)
+def node_view(info: NodeInfo) -> NodeView:
+    """The view of node ``info`` that requests are resolved against: its GPUs, its memory unit
+    in MiB (``None`` for a node read through Alibaba's capacity fallback), what it serves and
+    its GPUs' UUIDs."""
+    unit = info.unit
+    return NodeView(info.node, unit.mib if unit is not None else None, info.serves, info.uuids)
