@@ -43,7 +43,7 @@ the preemptor which nodes refused the pod for want of GPU room now (kube-schedul
 asks the ``preempt`` verb about them when their totals fit).
 
 A pod whose memory is written in MiB or percent (gpu-manager's and HAMi's dialects) is resolved
-into each node's unit before its fit there (``gpushare.kube.codec.resolve``): filter, prioritize
+into each node's unit before its fit there (``gpushare.core.resolve``): filter, prioritize
 and bind place it as the equal pod in that unit; a node it cannot be resolved on (MiB on a node
 of unknown unit) can never take it, with the reason.
 

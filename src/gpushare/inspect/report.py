@@ -235,7 +235,7 @@ class NodeFit:
     text: str
     why: str = ""
     """The fixed reason when a GPU-share node refuses the pod before the fit (``fit`` is then
-    ``None``): ``NotOnNode.why`` of ``gpushare.kube.codec.resolve.on_node``."""
+    ``None``): ``NotOnNode.why`` of ``gpushare.core.resolve.on_node``."""
 
     @property
     def status(self) -> str:
