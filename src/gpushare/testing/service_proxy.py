@@ -4,7 +4,9 @@ kube-scheduler's extender configuration has one ``urlPrefix``; in a cluster it n
 extender's Service, and kube-proxy sends each new TCP connection to one of the ready endpoints.
 :class:`ServiceProxy` does the same on 127.0.0.1 for replicas running as processes of the test
 (no kube-proxy or endpoints controller runs here): it probes every backend's ``/readyz``
-every ``probe_period_s`` (the chart's readiness probe), and each accepted connection is piped,
+every ``probe_period_s``, each probe given ``probe_timeout_s``, and takes a backend out after
+``failure_threshold`` failed probes in a row (the chart's readiness probe: 1 s, 2 s, 3), back in
+after one success; each accepted connection is piped,
 byte for byte, to the next ready backend in turn; a backend that refuses the connection is
 skipped for that connection. Connections already open stay with their backend until either side
 closes them, as with kube-proxy.
@@ -17,12 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import threading
 from collections.abc import Sequence
 
 from gpushare.testing.controlplane import ControlPlaneError
 
 __all__ = ["ServiceProxy"]
+
+log = logging.getLogger(__name__)
 
 
 class ServiceProxy:
@@ -33,11 +38,16 @@ class ServiceProxy:
         backends: Sequence[tuple[str, int]],
         *,
         probe_period_s: float = 1.0,
+        probe_timeout_s: float = 2.0,
+        failure_threshold: int = 3,
         probe_path: str = "/readyz",
     ) -> None:
         self.backends = list(backends)
         self.probe_period_s = probe_period_s
+        self.probe_timeout_s = probe_timeout_s
+        self.failure_threshold = failure_threshold
         self.probe_path = probe_path
+        self._failures = dict.fromkeys(self.backends, failure_threshold)  # out until a success
         self.port = 0
         self.ready: list[tuple[str, int]] = []
         self.connections = 0
@@ -103,14 +113,23 @@ class ServiceProxy:
     async def _probe_forever(self) -> None:
         while True:
             results = await asyncio.gather(*(self._probe(b) for b in self.backends))
-            self.ready = [b for b, ok in zip(self.backends, results, strict=True) if ok]
+            for backend, ok in zip(self.backends, results, strict=True):
+                before = self._failures[backend] < self.failure_threshold
+                self._failures[backend] = 0 if ok else self._failures[backend] + 1
+                after = self._failures[backend] < self.failure_threshold
+                if before != after:
+                    log.warning(
+                        "service proxy: %s:%d %s", *backend,
+                        "ready" if after else f"not ready ({self.failure_threshold} failed probes)",
+                    )  # fmt: skip
+            self.ready = [b for b in self.backends if self._failures[b] < self.failure_threshold]
             await asyncio.sleep(self.probe_period_s)
 
     async def _probe(self, backend: tuple[str, int]) -> bool:
         host, port = backend
         writer: asyncio.StreamWriter | None = None
         try:
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(self.probe_timeout_s):
                 reader, writer = await asyncio.open_connection(host, port)
                 request = (
                     f"GET {self.probe_path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
@@ -141,6 +160,7 @@ class ServiceProxy:
                     continue
         finally:
             if upstream is None:  # no ready endpoint, or stopped meanwhile: refuse (close)
+                log.warning("service proxy: no ready backend for a new connection; closed")
                 client_w.close()
         if upstream is None:
             return
