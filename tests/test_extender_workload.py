@@ -17,10 +17,10 @@ from gpushare.extender.scheduler import Scheduler
 from gpushare.extender.scoring import default_workload, derived_gpu_unit
 from gpushare.extender.wire import ExtenderArgs, decode, encode
 from gpushare.extender.workload import AdaptiveFgd, WorkloadTracker, live_policy
-from gpushare.kube.codec import MemoryUnit, node_info, pod_request
+from gpushare.kube.codec import MemoryUnit, node_info
 from gpushare.kube.watch import Action, Change
 from gpushare.testing.core import pod_request as build_pod
-from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
+from gpushare.testing.extender import node_json, plain_request, pod_json, seed_bound_pods
 
 
 def _pod(key: str, share: int, count: int = 1) -> PodRequest:
@@ -107,7 +107,7 @@ def test_app_fgd_scores_with_the_cluster_workload() -> None:
     state.cluster.mark_synced()
     app = create_app(state, policy=policy, gpu_unit=16, expire_interval_s=None)
     assert app.state.scheduler.policy is policy
-    tracker.observe(pod_request(pod_json("p", 12)))
+    tracker.observe(plain_request(pod_json("p", 12)))
     assert _weights(tracker.workload()) == {TaskShape(0, 12, 1): 1.0}
 
 
@@ -128,7 +128,7 @@ def test_cached_scores_follow_a_new_workload() -> None:
     args = decode(body.encode(), ExtenderArgs, "prioritize")
     before = encode(long_lived.prioritize(args))  # fills the caches under the default M
     for i in range(8):
-        tracker.observe(pod_request(pod_json(f"six-{i}", 6)))
+        tracker.observe(plain_request(pod_json(f"six-{i}", 6)))
     fresh = Scheduler(state, AdaptiveFgd("fgd", tracker), UnwiredBinder())
     expected = encode(fresh.prioritize(args))
     assert expected != before  # the scenario really distinguishes the two workloads

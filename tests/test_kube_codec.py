@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpushare.core.ask import ContainerAsk
 from gpushare.core.model import Allocation, ContainerAllocation, ContainerRequest, Gpu, Node
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
@@ -189,7 +190,9 @@ def test_pod_request_key_and_requests_only() -> None:
     del pod["spec"]["containers"][0]["resources"]["limits"]
     request = pod_request(pod)
     assert request.key == "ml/p"
-    assert request.containers == (ContainerRequest("main", 4, 1),)
+    assert request.containers == (ContainerAsk("main", 4, 1),)
+    assert request.plain is not None
+    assert request.plain.containers == (ContainerRequest("main", 4, 1),)
 
 
 BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [

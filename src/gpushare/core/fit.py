@@ -56,7 +56,6 @@ class Reason(enum.StrEnum):
     INSUFFICIENT_GPU = "no GPU has enough free"
     INSUFFICIENT_COMPUTE = "no GPU has enough free compute"
     NO_UNUSED_GPU = "not enough GPUs that hold nothing for whole GPUs"
-    UNRESOLVED_REQUEST = "request not resolved for the node (memory unit, GPU types or UUIDs)"
     UNHEALTHY = "not enough healthy GPUs"
     HANDSHAKE = "an equal pod bound here awaits its device-plugin start"
 
@@ -161,8 +160,6 @@ def check_fit(state: NodeState, pod: PodRequest) -> FitResult:
 
     if gpu_containers and not gpus:
         return fail(FitStatus.CAN_NEVER_FIT, Reason.NO_GPUS, pod.gpu_total)
-    if not pod.resolved:  # an adapter's bug: it resolves a dialect's request per node
-        return fail(FitStatus.CAN_NEVER_FIT, Reason.UNRESOLVED_REQUEST, pod.gpu_total)
     for container in gpu_containers:
         allowed_capacity = (
             [gpu.capacity for p, gpu in enumerate(gpus) if container.allows_at(p, gpu.model)]

@@ -42,6 +42,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gpushare.core.ask import ContainerAsk, PodAsk
 from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.model import (
     GPU_COMPUTE_MILLI,
@@ -134,10 +135,12 @@ class PendingPod:
         return self.steps[0].units if self.steps else 0
 
 
-def steps_of(allocation: Allocation, containers: Sequence[ContainerRequest]) -> tuple[Step, ...]:
+def steps_of(
+    allocation: Allocation, containers: Sequence[ContainerRequest | ContainerAsk]
+) -> tuple[Step, ...]:
     """The steps of ``allocation`` for the pod's GPU ``containers`` (``PodRequest.
-    gpu_containers``, in spec order), each with the units kubelet passes for it
-    (``ContainerRequest.allocate_units``). ``ValueError`` when the containers' names and the
+    gpu_containers`` or ``PodAsk.gpu_containers``, in spec order), each with the units kubelet
+    passes for it (``allocate_units``). ``ValueError`` when the containers' names and the
     allocation's differ."""
     by_name = {c.container: c for c in allocation.containers}
     order = [c.name for c in containers]
@@ -160,11 +163,11 @@ def steps_of(allocation: Allocation, containers: Sequence[ContainerRequest]) -> 
 
 
 def pending_pod_of(
-    allocation: Allocation, request: PodRequest, assume_time_ns: int, done: int = 0
+    allocation: Allocation, request: PodRequest | PodAsk, assume_time_ns: int, done: int = 0
 ) -> PendingPod:
-    """The pending pod of ``request`` with ``allocation`` (``steps_of``), ``done`` steps
-    answered; its ``resource`` is the first GPU container's Allocate resource (a pod asks in
-    one dialect). ``ValueError`` as ``steps_of``."""
+    """The pending pod of ``request`` (the pod's request or ask) with ``allocation``
+    (``steps_of``), ``done`` steps answered; its ``resource`` is the first GPU container's
+    Allocate resource (a pod asks in one dialect). ``ValueError`` as ``steps_of``."""
     containers = request.gpu_containers
     resource = containers[0].allocate_resource if containers else ""
     return PendingPod(

@@ -83,12 +83,10 @@ class ContainerRequest:
     ``gpu_count > 0`` asks memory, compute or whole GPUs. ``allowed_models`` restricts the GPU
     models it may use; empty means any model.
 
-    ``memory_basis`` names what ``gpu_share`` counts when it is not the node's unit (empty, the
-    default): an adapter's label such as ``"MiB"`` or a percentage of the GPU, for a request
-    written in another system's dialect. The core never converts it: such a request is placed
-    only once the adapter has resolved it into the node's unit for one node
-    (``gpushare.kube.codec.resolve``); ``check_fit`` refuses it before that
-    (``PodRequest.resolved``).
+    It is always in the node's terms: memory in the node's unit, GPUs chosen by exact model and
+    position. A pod that asks memory in MiB or percent, or GPUs by type or UUID, is first a
+    ``gpushare.core.ask.PodAsk``, resolved into a ``PodRequest`` for one node by
+    ``gpushare.core.resolve``.
 
     ``allocate_resource`` and ``kubelet_units``: the extended resource kubelet's Allocate for
     this container comes on and the device IDs it passes there (the container's amount of that
@@ -96,15 +94,11 @@ class ContainerRequest:
     (``gpushare.core.handshake``). Empty and ``None`` (the defaults, and the simulator's): the
     node's memory resource, ``gpu_share × gpu_count`` units.
 
-    ``gpu_types`` and ``excluded_gpu_types``: GPU types the container may use or must avoid,
-    each a substring of the model, any case (HAMi's ``nvidia.com/use-gputype`` and
-    ``nouse-gputype``). Like ``memory_basis`` the core never reads them: the adapter turns them
-    into ``allowed_models`` for one node (``gpushare.kube.codec.resolve``), and ``check_fit``
-    refuses a request before that. ``gpu_uuids`` and ``excluded_gpu_uuids`` (HAMi's
-    ``nvidia.com/use-gpuuuid`` and ``nouse-gpuuuid``) are resolved the same way into
     ``allowed_positions``: the positions in ``Node.gpus`` of the GPUs the container may use on
-    that node (empty: any).
-    ``ValueError`` for anything else.
+    the node (empty: any), what GPUs named by UUID resolve to.
+
+    ``ValueError`` for amounts below 0, compute over one GPU, an exclusive container that asks
+    a share, and a GPU container that asks nothing (or another that asks something).
     """
 
     name: str
@@ -113,13 +107,8 @@ class ContainerRequest:
     allowed_models: frozenset[str] = frozenset()
     compute_milli: int = 0
     exclusive: bool = False
-    memory_basis: str = ""
     allocate_resource: str = ""
     kubelet_units: int | None = None
-    gpu_types: tuple[str, ...] = ()
-    excluded_gpu_types: tuple[str, ...] = ()
-    gpu_uuids: tuple[str, ...] = ()
-    excluded_gpu_uuids: tuple[str, ...] = ()
     allowed_positions: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
@@ -138,10 +127,6 @@ class ContainerRequest:
                 f"container {self.name}: an exclusive container asks whole GPUs only "
                 f"(gpu_count > 0, gpu_share and compute_milli 0), got {self.gpu_share} units, "
                 f"{self.compute_milli} compute_milli x {self.gpu_count}"
-            )
-        if self.memory_basis and not self.gpu_share:
-            raise ValueError(
-                f"container {self.name}: memory in {self.memory_basis} needs gpu_share > 0"
             )
         asks = self.gpu_share > 0 or self.compute_milli > 0 or self.exclusive
         if (self.gpu_count == 0) == asks:
@@ -167,14 +152,6 @@ class ContainerRequest:
         """Whether a GPU of ``model`` is acceptable to this container (by model alone:
         ``allows_at`` also checks ``allowed_positions``)."""
         return not self.allowed_models or model in self.allowed_models
-
-    @property
-    def names_gpus(self) -> bool:
-        """Whether it chooses GPUs by type or UUID (``gpu_types``, ``gpu_uuids`` or their
-        exclusions): to be resolved for one node into ``allowed_models``/``allowed_positions``."""
-        return bool(
-            self.gpu_types or self.excluded_gpu_types or self.gpu_uuids or self.excluded_gpu_uuids
-        )
 
     def allows_at(self, position: int, model: str) -> bool:
         """Whether the GPU at ``position`` of the node, of ``model``, is acceptable."""
@@ -204,11 +181,6 @@ class PodRequest:
     two_dimensional: bool = field(init=False, repr=False, compare=False)
     """Whether a container asks compute or whole GPUs (derived): the fit follows the second
     dimension only then."""
-    resolved: bool = field(init=False, repr=False, compare=False)
-    """Whether nothing in the request waits to be resolved for one node (derived): every
-    container's memory in the node's unit (no ``memory_basis``) and its GPUs chosen by exact
-    model and position (no ``gpu_types``, ``gpu_uuids`` or their exclusions). Only such a
-    request can be placed."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0:
@@ -219,20 +191,15 @@ class PodRequest:
         gpu: list[ContainerRequest] = []
         shapes: list[tuple[object, ...]] = []
         two_dimensional = False
-        resolved = True
         total = 0
         for c in self.containers:  # one pass: a pod is built for every one the API lists
             share, count = c.gpu_share, c.gpu_count
             if count > 0:
                 gpu.append(c)
             total += share * count
-            if c.memory_basis or c.names_gpus:
-                resolved = False
-            kind = c.memory_basis or c.exclusive  # a memory basis never comes with exclusive
             shapes.append((
-                share, count, c.allowed_models, c.compute_milli, kind, c.allocate_resource,
-                c.kubelet_units, c.gpu_types, c.excluded_gpu_types, c.gpu_uuids,
-                c.excluded_gpu_uuids, c.allowed_positions,
+                share, count, c.allowed_models, c.compute_milli, c.exclusive,
+                c.allocate_resource, c.kubelet_units, c.allowed_positions,
             ))  # fmt: skip
             two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
         setattr_ = object.__setattr__
@@ -240,7 +207,6 @@ class PodRequest:
         setattr_(self, "gpu_total", total)
         setattr_(self, "shape", (self.cpu_milli, self.memory_mib, tuple(shapes)))
         setattr_(self, "two_dimensional", two_dimensional)
-        setattr_(self, "resolved", resolved)
 
 
 @dataclass(frozen=True, slots=True)

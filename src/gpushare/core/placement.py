@@ -124,7 +124,7 @@ class Placer:
             possible &= self._cpu_free[nodes] >= pod.cpu_milli
         if pod.memory_mib > 0:
             possible &= self._memory_free[nodes] >= pod.memory_mib
-        if pod.gpu_containers and pod.resolved:
+        if pod.gpu_containers:
             share = max(c.gpu_share for c in pod.gpu_containers)
             if share > 0:
                 possible &= self._gpu_free_max[nodes] >= share

@@ -4,9 +4,10 @@ UUIDs as the node's GPUs (``resolve``); and the whole rule before any fit (``on_
 The adapter (``gpushare.kube.codec.pod_request``) reads memory written in another system's
 dialect as it is written: MiB (gpu-manager's ``vcuda-memory``, HAMi's ``gpumem``) or a
 percentage of each GPU (HAMi's ``gpumem-percentage``, and HAMi's default of the whole memory),
-recorded in ``ContainerRequest.memory_basis``. The core places only requests in the node's
-unit, so the extender resolves such a request against each candidate node before the fit (filter,
-prioritize) and against the chosen node at bind:
+recorded in ``ContainerAsk.memory_basis`` of the pod's ``gpushare.core.ask.PodAsk``. The core
+places only requests in the node's unit (``PodRequest``), so the extender resolves every ask
+against each candidate node before the fit (filter, prioritize) and against the chosen node at
+bind:
 
 * **MiB** on a MiB node: as written; on a GiB node: **rounded up** to whole GiB (4,097 MiB is
   5 GiB), so a container never gets less than it asked. A node whose unit is unknown (no
@@ -16,16 +17,16 @@ prioritize) and against the chosen node at bind:
   node whose GPUs differ in size a container may then fit only the larger ones: it never gets
   less than its share of the GPU it lands on.
 
-GPU types (HAMi's ``nvidia.com/use-gputype``/``nouse-gputype``, ``ContainerRequest.gpu_types``)
+GPU types (HAMi's ``nvidia.com/use-gputype``/``nouse-gputype``, ``ContainerAsk.gpu_types``)
 are resolved first: the node's GPU models that contain one of the types asked (any case) and
 none of those excluded become the container's ``allowed_models`` (within any it had); a node
 with none of them cannot take the pod (``NO_GPU_TYPE``), as HAMi's filter says. GPU UUIDs
-(``nvidia.com/use-gpuuuid``/``nouse-gpuuuid``, ``ContainerRequest.gpu_uuids``) then become the
+(``nvidia.com/use-gpuuuid``/``nouse-gpuuuid``, ``ContainerAsk.gpu_uuids``) then become the
 positions of the node's GPUs named (and not avoided), ``allowed_positions``; a node with none
 of them, or whose UUIDs are unknown (no inventory), cannot take it (``NO_GPU_UUID``).
 
-A request already in the node's unit (every ``aliyun.com/gpu-mem`` pod) is returned as it is,
-the same object.
+An ask already in the node's terms (every ``aliyun.com/gpu-mem`` pod) resolves to its
+``PodAsk.plain`` on every node, the same object.
 
 The node is seen through a :class:`NodeView` (its GPUs, its memory unit in MiB, what it serves,
 its GPUs' UUIDs; ``gpushare.kube.codec.resolve.node_view`` makes one from a ``NodeInfo``).
@@ -38,9 +39,10 @@ so they refuse the same pods with the same sentence.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
+from gpushare.core.ask import MIB_BASIS, PERCENT_BASIS, ContainerAsk, PodAsk
 from gpushare.core.model import ContainerRequest, Node, PodRequest
 from gpushare.core.serves import Serves, serves_refusal
 from gpushare.core.text import shown_names
@@ -58,10 +60,6 @@ __all__ = [
     "resolve",
 ]
 
-MIB_BASIS = "MiB"
-"""``ContainerRequest.memory_basis`` of memory asked in MiB."""
-PERCENT_BASIS = "% of the GPU"
-"""``ContainerRequest.memory_basis`` of memory asked in percent of each GPU's memory."""
 NOT_SERVED = "the node does not serve this kind of request"
 """``NotOnNode.why`` of a pod asking whole GPUs of a ``shared`` node, or a share of a ``whole``
 node (``gpushare.core.serves``)."""
@@ -100,77 +98,79 @@ class NotOnNode(NamedTuple):
     text: str
 
 
-def on_node(request: PodRequest, view: NodeView) -> PodRequest | NotOnNode:
-    """``request`` as the node of ``view`` can place it (module doc): ``NotOnNode`` when the
-    node does not serve its kind of request, else ``resolve``'s request in the node's unit, or
+def on_node(ask: PodAsk, view: NodeView) -> PodRequest | NotOnNode:
+    """``ask`` as the node of ``view`` can place it (module doc): ``NotOnNode`` when the node
+    does not serve its kind of request, else ``resolve``'s request in the node's terms, or
     ``NotOnNode`` with why not."""
-    refusal = serves_refusal(view.serves, request)
+    refusal = serves_refusal(view.serves, ask)
     if refusal:
         return NotOnNode(NOT_SERVED, refusal)
-    return resolve(request, view)
+    return resolve(ask, view)
 
 
-def resolve(request: PodRequest, view: NodeView) -> PodRequest | NotOnNode:
-    """``request`` with every container's GPU types and UUIDs resolved and its memory in the
-    node's unit (module doc), or why it cannot be on this node (``NO_GPU_TYPE``,
-    ``NO_GPU_UUID``, ``UNRESOLVED``). The same object when nothing is to resolve."""
-    if request.resolved:  # the common case
-        return request
+def resolve(ask: PodAsk, view: NodeView) -> PodRequest | NotOnNode:
+    """The ``PodRequest`` of ``ask`` on the node of ``view``: every container's GPU types and
+    UUIDs as the node's models and positions, its memory in the node's unit (module doc); or
+    why it cannot be on this node (``NO_GPU_TYPE``, ``NO_GPU_UUID``, ``UNRESOLVED``).
+    ``ask.plain`` (the same object) when nothing waits for a node."""
+    if ask.plain is not None:  # the common case
+        return ask.plain
+    containers: list[ContainerRequest] = []
+    for c in ask.containers:
+        resolved = c.plain if c.plain is not None else _container(c, view)
+        if isinstance(resolved, NotOnNode):
+            return resolved
+        containers.append(resolved)
+    return PodRequest(ask.key, tuple(containers), ask.cpu_milli, ask.memory_mib)
+
+
+def _container(c: ContainerAsk, view: NodeView) -> ContainerRequest | NotOnNode:
+    """The ``ContainerRequest`` of ``c`` on the node of ``view``: its GPU types, then its
+    UUIDs, then its memory (module doc), or why not."""
     node = view.node
-    chosen = _gpu_choice(request, node, view.uuids)
-    if isinstance(chosen, NotOnNode):
-        return chosen
-    containers: list[ContainerRequest] = []
-    for c in chosen.containers:
-        if not c.memory_basis:
-            containers.append(c)
-            continue
-        if c.memory_basis == MIB_BASIS:
-            if view.unit_mib is None:
-                return NotOnNode(UNRESOLVED, (
-                    f"container {c.name} asks GPU memory in MiB and the node's memory unit is "
-                    "unknown (no gpushare.io/gpu-inventory annotation)"
-                ))  # fmt: skip
-            share = -(-c.gpu_share // view.unit_mib)
-        else:
-            sizes = [
-                g.capacity for p, g in enumerate(node.gpus) if c.allows_at(p, g.model)
-            ] or node.capacities
-            if not sizes:
-                return NotOnNode(UNRESOLVED, "node has no GPUs")
-            share = -(-max(sizes) * c.gpu_share // 100)
-        containers.append(replace(c, gpu_share=share, memory_basis=""))
-    return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
-
-
-def _gpu_choice(request: PodRequest, node: Node, uuids: Sequence[str]) -> PodRequest | NotOnNode:
-    """``request`` with each container's GPU types and UUIDs (module doc) turned into the
-    ``allowed_models`` and ``allowed_positions`` of ``node``, whose GPUs have ``uuids`` by
-    position, or why no GPU of the node will do (``NO_GPU_TYPE``, ``NO_GPU_UUID``). The same
-    object when no container names a type or a UUID."""
-    if not any(c.names_gpus for c in request.containers):
-        return request
-    models = sorted({gpu.model for gpu in node.gpus})
-    containers: list[ContainerRequest] = []
-    for c in request.containers:
-        chosen: ContainerRequest | NotOnNode = c
-        if c.gpu_types or c.excluded_gpu_types:
-            chosen = _by_type(c, models)
-        if isinstance(chosen, ContainerRequest) and (chosen.gpu_uuids or chosen.excluded_gpu_uuids):
-            chosen = _by_uuid(chosen, node, uuids)
+    models = c.allowed_models
+    if c.gpu_types or c.excluded_gpu_types:
+        chosen = _by_type(c, sorted({gpu.model for gpu in node.gpus}))
         if isinstance(chosen, NotOnNode):
             return chosen
-        containers.append(chosen)
-    return PodRequest(request.key, tuple(containers), request.cpu_milli, request.memory_mib)
+        models = chosen
+    positions: frozenset[int] = frozenset()
+    if c.gpu_uuids or c.excluded_gpu_uuids:
+        found = _by_uuid(c, models, node, view.uuids)
+        if isinstance(found, NotOnNode):
+            return found
+        positions = found
+    share = c.gpu_share
+    if c.memory_basis == MIB_BASIS:
+        if view.unit_mib is None:
+            return NotOnNode(UNRESOLVED, (
+                f"container {c.name} asks GPU memory in MiB and the node's memory unit is "
+                "unknown (no gpushare.io/gpu-inventory annotation)"
+            ))  # fmt: skip
+        share = -(-c.gpu_share // view.unit_mib)
+    elif c.memory_basis == PERCENT_BASIS:
+        sizes = [
+            g.capacity for p, g in enumerate(node.gpus) if _allows(models, positions, p, g.model)
+        ] or node.capacities
+        if not sizes:
+            return NotOnNode(UNRESOLVED, "node has no GPUs")
+        share = -(-max(sizes) * c.gpu_share // 100)
+    return c.request(share, models, positions)
 
 
-def _by_type(c: ContainerRequest, models: list[str]) -> ContainerRequest | NotOnNode:
-    """``c`` with its GPU types turned into the ``allowed_models`` among the node's ``models``
-    (within any it had), or ``NO_GPU_TYPE``."""
+def _allows(models: frozenset[str], positions: frozenset[int], position: int, model: str) -> bool:
+    """Whether the GPU at ``position``, of ``model``, is among ``models`` and ``positions``
+    (each empty: any), as ``ContainerRequest.allows_at``."""
+    return (not models or model in models) and (not positions or position in positions)
+
+
+def _by_type(c: ContainerAsk, models: list[str]) -> frozenset[str] | NotOnNode:
+    """The node's ``models`` that ``c``'s GPU types choose (within the models it allows), or
+    ``NO_GPU_TYPE``."""
     allowed = [
         m for m in models
-        if c.allows(m) and _names_any(m, c.gpu_types or ("",))
-        and not _names_any(m, c.excluded_gpu_types)
+        if (not c.allowed_models or m in c.allowed_models)
+        and _names_any(m, c.gpu_types or ("",)) and not _names_any(m, c.excluded_gpu_types)
     ]  # fmt: skip
     if not allowed:
         asked = _choice("GPUs of type", c.gpu_types, c.excluded_gpu_types)
@@ -178,12 +178,14 @@ def _by_type(c: ContainerRequest, models: list[str]) -> ContainerRequest | NotOn
             f"container {c.name} asks {asked} (nvidia.com/use-gputype, nouse-gputype) "
             f"and the node's GPUs are {shown_names(sorted(set(models))) or 'none'}"
         ))  # fmt: skip
-    return replace(c, allowed_models=frozenset(allowed), gpu_types=(), excluded_gpu_types=())
+    return frozenset(allowed)
 
 
-def _by_uuid(c: ContainerRequest, node: Node, uuids: Sequence[str]) -> ContainerRequest | NotOnNode:
-    """``c`` with its GPU UUIDs turned into the ``allowed_positions`` of ``node`` (whose GPUs
-    have ``uuids`` by position; within the models it allows), or ``NO_GPU_UUID``."""
+def _by_uuid(
+    c: ContainerAsk, models: frozenset[str], node: Node, uuids: Sequence[str]
+) -> frozenset[int] | NotOnNode:
+    """The positions of the GPUs of ``node`` (whose GPUs have ``uuids`` by position) that
+    ``c``'s UUIDs choose, within ``models`` (empty: any), or ``NO_GPU_UUID``."""
     if len(uuids) != len(node.gpus) or not all(uuids):
         return NotOnNode(NO_GPU_UUID, (
             f"container {c.name} names GPUs by UUID (nvidia.com/use-gpuuuid, "
@@ -195,7 +197,7 @@ def _by_uuid(c: ContainerRequest, node: Node, uuids: Sequence[str]) -> Container
         p
         for p, uuid in enumerate(uuids)
         if (not wanted or uuid in wanted) and uuid not in avoided
-        and c.allows_at(p, node.gpus[p].model)
+        and (not models or node.gpus[p].model in models)
     )  # fmt: skip
     if not positions:
         asked = _choice("GPU", c.gpu_uuids, c.excluded_gpu_uuids)
@@ -203,7 +205,7 @@ def _by_uuid(c: ContainerRequest, node: Node, uuids: Sequence[str]) -> Container
             f"container {c.name} asks {asked} (nvidia.com/use-gpuuuid, nouse-gpuuuid) "
             f"and none of the node's {len(uuids)} GPUs is one of them"
         ))  # fmt: skip
-    return replace(c, allowed_positions=positions, gpu_uuids=(), excluded_gpu_uuids=())
+    return positions
 
 
 def _choice(what: str, wanted: tuple[str, ...], avoided: tuple[str, ...]) -> str:

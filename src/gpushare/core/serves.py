@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.model import PodRequest
 
 __all__ = ["Serves", "serves_refusal"]
@@ -25,8 +26,9 @@ class Serves(enum.StrEnum):
     BOTH = "both"
 
 
-def serves_refusal(serves: Serves, pod: PodRequest) -> str:
-    """Why a node serving ``serves`` refuses ``pod`` (``""`` when it does not): a pod asking
+def serves_refusal(serves: Serves, pod: PodRequest | PodAsk) -> str:
+    """Why a node serving ``serves`` refuses ``pod`` (a request or an ask, ``""`` when it does
+    not): a pod asking
     whole GPUs on a ``shared`` node, or a share of a GPU on a ``whole`` node."""
     if serves is Serves.BOTH:
         return ""

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.fit import Reason
 from gpushare.core.handshake import PinStatus, forced_fit, handshake_verdict
 from gpushare.core.model import Allocation, PodRequest
@@ -109,9 +110,10 @@ class BindVerb:
         self._decide = LoopLock()
 
     def _reserve(
-        self, key: str, pod: PodRequest, node: str, now_ns: int, priority: int = 0
+        self, key: str, ask: PodAsk, node: str, now_ns: int, priority: int = 0
     ) -> tuple[Allocation, NodeInfo] | str:
-        """Decide and assume the GPUs of ``pod`` on ``node``: the allocation and the node, or
+        """Decide and assume the GPUs of the pod that asks ``ask`` on ``node``: the allocation
+        and the node, or
         why not (the ledger then unchanged). Under the handshake rule, a pinned pod takes its
         pin's GPUs; the pod is then pending, assumed at ``now_ns``. Synchronous: nothing else
         runs in between."""
@@ -126,10 +128,9 @@ class BindVerb:
             return f"{UNKNOWN_NODE}: {node}"
         if not info.gpushare:
             return f"{not_gpushare(info)}: {node}"
-        placed = on_node(pod, node_view(info))
-        if isinstance(placed, NotOnNode):
-            return f"gpushare: pod {key} cannot be on node {node}: {placed.text}"
-        pod = placed
+        pod = on_node(ask, node_view(info))
+        if isinstance(pod, NotOnNode):
+            return f"gpushare: pod {key} cannot be on node {node}: {pod.text}"
         own = self._state.reservations.allocation(key)
         if own is not None and own.node == node and _matches(own, pod):
             return own, info  # a retry: the GPUs chosen before

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.model import PodRequest
 
 CACHE_LIMIT = 500_000
@@ -27,9 +28,10 @@ ShapeKey = tuple[object, ...]
 Value = TypeVar("Value")
 
 
-def shape_key(pod: PodRequest) -> ShapeKey:
-    """What a fit or a policy value depends on: the pod's shape and its container names (the
-    reasons name the container)."""
+def shape_key(pod: PodRequest | PodAsk) -> ShapeKey:
+    """What a fit or a policy value depends on: the shape of the pod's request (or of its ask,
+    which every node resolves alike) and its container names (the reasons name the
+    container)."""
     return (pod.shape, tuple(c.name for c in pod.containers))
 
 

@@ -54,6 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.model import Allocation, ContainerAllocation, NodeState, PodRequest
 from gpushare.core.preemption import (
     DEFAULT_MAX_CHECKS,
@@ -366,7 +367,7 @@ class Preemptor:
             self._read.clear()  # bounded: pods gone are forgotten now and then
         return residents
 
-    def plans(self, pod: Json, request: PodRequest, nodes: Iterable[str]) -> list[Preemption]:
+    def plans(self, pod: Json, request: PodAsk, nodes: Iterable[str]) -> list[Preemption]:
         """What preemption can do for ``pod`` (read as ``request``) on each of ``nodes``
         (unknown and non-GPU-share nodes left out); a node whose best set costs no less than
         one already found is ``COSTLIER`` (``best_preemption`` over them is the best)."""
@@ -401,7 +402,7 @@ class Preemptor:
 
     # -- filter: the nodes kube-scheduler will not send -------------------------------------
 
-    def unschedulable(self, pod: Json, request: PodRequest, refused: Sequence[str]) -> None:
+    def unschedulable(self, pod: Json, request: PodAsk, refused: Sequence[str]) -> None:
         """A filter passed no node for ``pod``; ``refused``: the nodes it refused for want of
         GPU room now (module doc). Cheap: the decision is made later."""
         key, uid = request.key, pod_uid(pod)
@@ -535,7 +536,7 @@ class Preemptor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _hold(self, pod: Json, request: PodRequest, best: Preemption, evictor: str) -> Hold:
+    def _hold(self, pod: Json, request: PodAsk, best: Preemption, evictor: str) -> Hold:
         """The hold that keeps ``best``'s GPUs for ``pod`` (module doc, "holds")."""
         now = self._wall()
         victims = [self.state.cluster.pod(v) for v in best.victims]
@@ -581,7 +582,7 @@ class Preemptor:
                 self._end(other, "superseded")
         return True
 
-    async def _preempt_on(self, pod: Json, request: PodRequest, chosen: Preemption) -> None:
+    async def _preempt_on(self, pod: Json, request: PodAsk, chosen: Preemption) -> None:
         """The extender's own preemption of ``pod`` on ``chosen.node`` (module doc): decided
         again on the state now, every eviction dry-run first, the hold recorded, then the
         victims evicted."""

@@ -63,6 +63,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
@@ -257,7 +258,7 @@ class Scheduler:
             own = self.state.reservations.allocation(pod.key)
             priority = pod_priority(args.pod)
             if names_mode and own is None:  # kept per node until it changes (module doc)
-                outcome = functools.partial(self._outcome, pod=pod, own=None, priority=priority)
+                outcome = functools.partial(self._outcome, ask=pod, own=None, priority=priority)
                 verdicts = self._verdicts.values(shape_key(pod), names, self._version, outcome)
             else:
                 verdicts = [self._outcome(name, pod, own, priority) for name in names]
@@ -307,18 +308,18 @@ class Scheduler:
         return [HostPriority(name, scores[name]) for name in names]
 
     def _outcome(
-        self, name: str, pod: PodRequest, own: Allocation | None, priority: int = 0
+        self, name: str, ask: PodAsk, own: Allocation | None, priority: int = 0
     ) -> Verdict:
-        """The filter's verdict on node ``name``: ``FITS``, ``DOES_NOT_FIT_NOW`` with the
-        reason (``held`` when the handshake rule refused it) or ``CAN_NEVER_FIT`` with the
-        reason (also for an unknown or non-GPU-share node)."""
+        """The filter's verdict on node ``name`` for the pod that asks ``ask``: ``FITS``,
+        ``DOES_NOT_FIT_NOW`` with the reason (``held`` when the handshake rule refused it) or
+        ``CAN_NEVER_FIT`` with the reason (also for an unknown or non-GPU-share node)."""
         info = self.state.cluster.node(name)
+        result = None
         if info is not None and info.gpushare:
-            placed = on_node(pod, node_view(info))
-            if isinstance(placed, NotOnNode):
-                return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {placed.text}")
-            pod = placed
-        result = self._fit(name, pod, own, priority) if info is not None and info.gpushare else None
+            pod = on_node(ask, node_view(info))
+            if isinstance(pod, NotOnNode):
+                return Verdict(FitStatus.CAN_NEVER_FIT, f"gpushare: {pod.text}")
+            result = self._fit(name, pod, own, priority)
         if info is None or result is None:
             why = UNKNOWN_NODE if info is None else not_gpushare(info)
             return Verdict(FitStatus.CAN_NEVER_FIT, why)
@@ -326,7 +327,7 @@ class Scheduler:
             return Verdict(FitStatus.FITS)
         why = (
             f"gpushare: {describe_fit(result, info)}{skipped_note(self.state, name)}"
-            f"{self._hold_note(name, pod.key, priority)}"
+            f"{self._hold_note(name, ask.key, priority)}"
         )
         return Verdict(result.status, why, held=result.reason is Reason.HANDSHAKE)
 
@@ -338,16 +339,17 @@ class Scheduler:
         return hold_note(self.preemptor.holds.on(name), key, priority, self.preemptor.now())
 
     def _node_value(
-        self, name: str, pod: PodRequest, own: Allocation | None, priority: int = 0
+        self, name: str, ask: PodAsk, own: Allocation | None, priority: int = 0
     ) -> float | None:
-        """The policy's value of node ``name`` for ``pod``, or ``None`` where it does not fit
-        (or does not serve the pod's kind of request)."""
+        """The policy's value of node ``name`` for the pod that asks ``ask``, or ``None`` where
+        it does not fit (or the node is unknown, or does not serve the pod's kind of
+        request)."""
         info = self.state.cluster.node(name)
-        if info is not None:
-            placed = on_node(pod, node_view(info))
-            if isinstance(placed, NotOnNode):
-                return None
-            pod = placed
+        if info is None:
+            return None
+        pod = on_node(ask, node_view(info))
+        if isinstance(pod, NotOnNode):
+            return None
         result = self._fit(name, pod, own, priority)
         state = self._view(name, pod, priority)
         if result is not None and result.fits and state is not None:
@@ -355,7 +357,7 @@ class Scheduler:
         return None
 
     def _prioritize_memoised(
-        self, names: list[str], pod: PodRequest, priority: int
+        self, names: list[str], pod: PodAsk, priority: int
     ) -> list[HostPriority]:
         """``prioritize`` of a GPU pod holding nothing under a deterministic policy: the same
         scores as the loop, each node's value kept until its ``version`` changes."""

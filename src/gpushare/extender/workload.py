@@ -116,14 +116,14 @@ class WorkloadTracker:
         except (CodecError, ValueError) as error:
             log.debug("pod %s left out of the target workload: %s", change.key, error)
             return
-        if not request.resolved:  # MiB, percent, GPU types or UUIDs: its shape is the node's
+        if request.plain is None:  # MiB, percent, GPU types or UUIDs: its shape is the node's
             log.debug(
                 "pod %s left out of the target workload: resolved per node (memory in MiB or "
                 "%%, GPU types or UUIDs)",
                 change.key,
             )
             return
-        self.observe(request)
+        self.observe(request.plain)
 
     def _check_unit(self, *, force: bool = False) -> None:
         """Derive ``gpu_unit`` again when it is derived and due (module doc)."""

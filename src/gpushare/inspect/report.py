@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
@@ -350,7 +351,7 @@ class _Book:
     without a record, and pods whose allocation cannot be read (they block the node)."""
 
     placed: list[tuple[Allocation, bool]] = field(default_factory=list)
-    unplaced: list[PodRequest] = field(default_factory=list)
+    unplaced: list[PodAsk] = field(default_factory=list)
     blocked: list[SkippedPod] = field(default_factory=list)
 
 
@@ -365,7 +366,7 @@ class PodRead:
 
     bound: str | None
     finished: bool = False
-    request: PodRequest | None = None
+    request: PodAsk | None = None
     allocation: Allocation | None = None
     waiting: PendingPod | None = None
     assigned: bool = False
@@ -531,7 +532,7 @@ def build_report(
 
     books: dict[str, _Book] = {}
     pins: dict[str, list[PendingPod]] = {}
-    unbound: list[tuple[str, PodRequest, int]] = []
+    unbound: list[tuple[str, PodAsk, int]] = []
     reads: Iterable[PodRead]
     if node is None:
         reads = (reader or SnapshotReader()).read_all(snapshot.pods)
@@ -721,7 +722,7 @@ def _node_report(
 
 def _pending_report(
     key: str,
-    request: PodRequest,
+    request: PodAsk,
     candidates: list[NodeReport],
     states: Mapping[str, NodeState],
     pending: Mapping[str, Sequence[PendingPod]],

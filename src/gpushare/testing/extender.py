@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.model import Allocation, ContainerAllocation, PodRequest
 from gpushare.core.preemption import Hold
 from gpushare.extender.bindapi import BindEvent, Binding
 from gpushare.extender.state import ExtenderState
@@ -31,6 +31,7 @@ from gpushare.kube.codec import (
     GPUSHARE_LABEL,
     MemoryUnit,
     allocation_annotations,
+    pod_request,
 )
 from gpushare.kube.evictions import Eviction, EvictionOutcome
 from gpushare.kube.refs import PodRef
@@ -122,6 +123,15 @@ def pod_json(
     if started is not None:
         status["startTime"] = started
     return {"metadata": metadata, "spec": spec, "status": status}
+
+
+def plain_request(pod: Mapping[str, Any]) -> PodRequest:
+    """The ``PodRequest`` that ``pod`` (an ``aliyun.com/gpu-mem`` pod, ``pod_json``) asks on
+    every node: the codec's ask, which needs no node to resolve. ``AssertionError`` for a pod
+    whose ask waits for a node (memory in MiB or percent, GPUs by type or UUID)."""
+    ask = pod_request(dict(pod))
+    assert ask.plain is not None, f"pod {ask.key} is resolved per node"
+    return ask.plain
 
 
 def bound_pod(

@@ -25,8 +25,9 @@ for it on a GPU nobody placed):
 * Other systems' dialects (``dialects``): gpu-manager's ``tencent.com/vcuda-core`` and
   ``vcuda-memory``, its fork's ``nvidia.com/vcuda-*``, HAMi's ``nvidia.com/gpu``, ``gpumem``,
   ``gpumem-percentage``, ``gpucores``, Alibaba cloud's ``aliyun.com/gpu-core.percentage``.
-  Memory they write in MiB or percent stays so (``ContainerRequest.memory_basis``) until
-  ``resolve`` puts it in one node's unit. A pod whose GPU containers use two dialects is
+  Memory they write in MiB or percent stays so (``pod_request`` returns a
+  ``gpushare.core.ask.PodAsk``; ``ContainerAsk.memory_basis``) until ``resolve`` puts it in
+  one node's unit. A pod whose GPU containers use two dialects is
   refused. docs/compute.md.
 
 **What a pod got** (written at bind, read back on every watch event and on restart):

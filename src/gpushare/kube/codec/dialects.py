@@ -52,9 +52,9 @@ HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
 HAMI_SELECTION = (HAMI_USE_TYPE, HAMI_NOUSE_TYPE, HAMI_USE_UUID, HAMI_NOUSE_UUID)
 """HAMi's pod annotations choosing and avoiding GPUs for every GPU container of the pod,
 comma-separated: types (substrings of the GPU model, any case: ``"A100,V100"``) and UUIDs
-(exact, ``"GPU-8a1e..."``); read by ``pod_request`` into ``ContainerRequest.gpu_types``,
+(exact, ``"GPU-8a1e..."``); read by ``pod_request`` into ``ContainerAsk.gpu_types``,
 ``excluded_gpu_types``, ``gpu_uuids`` and ``excluded_gpu_uuids``, resolved per node
-(``gpushare.kube.codec.resolve``). HAMi's ``hami.io/gpu-scheduler-policy`` and
+(``gpushare.core.resolve``). HAMi's ``hami.io/gpu-scheduler-policy`` and
 ``hami.io/node-scheduler-policy`` are preferences and are ignored: gpushare's policy places."""
 TENCENT_BLOCK_MIB = 256
 """One ``tencent.com/vcuda-memory`` unit (gpu-manager's ``MemoryBlockSize``, 256 MiB)."""

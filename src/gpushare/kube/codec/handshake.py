@@ -15,8 +15,9 @@ A pod with a recorded allocation and ``ASSIGNED`` not ``"true"`` is *pending*: a
 
 from __future__ import annotations
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.handshake import PendingPod, pending_pod_of
-from gpushare.core.model import Allocation, PodRequest
+from gpushare.core.model import Allocation
 from gpushare.kube.codec.common import (
     ALIYUN_ASSIGNED,
     CodecError,
@@ -62,7 +63,7 @@ def pending_pod(pod: Json, allocation: Allocation | _Unread | None = UNREAD) -> 
 
 def pending_of(
     key: str,
-    request: PodRequest,
+    request: PodAsk,
     annotations: Json,
     allocation: Allocation | None,
     alibaba: AlibabaAnnotations,
@@ -78,7 +79,7 @@ def pending_of(
 
 def _pending(
     key: str,
-    request: PodRequest,
+    request: PodAsk,
     annotations: Json,
     allocation: Allocation,
     alibaba: AlibabaAnnotations,

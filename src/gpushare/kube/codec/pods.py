@@ -12,13 +12,12 @@ from typing import Annotated, Any
 
 import msgspec
 
+from gpushare.core.ask import ContainerAsk, PodAsk
 from gpushare.core.model import (
     GPU_COMPUTE_MILLI,
     Allocation,
     ContainerAllocation,
-    ContainerRequest,
     Node,
-    PodRequest,
 )
 from gpushare.kube.codec.common import (
     ALIYUN_ASSIGNED,
@@ -48,6 +47,7 @@ from gpushare.kube.codec.dialects import (
     HAMI_SELECTION,
     Dialect,
     GpuAsk,
+    MemoryBasis,
     container_ask,
 )
 
@@ -206,8 +206,10 @@ def _refuse_init_containers(spec: Json, subject: str) -> None:
                 )  # fmt: skip
 
 
-def pod_request(pod: Json) -> PodRequest:
-    """What ``pod`` asks (package doc): its ``spec.containers``, in order; init containers are
+def pod_request(pod: Json) -> PodAsk:
+    """What ``pod`` asks as written (package doc), a ``PodAsk`` that
+    ``gpushare.core.resolve.resolve`` turns into one node's ``PodRequest``: its
+    ``spec.containers``, in order; init containers are
     not placed, and one that asks a GPU is refused (``CodecError`` with
     :data:`INIT_CONTAINER_REFUSAL`). CPU and memory are left 0 (kube-scheduler's job).
     ``CodecError`` on garbage."""
@@ -217,7 +219,7 @@ def pod_request(pod: Json) -> PodRequest:
     return request_of(key, spec, annotations_of(pod, subject))
 
 
-def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
+def request_of(key: str, spec: Json, annotations: Json) -> PodAsk:
     """``pod_request`` of the pod ``key`` whose ``spec`` and ``metadata.annotations`` (values
     checked to be strings) the caller has read. ``CodecError`` on garbage."""
     subject = f"pod {key}"
@@ -289,14 +291,14 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
             )  # fmt: skip
         allowed = models.get(name, _ANY)
         if not total:
-            containers.append(ContainerRequest(name, 0, 0, allowed))
+            containers.append(ContainerAsk(name, 0, 0, allowed))
         elif exclusive.get(name):  # kubelet still passes the gpu-mem the spec names
             containers.append(
-                ContainerRequest(name, 0, count, allowed, exclusive=True, kubelet_units=total)
+                ContainerAsk(name, 0, count, allowed, exclusive=True, kubelet_units=total)
             )
         else:  # with aliyun.com/gpu-core.percentage, Alibaba's cloud: a compute share
             compute_milli = ask.compute_milli if ask is not None else 0
-            containers.append(ContainerRequest(name, total // count, count, allowed, compute_milli))
+            containers.append(ContainerAsk(name, total // count, count, allowed, compute_milli))
     if selection:
         use_types, avoid_types, use_uuids, avoid_uuids = selection
         containers = [
@@ -308,7 +310,7 @@ def request_of(key: str, spec: Json, annotations: Json) -> PodRequest:
             else c
             for c in containers
         ]  # fmt: skip
-    return PodRequest(key, tuple(containers))
+    return PodAsk(key, tuple(containers))
 
 
 def _named_list(annotations: Json, key: str, subject: str) -> tuple[str, ...]:
@@ -326,17 +328,18 @@ def _named_list(annotations: Json, key: str, subject: str) -> tuple[str, ...]:
     return names
 
 
-def _dialect_container(name: str, ask: GpuAsk, allowed: frozenset[str]) -> ContainerRequest:
-    """The ``ContainerRequest`` of a gpu-manager or HAMi ask: whole GPUs, or memory in MiB or
-    percent (``memory_basis``, resolved per node by ``gpushare.kube.codec.resolve``), with the
+def _dialect_container(name: str, ask: GpuAsk, allowed: frozenset[str]) -> ContainerAsk:
+    """The ``ContainerAsk`` of a gpu-manager or HAMi ask: whole GPUs, or memory in MiB or
+    percent (``memory_basis``, resolved per node by ``gpushare.core.resolve``), with the
     dialect's Allocate resource and the units kubelet passes there."""
     if ask.exclusive:
-        return ContainerRequest(
+        return ContainerAsk(
             name, 0, ask.gpu_count, allowed, exclusive=True,
             allocate_resource=ask.allocate_resource, kubelet_units=ask.kubelet_units,
         )  # fmt: skip
-    return ContainerRequest(
-        name, ask.memory, ask.gpu_count, allowed, ask.compute_milli, memory_basis=ask.memory_basis,
+    basis = "" if ask.memory_basis is MemoryBasis.NODE_UNITS else str(ask.memory_basis)
+    return ContainerAsk(
+        name, ask.memory, ask.gpu_count, allowed, ask.compute_milli, memory_basis=basis,
         allocate_resource=ask.allocate_resource, kubelet_units=ask.kubelet_units,
     )  # fmt: skip
 
@@ -491,7 +494,7 @@ def allocation_of(
     key: str,
     annotations: Json,
     bound: str | None,
-    request: PodRequest,
+    request: PodAsk,
     alibaba: AlibabaAnnotations,
 ) -> Allocation | None:
     """``pod_allocation`` of the pod ``key`` from what the caller has read: its
@@ -501,7 +504,7 @@ def allocation_of(
     if ALLOCATION not in annotations and ALIYUN_IDX not in annotations:
         return None
     subject = f"pod {key}"
-    asked: dict[str, ContainerRequest] = {}
+    asked: dict[str, ContainerAsk] = {}
     wanted: dict[str, _Got] = {}
     for c in request.gpu_containers:
         asked[c.name], wanted[c.name] = c, _wanted(c)
@@ -518,7 +521,7 @@ def allocation_of(
             if name in wanted and wanted[name][0] is None:
                 got[name] = (None, count, compute, whole)  # the share is the node's to say
         if got != wanted:
-            plain = request.resolved and not request.two_dimensional
+            plain = request.plain is not None and not request.two_dimensional
             shown: dict[str, tuple[object, ...]] = (
                 {n: g[:2] for n, g in got.items()} if plain else dict(got)
             )
@@ -541,7 +544,7 @@ def allocation_of(
             raise CodecError(
                 subject, ALIYUN_IDX, index, "pod asks several GPUs", f"annotation {ALLOCATION}"
             )
-        if not request.resolved or any(c.exclusive for c in asked.values()):
+        if request.plain is None or any(c.exclusive for c in asked.values()):
             raise CodecError(
                 subject, ALIYUN_IDX, index, "pod asks whole GPUs, memory in MiB or percent, "
                 "or GPUs by type or UUID",
@@ -557,7 +560,7 @@ def allocation_of(
     return Allocation(key, node, containers)
 
 
-def _wanted(c: ContainerRequest) -> _Got:
+def _wanted(c: ContainerAsk) -> _Got:
     """What container ``c`` must have got (``_Got``): a whole GPU is recorded at its capacity
     and all its compute; memory in MiB or percent at what it resolved to on the node."""
     if c.exclusive:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpushare.core.ask import PodAsk
 from gpushare.core.handshake import PendingPod
-from gpushare.core.model import Allocation, PodRequest
+from gpushare.core.model import Allocation
 from gpushare.kube.codec.common import CodecError, Json, annotations_of
 from gpushare.kube.codec.fields import pod_node_name
 from gpushare.kube.codec.handshake import pending_of
@@ -46,7 +47,7 @@ class PodRecord:
 
     key: str
     bound: str | None
-    request: PodRequest
+    request: PodAsk
     alibaba: AlibabaAnnotations
     allocation: Allocation | None
     pending: PendingPod | None
