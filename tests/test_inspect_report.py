@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.fit import FitStatus, Reason
+from gpushare.core.model import ContainerAllocation
 from gpushare.core.skipped import SkipKind
 from gpushare.inspect import Report, Snapshot, build_report
 from gpushare.inspect import report as report_module
@@ -30,6 +31,7 @@ from gpushare.kube.codec import (
     MemoryUnit,
     node_info,
 )
+from gpushare.testing.dialects import bound_dialect_pod, dialect_pod_json
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
 from gpushare.testing.nodes import FakeGpu
 from gpushare.testing.pods import bound_gpu_pod
@@ -212,8 +214,9 @@ def test_a_pod_on_a_gpu_index_the_node_lacks_is_charged_on_every_gpu_and_is_a_pr
         "default/ghost", SkipKind.UNKNOWN_GPU, ((0, 4), (1, 4)), ((7, 4),)
     )  # fmt: skip
     assert r.problems == (
-        "pod default/ghost on node n1: allocation names a GPU the node does not have: GPU 7; "
-        "the node has GPUs 0, 1; counted as 4 on GPU 0, 4 on GPU 1",
+        "pod default/ghost on node n1: allocation names a GPU the node does not have: node has "
+        "no such GPU; GPU 7; requested 4; free/capacity per GPU 8/16, 16/16; counted as 4 on "
+        "GPU 0, 4 on GPU 1",
     )
 
 
@@ -275,15 +278,57 @@ def test_a_node_that_lost_its_label_but_holds_a_pod_is_shown_and_marked() -> Non
 
 
 @pytest.mark.parametrize("rows", [True, False], ids=["with pod rows", "without pod rows"])
-def test_an_overcommitted_gpu_is_a_problem_naming_its_pods_in_order(rows: bool) -> None:
+def test_a_record_over_capacity_is_skipped_in_the_order_a_restarted_extender_commits(
+    rows: bool,
+) -> None:
+    """Two bound pods whose records overcommit a GPU: the ledger records them by namespace and
+    name, as a restarted extender commits the API server's list, so ``a`` is allocated and
+    ``b`` skipped, charged where it says it is: the GPU is never allocated above capacity."""
     n = node("n1", [16])
     pods = [bound("b", n, [("main", (0,), 8)]), bound("a", n, [("main", (0,), 12)])]
     r = build_report(Snapshot((n,), tuple(pods)), pod_rows=rows)
-    assert (r.nodes[0].gpus[0].allocated, r.nodes[0].gpus[0].free) == (20, 0)
+    (gpu,) = r.nodes[0].gpus
+    assert (gpu.allocated, gpu.free) == (12, 0)
+    assert [(s.pod, s.kind, s.charges) for s in r.nodes[0].skipped] == [
+        ("default/b", SkipKind.OVER_CAPACITY, ((0, 8),))
+    ]
     assert r.problems == (
-        "node n1 GPU 0: allocated 20 above its capacity 16 (GiB; pods default/a, default/b)",
+        "pod default/b on node n1: allocation does not fit the GPU: not enough free on the GPU; "
+        "GPU 0; requested 8; available 4; free/capacity per GPU 4/16; counted as 8 on GPU 0",
     )
-    assert len(r.nodes[0].pods) == (2 if rows else 0)
+    assert [p.name for p in r.nodes[0].pods] == (["a"] if rows else [])
+
+
+def test_records_that_break_whole_gpus_or_compute_are_skipped_as_the_extender_skips_them() -> None:
+    """What the ledger refuses besides memory: a share beside a GPU held whole, and compute
+    above one GPU. The report does not sum them in: it skips them, like the extender."""
+    n = node("n1", [16, 16])
+    on_n = node_info(n).node
+
+    def hami(name: str, limits: dict[str, int], got: ContainerAllocation) -> Json:
+        pod = dialect_pod_json(name, {"main": limits}, namespace="default")
+        return bound_dialect_pod(pod, on_n, [got])
+
+    pods = [
+        hami("a-whole", {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100},
+             ContainerAllocation("main", (0,), 16, 1000, exclusive=True)),
+        bound("b-beside", n, [("main", (0,), 2)]),
+        hami("c-compute", {"nvidia.com/gpumem": 2048, "nvidia.com/gpucores": 70},
+             ContainerAllocation("main", (1,), 2, 700)),
+        hami("d-compute", {"nvidia.com/gpumem": 2048, "nvidia.com/gpucores": 40},
+             ContainerAllocation("main", (1,), 2, 400)),
+    ]  # fmt: skip
+    r = build_report(Snapshot((n,), tuple(pods)))
+    (n1,) = r.nodes
+    assert [(g.allocated, g.compute_milli, g.whole) for g in n1.gpus] == [
+        (16, 1000, True), (2, 700, False),
+    ]  # fmt: skip
+    assert [(s.pod, s.kind) for s in n1.skipped] == [
+        ("default/b-beside", SkipKind.OVER_CAPACITY), ("default/d-compute", SkipKind.OVER_CAPACITY),
+    ]  # fmt: skip
+    assert [p.split(":")[0] for p in r.problems] == [
+        "pod default/b-beside on node n1", "pod default/d-compute on node n1",
+    ]  # fmt: skip
 
 
 def test_a_pod_that_fits_now_is_pending_with_the_nodes_it_fits_on() -> None:

@@ -27,6 +27,11 @@ A whole-node block needs no compute: no GPU of the node has memory free.
 
 Units a *recorded* allocation holds on a GPU index the node no longer has (the node shrank
 under it) are charged to every GPU too (``charged``). Amounts are in the node's unit.
+
+Which bound pods are recorded is the ledger's to say (``gpushare.core.ledger.Ledger.apply``,
+unhealthy GPUs allowed: a bound pod holds them whatever their health); ``record_bound`` is
+that rule for one pod, and ``refused_by`` turns the ledger's refusal into the skipped pod:
+the extender's watch and the inspect report both count with them.
 """
 
 from __future__ import annotations
@@ -35,9 +40,19 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from gpushare.core.ledger import Ledger, LedgerResult
 from gpushare.core.model import Allocation, Node, NodeState
 
-__all__ = ["SkipKind", "SkippedPod", "charged", "held", "refused", "unreadable"]
+__all__ = [
+    "SkipKind",
+    "SkippedPod",
+    "charged",
+    "held",
+    "record_bound",
+    "refused",
+    "refused_by",
+    "unreadable",
+]
 
 
 class SkipKind(enum.StrEnum):
@@ -104,6 +119,21 @@ def refused(allocation: Allocation, node: Node, reason: str) -> SkippedPod:
         missing=missing,
         compute_charges=_spread(allocation.per_gpu_compute(), indices),
     )
+
+
+def refused_by(allocation: Allocation, node: Node, result: LedgerResult) -> SkippedPod:
+    """``refused`` with the ledger's rejection ``result`` of ``allocation`` as the reason (its
+    ``describe`` without the leading ``pod ... on node ...:``)."""
+    reason = result.describe().partition(f" on node {allocation.node}: ")[2]
+    return refused(allocation, node, reason)
+
+
+def record_bound(ledger: Ledger, allocation: Allocation, node: Node) -> SkippedPod | None:
+    """Record the ``allocation`` of a pod bound to ``node`` in ``ledger`` (which knows the
+    node): ``Ledger.apply`` with unhealthy GPUs allowed; ``None`` when recorded, else the
+    skipped pod it is charged as (``refused_by``; the ledger unchanged)."""
+    result = ledger.apply(allocation, allow_unhealthy=True)
+    return None if result.ok else refused_by(allocation, node, result)
 
 
 def _spread(amounts: dict[int, int], indices: list[int]) -> tuple[tuple[int, int], ...]:

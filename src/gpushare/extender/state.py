@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 from gpushare.core.ledger import LedgerOutcome, LedgerResult
 from gpushare.core.model import Allocation, Node, NodeState
-from gpushare.core.skipped import SkipKind, SkippedPod, charged, refused, unreadable
+from gpushare.core.skipped import SkipKind, SkippedPod, charged, refused_by, unreadable
 from gpushare.extender.cluster import ClusterView
 from gpushare.extender.reservations import (
     DEFAULT_ASSUME_TTL_S,
@@ -197,9 +197,7 @@ class ExtenderState:
         """What a bound pod whose allocation the ledger refused is charged with."""
         info = self.cluster.node(allocation.node)
         node = info.node if info is not None else Node(allocation.node, ())
-        return refused(
-            allocation, node, result.describe().partition(f" on node {allocation.node}: ")[2]
-        )
+        return refused_by(allocation, node, result)
 
     def forget_pod(self, key: str) -> Allocation | None:
         """Pod ``namespace/name`` is gone (watch ``DELETED``) or finished: drop it and release

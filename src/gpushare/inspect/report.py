@@ -19,10 +19,15 @@ device-plugin handshake rule), so the reasons are the extender's.
     but the device plugin has not started it yet (``GpuReport.assumed``, ``PodReport.assigned``);
   - *bound without a record* (bound around the extender) hold memory in kube-scheduler's count
     but no GPU: they count in the node's ``unplaced`` (Alibaba's ``PENDING(Allocated)``);
-  - *bound with a record that names a GPU index the node lacks or cannot be read* are
-    *skipped pods* (``NodeReport.skipped``), charged as the extender charges them
-    (``gpushare.core.skipped``): on every GPU of the node, or the whole node blocked. The
-    charges lower the GPUs' ``free`` and the fit of pending pods, not ``allocated``;
+  - the records are counted as the extender counts them: each node's in a ledger
+    (``gpushare.core.ledger``, through ``gpushare.core.skipped.record_bound``), in the order a
+    restarted extender commits them (the API server lists pods by namespace, then name);
+  - *bound with a record the ledger refuses* (over a GPU's memory or compute, beside a GPU held
+    whole, on a GPU index the node lacks) *or that cannot be read* are *skipped pods*
+    (``NodeReport.skipped``), charged as the extender charges them
+    (``gpushare.core.skipped``): on the GPUs they name (every GPU for an index the node
+    lacks), or the whole node blocked. The charges lower the GPUs' ``free`` and the fit of
+    pending pods, not ``allocated``;
   - *not bound* are pending: ``handshake_fit`` on every GPU-share node (only the ``node`` given, if
     any) says why they do not fit, with the numbers, the GPUs held for preemptors of at least
     their priority counted (``gpushare.core.preemption.with_holds``, as the extender counts
@@ -35,9 +40,9 @@ device-plugin handshake rule), so the reasons are the extender's.
 * **Amounts** are integers in the node's unit; totals are summed per unit (``UnitTotal``), since
   GiB and MiB nodes may share a cluster.
 * **Problems**: an object the codec cannot read (``CodecError``), a pod on a node missing from
-  the snapshot, a skipped pod (``SkippedPod.describe``: why, and what it is counted as), a GPU
-  allocated above its capacity: one line each, naming the object; the rest of the report is
-  still built.
+  the snapshot, a skipped pod (``SkippedPod.describe``: why, and what it is counted as): one
+  line each, naming the object; the rest of the report is still built. No GPU is ever
+  allocated above its capacity: the ledger refuses the record that would put it there.
 """
 
 from __future__ import annotations
@@ -49,10 +54,11 @@ from typing import Any, TypeVar
 from gpushare.core.ask import PodAsk
 from gpushare.core.fit import FitResult, FitStatus
 from gpushare.core.handshake import PendingPod, handshake_fit
+from gpushare.core.ledger import Ledger
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.preemption import Hold, with_holds
 from gpushare.core.serves import Serves
-from gpushare.core.skipped import SkippedPod, charged, refused, unreadable
+from gpushare.core.skipped import SkippedPod, charged, record_bound, unreadable
 from gpushare.kube.codec import (
     CodecError,
     MemoryUnit,
@@ -640,34 +646,27 @@ def _hold_reports(
 def _node_report(
     info: NodeInfo, address: str | None, book: _Book, problems: list[str], pod_rows: bool
 ) -> tuple[NodeReport, NodeState]:
+    """The report of node ``info`` and its state as the extender counts it: the placed pods'
+    allocations recorded in a ledger of the node (``gpushare.core.skipped.record_bound``), in
+    the order a restarted extender commits them (the API server lists pods by namespace, then
+    name); one the ledger refuses is a skipped pod, charged and named in ``problems``."""
     gpus = info.node.gpus
     position = {gpu.index: i for i, gpu in enumerate(gpus)}
-    used = [0] * len(gpus)
-    compute = [0] * len(gpus)
-    whole = [False] * len(gpus)
     assumed = [0] * len(gpus)
-    holders: list[list[str]] = [[] for _ in gpus]
     pods: list[PodReport] = []
     skipped = list(book.blocked)
-    placed = sorted(book.placed, key=lambda entry: entry[0].pod) if pod_rows else book.placed
-    for allocation, assigned in placed:
-        per_gpu = allocation.per_gpu()
-        missing = sorted(index for index in per_gpu if index not in position)
-        if missing:
-            have = ", ".join(str(gpu.index) for gpu in gpus) or "none"
-            reason = f"GPU {', '.join(map(str, missing))}; the node has GPUs {have}"
-            skipped.append(refused(allocation, info.node, reason))
-            problems.append(skipped[-1].describe())
+    ledger = Ledger(clock=_no_clock, assume_ttl_s=0.0)  # committed records only: no clock
+    ledger.upsert_node(info.node)
+    for allocation, assigned in sorted(book.placed, key=lambda entry: entry[0].pod):
+        refusal = record_bound(ledger, allocation, info.node)
+        if refusal is not None:
+            skipped.append(refusal)
+            problems.append(refusal.describe())
             continue
-        for index, amount in per_gpu.items():
-            used[position[index]] += amount
-            holders[position[index]].append(allocation.pod)
-            if not assigned:
+        per_gpu = allocation.per_gpu()
+        if not assigned:
+            for index, amount in per_gpu.items():
                 assumed[position[index]] += amount
-        for index, milli in allocation.per_gpu_compute().items():
-            compute[position[index]] += milli
-        for index in allocation.whole_gpus():
-            whole[position[index]] = True
         if not pod_rows:
             continue
         namespace, _, pod_name = allocation.pod.partition("/")
@@ -680,6 +679,10 @@ def _node_report(
                 assigned, sum(per_gpu.values()),
             )
         )  # fmt: skip
+    recorded = ledger.state(info.node.name)
+    used = recorded.gpu_used
+    compute = recorded.gpu_compute_used or (0,) * len(gpus)
+    whole = recorded.gpu_whole or (False,) * len(gpus)
     unplaced = 0
     for asked in sorted(book.unplaced, key=lambda r: r.key) if pod_rows else book.unplaced:
         resolved = resolve(asked, node_view(info))
@@ -692,19 +695,9 @@ def _node_report(
         pods.append(
             PodReport(namespace, pod_name, info.node.name, (), containers, False, request.gpu_total)
         )
-    two_dimensional = any(compute) or any(whole)
-    state = charged(  # the extender's rule
-        NodeState(info.node, tuple(used), gpu_compute_used=tuple(compute) if two_dimensional
-                  else (), gpu_whole=tuple(whole) if two_dimensional else ()),
-        skipped,
-    )  # fmt: skip
+    state = charged(recorded, skipped)  # the extender's rule
     reports = []
     for i, gpu in enumerate(gpus):
-        if used[i] > gpu.capacity:
-            problems.append(
-                f"node {info.node.name} GPU {gpu.index}: allocated {used[i]} above its capacity "
-                f"{gpu.capacity} ({unit_label(info.unit)}; pods {', '.join(sorted(holders[i]))})"
-            )
         uuid = info.uuids[i] if i < len(info.uuids) else ""
         reports.append(
             GpuReport(gpu.index, gpu.model, uuid, gpu.capacity, used[i], assumed[i],
@@ -718,6 +711,11 @@ def _node_report(
         info.serves,
     )  # fmt: skip
     return report, state
+
+
+def _no_clock() -> float:
+    """The clock of a report's ledger, which records no assumed allocation to expire."""
+    return 0.0
 
 
 def _pending_report(
