@@ -26,36 +26,4 @@ declare -A PROVIDES=(
     [chromium]=/usr/bin/chromium
 )
 
-missing=()
-for pkg in "${!PROVIDES[@]}"; do
-    [[ -x "${PROVIDES[$pkg]}" ]] || missing+=("$pkg")
-done
-
-if [[ "${1:-}" == "--check" ]]; then
-    [[ ${#missing[@]} -eq 0 ]] || die "missing packages: ${missing[*]} (run scripts/install-observe-tools.sh)"
-    exit 0
-elif [[ $# -gt 0 ]]; then
-    die "unknown argument: $1 (usage: $0 [--check])"
-fi
-
-if [[ ${#missing[@]} -eq 0 ]]; then
-    say "prometheus, promtool, chromium: all present"
-    exit 0
-fi
-
-[[ "$(id -u)" -eq 0 ]] || die "installing ${missing[*]} needs root (apt-get); run as root or install them yourself"
-
-# No init system runs services here; keep the prometheus package from trying to start itself.
-policy=/usr/sbin/policy-rc.d
-added_policy=0
-if [[ ! -e "$policy" ]]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added_policy=1
-fi
-cleanup() { [[ $added_policy -eq 1 ]] && rm -f "$policy"; return 0; }
-trap cleanup EXIT
-
-apt_install "${missing[@]}"
-for pkg in "${missing[@]}"; do
-    [[ -x "${PROVIDES[$pkg]}" ]] || die "$pkg installed but ${PROVIDES[$pkg]} is missing"
-done
-say "installed: $(promtool --version 2>&1 | head -1); $(chromium --version 2>/dev/null || echo chromium)"
+install_provided scripts/install-observe-tools.sh "$@"
