@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 from gpushare.core.fit import Reason
 from gpushare.core.model import Allocation, ContainerAllocation
+from gpushare.core.resolve import NOT_SERVED
 from gpushare.core.serves import Serves
 from gpushare.core.skipped import SkipKind
 from gpushare.extender import ExtenderState, create_app
@@ -32,7 +33,6 @@ from gpushare.kube.codec import (
     allocation_annotations,
 )
 from gpushare.kube.codec.common import EXCLUSIVE_ANNOTATION
-from gpushare.kube.codec.resolve import NOT_SERVED
 from gpushare.testing.extender import node_json, pod_json, seed_bound_pods
 from gpushare.testing.nodes import gpu_node
 

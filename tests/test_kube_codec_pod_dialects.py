@@ -1,7 +1,8 @@
 """Pods in the dialects of gpu-manager, its fork, HAMi and Alibaba's cloud read by
-``pod_request`` into a ``PodRequest`` (memory in MiB or percent kept as written, in
-``memory_basis``), resolved into a node's unit by ``resolve``, and their allocations recorded
-with compute and whole GPUs in ``gpushare.io/allocation`` (docs/compute.md)."""
+``pod_request`` into a ``PodAsk`` (memory in MiB or percent kept as written, in
+``memory_basis``), resolved into one node's ``PodRequest`` by ``resolve``, and their
+allocations recorded with compute and whole GPUs in ``gpushare.io/allocation``
+(docs/compute.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.ask import ContainerAsk, PodAsk
+from gpushare.core.ask import MIB_BASIS, PERCENT_BASIS, ContainerAsk, PodAsk
 from gpushare.core.fit import check_fit
 from gpushare.core.model import (
     Allocation,
@@ -21,6 +22,15 @@ from gpushare.core.model import (
     Node,
     NodeState,
     PodRequest,
+)
+from gpushare.core.resolve import (
+    NO_GPU_TYPE,
+    NO_GPU_UUID,
+    UNRESOLVED,
+    NodeView,
+    NotOnNode,
+    on_node,
+    resolve,
 )
 from gpushare.core.serves import Serves
 from gpushare.kube.codec import (
@@ -32,17 +42,6 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.codec.pods import INIT_CONTAINER_REFUSAL
 from gpushare.kube.codec.record import fast_pod_record
-from gpushare.kube.codec.resolve import (
-    MIB_BASIS,
-    NO_GPU_TYPE,
-    NO_GPU_UUID,
-    PERCENT_BASIS,
-    UNRESOLVED,
-    NodeView,
-    NotOnNode,
-    on_node,
-    resolve,
-)
 from gpushare.testing.core import gpu_node
 from gpushare.testing.dialects import (
     bound_dialect_pod,

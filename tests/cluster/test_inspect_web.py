@@ -22,11 +22,8 @@ from pathlib import Path
 
 import pytest
 from lightkube import Client
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Pod
 
-from gpushare.extender.live import LiveOptions
-from gpushare.kube.watch import Backoff
 from gpushare.testing.browser import dump_dom
 from gpushare.testing.controlplane import (
     ControlPlane,
@@ -37,11 +34,8 @@ from gpushare.testing.controlplane import (
     wait_for,
     wait_until,
 )
-from gpushare.testing.live_extender import extender_with_scheduler
-from gpushare.testing.nodes import FakeGpu, create_nodes, delete_nodes, gpu_node
+from gpushare.testing.live_extender import t4_cluster_with_extender
 from gpushare.testing.outcome import Ask, Spec, make_pod
-from gpushare.testing.pods import delete_namespace
-from gpushare.testing.rbac import EXTENDER_RULES
 
 pytestmark = pytest.mark.cluster
 
@@ -77,20 +71,10 @@ def _bound(kube: Client, name: str) -> bool | None:
 def page(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
     workdir = tmp_path_factory.mktemp("inspect-web")
     with contextlib.ExitStack() as stack:
-        kube = stack.enter_context(control_plane.client())
-        sick = [FakeGpu(0, 16, "Tesla T4"), FakeGpu(1, 16, "Tesla T4", healthy=False)]
-        create_nodes(
-            kube, [gpu_node(NODES[0], [16, 16], model="Tesla T4"), gpu_node(NODES[1], sick)]
-        )
-        stack.callback(delete_nodes, kube, list(NODES))
-        kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-        stack.callback(delete_namespace, kube, NAMESPACE)
-        kubeconfig = control_plane.service_account_kubeconfig(
-            "gpushare-extender-web", "kube-system", [*EXTENDER_RULES]
-        )
-        options = LiveOptions(policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5))
-        stack.enter_context(
-            extender_with_scheduler(control_plane, kubeconfig, options, SCHEDULER_NAME)
+        kube, _ = stack.enter_context(
+            t4_cluster_with_extender(
+                control_plane, NODES, NAMESPACE, "gpushare-extender-web", SCHEDULER_NAME
+            )
         )
         place(kube, "train", 12, NODES[0])
         place(kube, "serve", 4, NODES[0])

@@ -33,23 +33,18 @@ from pathlib import Path
 import pytest
 import yaml
 from lightkube import Client
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Pod
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.metrics import DevicePluginMetrics, pods_by_uid, serve_metrics
 from gpushare.deviceplugin.nodeconfig import NodeConfigMetrics
-from gpushare.extender.live import LiveOptions
 from gpushare.kube.codec import ALLOCATION
-from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import REPO_ROOT, ControlPlane, wait_for
-from gpushare.testing.live_extender import extender_with_scheduler
-from gpushare.testing.nodes import FakeGpu, create_nodes, delete_nodes, fake_gpu_uuid, gpu_node
+from gpushare.testing.live_extender import t4_cluster_with_extender
+from gpushare.testing.nodes import fake_gpu_uuid
 from gpushare.testing.nvml import FakeDevice, FakeNvml
 from gpushare.testing.outcome import Ask, Spec, make_pod
-from gpushare.testing.pods import delete_namespace
 from gpushare.testing.prometheus import Prometheus
-from gpushare.testing.rbac import EXTENDER_RULES
 
 pytestmark = pytest.mark.cluster
 
@@ -118,20 +113,10 @@ def plugin_metrics(tmp_path: Path, kube: Client) -> DevicePluginMetrics:
 def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp_path = tmp_path_factory.mktemp("prometheus")
     with contextlib.ExitStack() as stack:
-        kube = stack.enter_context(control_plane.client())
-        sick = [FakeGpu(0, 16, "Tesla T4"), FakeGpu(1, 16, "Tesla T4", healthy=False)]
-        create_nodes(
-            kube, [gpu_node(NODES[0], [16, 16], model="Tesla T4"), gpu_node(NODES[1], sick)]
-        )
-        stack.callback(delete_nodes, kube, list(NODES))
-        kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-        stack.callback(delete_namespace, kube, NAMESPACE)
-        kubeconfig = control_plane.service_account_kubeconfig(
-            "gpushare-extender-prom", "kube-system", [*EXTENDER_RULES]
-        )
-        options = LiveOptions(policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5))
-        extender = stack.enter_context(
-            extender_with_scheduler(control_plane, kubeconfig, options, SCHEDULER_NAME)
+        kube, extender = stack.enter_context(
+            t4_cluster_with_extender(
+                control_plane, NODES, NAMESPACE, "gpushare-extender-prom", SCHEDULER_NAME
+            )
         )
         for i, (node, gib) in enumerate([(NODES[0], 4), (NODES[0], 8), (NODES[1], 6)]):
             spec = Spec(f"p{i}", (Ask("main", 1, gib),))

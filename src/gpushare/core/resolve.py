@@ -48,11 +48,9 @@ from gpushare.core.serves import Serves, serves_refusal
 from gpushare.core.text import shown_names
 
 __all__ = [
-    "MIB_BASIS",
     "NOT_SERVED",
     "NO_GPU_TYPE",
     "NO_GPU_UUID",
-    "PERCENT_BASIS",
     "UNRESOLVED",
     "NodeView",
     "NotOnNode",

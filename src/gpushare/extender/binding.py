@@ -13,6 +13,7 @@ from gpushare.core.fit import Reason
 from gpushare.core.handshake import PinStatus, forced_fit, handshake_verdict
 from gpushare.core.model import Allocation, PodRequest
 from gpushare.core.policies import Policy
+from gpushare.core.resolve import NotOnNode, on_node
 from gpushare.extender.bindapi import Binder, BindEvent, Binding, EventSink
 from gpushare.extender.outcomes import (
     NOT_SYNCED,
@@ -32,7 +33,7 @@ from gpushare.kube.codec import (
     pod_request,
     pod_uid,
 )
-from gpushare.kube.codec.resolve import NotOnNode, node_view, on_node
+from gpushare.kube.codec.resolve import node_view
 
 log = logging.getLogger(__name__)
 

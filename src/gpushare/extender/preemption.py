@@ -67,6 +67,7 @@ from gpushare.core.preemption import (
     plan_preemption,
     with_holds,
 )
+from gpushare.core.resolve import NotOnNode, on_node
 from gpushare.extender.holds import BudgetBook, HoldBook
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import (
@@ -88,7 +89,7 @@ from gpushare.kube.codec import (
     pod_started_s,
     pod_uid,
 )
-from gpushare.kube.codec.resolve import NotOnNode, node_view, on_node
+from gpushare.kube.codec.resolve import node_view
 from gpushare.kube.evictions import Eviction, EvictionOutcome
 from gpushare.kube.refs import PodRef
 

@@ -68,6 +68,7 @@ from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, generational, tie_break_of
+from gpushare.core.resolve import NotOnNode, on_node
 from gpushare.extender.bindapi import Binder, EventSink
 from gpushare.extender.binding import BindVerb
 from gpushare.extender.memo import NodeShapeCache, shape_key
@@ -102,7 +103,7 @@ from gpushare.kube.codec import (
     pod_priority,
     pod_request,
 )
-from gpushare.kube.codec.resolve import NotOnNode, node_view, on_node
+from gpushare.kube.codec.resolve import node_view
 
 __all__ = [
     "NOT_GPUSHARE",

@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpushare.core.ask import MIB_BASIS
 from gpushare.inspect.report import (
     ContainerAsk,
     ContainerReport,
@@ -61,7 +62,6 @@ from gpushare.inspect.report import (
     UnitTotal,
     unit_label,
 )
-from gpushare.kube.codec.resolve import MIB_BASIS
 
 __all__ = ["render_detail", "render_summary", "report_json"]
 

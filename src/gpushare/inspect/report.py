@@ -57,6 +57,7 @@ from gpushare.core.handshake import PendingPod, handshake_fit
 from gpushare.core.ledger import Ledger
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.preemption import Hold, with_holds
+from gpushare.core.resolve import NodeView, NotOnNode, on_node, resolve
 from gpushare.core.serves import Serves
 from gpushare.core.skipped import SkippedPod, charged, record_bound, unreadable
 from gpushare.kube.codec import (
@@ -78,7 +79,7 @@ from gpushare.kube.codec import (
 )
 from gpushare.kube.codec.handshake import pending_pod
 from gpushare.kube.codec.record import fast_pod_record
-from gpushare.kube.codec.resolve import NodeView, NotOnNode, node_view, on_node, resolve
+from gpushare.kube.codec.resolve import node_view
 
 UNKNOWN_UNIT = "unit unknown"
 

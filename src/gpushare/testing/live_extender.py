@@ -26,8 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
 from gpushare.extender.live import LiveExtender, LiveOptions
 from gpushare.kube.client import AsyncClient, connect
+from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -36,6 +41,9 @@ from gpushare.testing.controlplane import (
     wait_for,
     wait_until,
 )
+from gpushare.testing.nodes import FakeGpu, create_nodes, delete_nodes, gpu_node
+from gpushare.testing.pods import delete_namespace
+from gpushare.testing.rbac import EXTENDER_RULES
 
 
 class ExtenderThread:
@@ -195,3 +203,35 @@ def extender_with_scheduler(
             extenders=[gpushare_extender(extender.url_prefix)],
         ):
             yield extender
+
+
+@contextlib.contextmanager
+def t4_cluster_with_extender(
+    control_plane: ControlPlane,
+    nodes: tuple[str, str],
+    namespace: str,
+    account: str,
+    scheduler_name: str,
+) -> Iterator[tuple[Client, ExtenderThread]]:
+    """A small GPU-share cluster on ``control_plane`` to look at: ``nodes`` (two 16 GiB Tesla
+    T4 GPUs each; GPU 1 of the second unhealthy), namespace ``namespace``, and the live
+    extender (binpack) on service account ``account`` (kube-system, the chart's extender
+    rules) with its own kube-scheduler (``extender_with_scheduler``). Yields an API client
+    and the extender; the nodes and namespace are deleted after."""
+    with contextlib.ExitStack() as stack:
+        kube = stack.enter_context(control_plane.client())
+        sick = [FakeGpu(0, 16, "Tesla T4"), FakeGpu(1, 16, "Tesla T4", healthy=False)]
+        create_nodes(
+            kube, [gpu_node(nodes[0], [16, 16], model="Tesla T4"), gpu_node(nodes[1], sick)]
+        )
+        stack.callback(delete_nodes, kube, list(nodes))
+        kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        stack.callback(delete_namespace, kube, namespace)
+        kubeconfig = control_plane.service_account_kubeconfig(
+            account, "kube-system", [*EXTENDER_RULES]
+        )
+        options = LiveOptions(policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5))
+        extender = stack.enter_context(
+            extender_with_scheduler(control_plane, kubeconfig, options, scheduler_name)
+        )
+        yield kube, extender

@@ -31,8 +31,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpushare.core.ask import MIB_BASIS, PERCENT_BASIS
 from gpushare.core.model import GPU_COMPUTE_MILLI
-from gpushare.core.resolve import MIB_BASIS, PERCENT_BASIS
 from gpushare.kube.codec.common import GPU_MEM, CodecError
 
 TENCENT_CORE = "tencent.com/vcuda-core"

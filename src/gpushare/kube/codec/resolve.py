@@ -1,38 +1,15 @@
 """A request resolved for one node, from the adapter's side: ``node_view`` turns a decoded node
-(``NodeInfo``) into the ``gpushare.core.resolve.NodeView`` the core resolves requests against.
-The rule itself (memory in the node's unit, GPU types and UUIDs, what the node serves) is the
-core's: ``gpushare.core.resolve`` (its names are re-exported here for the adapter's callers).
+(``NodeInfo``) into the ``gpushare.core.resolve.NodeView`` the core resolves asks against. The
+rule itself (memory in the node's unit, GPU types and UUIDs, what the node serves) is the
+core's: ``gpushare.core.resolve``.
 """
 
 from __future__ import annotations
 
-from gpushare.core.resolve import (
-    MIB_BASIS,
-    NO_GPU_TYPE,
-    NO_GPU_UUID,
-    NOT_SERVED,
-    PERCENT_BASIS,
-    UNRESOLVED,
-    NodeView,
-    NotOnNode,
-    on_node,
-    resolve,
-)
+from gpushare.core.resolve import NodeView
 from gpushare.kube.codec.nodes import NodeInfo
 
-__all__ = [
-    "MIB_BASIS",
-    "NOT_SERVED",
-    "NO_GPU_TYPE",
-    "NO_GPU_UUID",
-    "PERCENT_BASIS",
-    "UNRESOLVED",
-    "NodeView",
-    "NotOnNode",
-    "node_view",
-    "on_node",
-    "resolve",
-]
+__all__ = ["node_view"]
 
 
 def node_view(info: NodeInfo) -> NodeView:
