@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpushare.core.model import ContainerRequest, PodRequest
+from gpushare.core.model import ContainerRequest, PodRequest, check_container
 
 __all__ = ["MIB_BASIS", "PERCENT_BASIS", "ContainerAsk", "PodAsk"]
 
@@ -57,9 +57,9 @@ class ContainerAsk:
     excluded_gpu_types: tuple[str, ...] = ()
     gpu_uuids: tuple[str, ...] = ()
     excluded_gpu_uuids: tuple[str, ...] = ()
-    plain: ContainerRequest | None = field(init=False, repr=False, compare=False)
-    """The ``ContainerRequest`` this ask is on every node (derived), ``None`` when it waits
-    for a node: memory in MiB or percent, GPUs by type or UUID."""
+    per_node: bool = field(init=False, repr=False, compare=False)
+    """Whether it waits for a node (derived): memory in MiB or percent, GPUs by type or
+    UUID."""
 
     def __post_init__(self) -> None:
         if self.memory_basis not in _BASES:
@@ -71,25 +71,17 @@ class ContainerAsk:
             raise ValueError(
                 f"container {self.name}: memory in {self.memory_basis} needs gpu_share > 0"
             )
-        request = ContainerRequest(  # ValueError for what no request can have
-            self.name, self.gpu_share, self.gpu_count, self.allowed_models, self.compute_milli,
-            self.exclusive, self.allocate_resource, self.kubelet_units,
-        )  # fmt: skip
-        plain = not (
+        check_container(
+            self.name, self.gpu_share, self.gpu_count, self.compute_milli, self.exclusive
+        )
+        per_node = bool(
             self.memory_basis
             or self.gpu_types
             or self.excluded_gpu_types
             or self.gpu_uuids
             or self.excluded_gpu_uuids
         )
-        object.__setattr__(self, "plain", request if plain else None)
-
-    @property
-    def names_gpus(self) -> bool:
-        """Whether it chooses GPUs by type or UUID (or avoids some)."""
-        return bool(
-            self.gpu_types or self.excluded_gpu_types or self.gpu_uuids or self.excluded_gpu_uuids
-        )
+        object.__setattr__(self, "per_node", per_node)
 
     @property
     def allocate_units(self) -> int:
@@ -132,75 +124,68 @@ class PodAsk:
     memory_mib: int = 0
     gpu_containers: tuple[ContainerAsk, ...] = field(init=False, repr=False, compare=False)
     """The containers that ask for GPU, in declaration order (derived)."""
-    plain: PodRequest | None = field(init=False, repr=False, compare=False)
-    """The ``PodRequest`` this ask is on every node (derived; what ``resolve`` returns for it,
-    the same object), ``None`` when a container waits for a node (``ContainerAsk.plain``)."""
-    shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
-    """A hashable key of everything a placement decision depends on, not the pod's name
-    (derived; ``PodRequest.shape`` for a plain ask)."""
+    per_node: bool = field(init=False, repr=False, compare=False)
+    """Whether a container waits for a node (derived; ``ContainerAsk.per_node``)."""
     two_dimensional: bool = field(init=False, repr=False, compare=False)
     """Whether a container asks compute or whole GPUs (derived)."""
     gpu_total: int = field(init=False, repr=False, compare=False)
     """GPU memory asked as written, ``gpu_share × gpu_count`` summed over containers (derived):
     in the node's unit for a plain ask (``PodRequest.gpu_total``), else each container's
     amount in its own ``memory_basis`` (for reports of a pod no node resolved)."""
+    _built: list[PodRequest | None] = field(
+        init=False, repr=False, compare=False, default_factory=list
+    )
+    """``plain`` once built (empty before): most asks read from the API (a watch, a report)
+    are never placed, and need none."""
 
     def __post_init__(self) -> None:
-        # One pass: the codec builds an ask for every pod the API lists and every request.
-        plain: list[ContainerRequest] | None = []
-        gpu: list[ContainerAsk] = []
-        two_dimensional = False
-        total = 0
-        for c in self.containers:
-            if c.gpu_count:
-                gpu.append(c)
-                total += c.gpu_share * c.gpu_count
-                two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
-            if plain is not None:
-                if c.plain is None:
-                    plain = None
-                else:
-                    plain.append(c.plain)
-        request = None
-        if plain is not None:
-            request = PodRequest(self.key, tuple(plain), self.cpu_milli, self.memory_mib)
-        elif self.cpu_milli < 0 or self.memory_mib < 0:
+        if self.cpu_milli < 0 or self.memory_mib < 0:
             raise ValueError(
                 f"pod {self.key}: cpu_milli and memory_mib must be >= 0, "
                 f"got {self.cpu_milli} and {self.memory_mib}"
             )
+        gpu: list[ContainerAsk] = []
+        per_node = two_dimensional = False
+        total = 0
+        for c in self.containers:  # one pass: the codec builds an ask for every pod it reads
+            per_node = per_node or c.per_node
+            if c.gpu_count:
+                gpu.append(c)
+                total += c.gpu_share * c.gpu_count
+                two_dimensional = two_dimensional or bool(c.compute_milli) or c.exclusive
         setattr_ = object.__setattr__
         setattr_(self, "gpu_containers", tuple(gpu))
-        setattr_(self, "plain", request)
-        setattr_(
-            self,
-            "shape",
-            request.shape
-            if request is not None
-            else (self.cpu_milli, self.memory_mib, tuple(_shape(c) for c in self.containers)),
-        )
+        setattr_(self, "per_node", per_node)
         setattr_(self, "two_dimensional", two_dimensional)
         setattr_(self, "gpu_total", total)
 
-    @classmethod
-    def of(cls, request: PodRequest) -> PodAsk:
-        """The ask that is ``request`` on every node (its ``plain`` is ``request``, the same
-        object): for callers that hold a ``PodRequest`` already (the simulator, tests)."""
-        ask = cls(
-            request.key,
-            tuple(
-                ContainerAsk(
-                    c.name, c.gpu_share, c.gpu_count, c.allowed_models, c.compute_milli,
-                    c.exclusive, allocate_resource=c.allocate_resource,
-                    kubelet_units=c.kubelet_units,
+    @property
+    def plain(self) -> PodRequest | None:
+        """The ``PodRequest`` this ask is on every node (what ``resolve`` returns for it on
+        every node, the same object), ``None`` when a container waits for a node
+        (``per_node``). Built on first use."""
+        built = self._built
+        if not built:
+            built.append(
+                None
+                if self.per_node
+                else PodRequest(
+                    self.key,
+                    tuple(c.request(c.gpu_share) for c in self.containers),
+                    self.cpu_milli,
+                    self.memory_mib,
                 )
-                for c in request.containers
-            ),
-            request.cpu_milli,
-            request.memory_mib,
-        )  # fmt: skip
-        object.__setattr__(ask, "plain", request)
-        return ask
+            )
+        return built[0]
+
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """A hashable key of everything a placement decision depends on, not the pod's name:
+        ``PodRequest.shape`` of a plain ask."""
+        plain = self.plain
+        if plain is not None:
+            return plain.shape
+        return (self.cpu_milli, self.memory_mib, tuple(_shape(c) for c in self.containers))
 
 
 def _shape(c: ContainerAsk) -> tuple[object, ...]:

@@ -79,8 +79,10 @@ class LedgerResult:
 
     ``gpu_index`` is the device index of the GPU that refused (``None`` when no single GPU did);
     ``requested`` is what the allocation asked on that GPU and ``available`` what was free there
-    (node units). ``free_per_gpu``/``capacity_per_gpu`` are the node's GPUs in position order as
-    they were *before* the call (an unhealthy GPU shows 0 free); empty for an unknown node.
+    (node units). ``free_per_gpu``/``capacity_per_gpu``, for a rejection, are the node's GPUs in
+    position order (an unhealthy GPU shows 0 free), as the call found and left them; empty for
+    an unknown node and for a success (the ledger records every bound pod it is handed: the
+    numbers are only ever read to say why one was refused).
     ``existing`` is the allocation already recorded for the pod on ``CONFLICT``/``UNCHANGED``.
     """
 
@@ -376,78 +378,62 @@ class Ledger:
         _validate(allocation)
         existing = self._entry(allocation.pod)
         book = self._books.get(allocation.node)
-        node = None if book is None else book.node
-        free: tuple[int, ...] = ()
-        capacity: tuple[int, ...] = ()
-        if book is not None and node is not None:  # NodeState.gpu_free, without building one
-            units, holders = book.gpu_used, book.whole_holders
-            free = tuple(
-                gpu.capacity - units.get(gpu.index, 0)
-                if gpu.healthy and (not holders or gpu.index not in holders)
-                else 0
-                for gpu in node.gpus
-            )
-            capacity = tuple(gpu.capacity for gpu in node.gpus)
-
-        def result(
-            outcome: LedgerOutcome,
-            gpu_index: int | None = None,
-            requested: int = 0,
-            available: int | None = None,
-        ) -> LedgerResult:
-            return LedgerResult(
-                outcome,
-                allocation.pod,
-                allocation.node,
-                gpu_index,
-                requested,
-                available,
-                free,
-                capacity,
-                None if existing is None else existing.allocation,
-            )
-
         if existing is not None:
             if existing.allocation != allocation:
-                return result(LedgerOutcome.CONFLICT)
+                return _refusal(LedgerOutcome.CONFLICT, allocation, book, existing)
             if assumed or existing.expires_at is None:
-                return result(LedgerOutcome.UNCHANGED)
+                return _success(LedgerOutcome.UNCHANGED, allocation, existing)
             existing.expires_at = None
-            return result(LedgerOutcome.CONFIRMED)
+            return _success(LedgerOutcome.CONFIRMED, allocation, existing)
+        node = None if book is None else book.node
         if book is None or node is None:
-            return result(LedgerOutcome.UNKNOWN_NODE)
-        gpus = {gpu.index: gpu for gpu in node.gpus}
-        per_gpu = sorted(allocation.per_gpu().items())
+            return _refusal(LedgerOutcome.UNKNOWN_NODE, allocation, book)
+        gpus = node.by_index
+        amounts = allocation.per_gpu()
+        per_gpu = sorted(amounts.items()) if len(amounts) > 1 else list(amounts.items())
         for index, amount in per_gpu:
             if index not in gpus:
-                return result(LedgerOutcome.UNKNOWN_GPU, index, amount)
+                return _refusal(
+                    LedgerOutcome.UNKNOWN_GPU, allocation, book, gpu_index=index, requested=amount
+                )
         compute = allocation.per_gpu_compute()
         whole = allocation.whole_gpus()
         for index, amount in per_gpu:
             gpu = gpus[index]
-            if not gpu.healthy and not allow_unhealthy:
-                return result(LedgerOutcome.UNHEALTHY_GPU, index, amount, 0)
-            if book.whole_holders.get(index):
-                return result(LedgerOutcome.HELD_WHOLE, index, amount, 0)
+            refused: tuple[LedgerOutcome, int, int | None] | None = None
             used = book.gpu_used.get(index, 0)
             compute_used = book.gpu_compute_used.get(index, 0)
-            if index in whole and (used or compute_used):
-                return result(LedgerOutcome.GPU_IN_USE, index, amount, gpu.capacity - used)
-            if amount > gpu.capacity - used:
-                return result(LedgerOutcome.INSUFFICIENT_GPU, index, amount, gpu.capacity - used)
-            asked = compute.get(index, 0)
-            if asked > GPU_COMPUTE_MILLI - compute_used:
-                return result(
-                    LedgerOutcome.INSUFFICIENT_COMPUTE,
-                    index,
-                    asked,
-                    GPU_COMPUTE_MILLI - compute_used,
-                )
+            asked = compute.get(index, 0) if compute else 0
+            if not gpu.healthy and not allow_unhealthy:
+                refused = (LedgerOutcome.UNHEALTHY_GPU, amount, 0)
+            elif book.whole_holders.get(index):
+                refused = (LedgerOutcome.HELD_WHOLE, amount, 0)
+            elif index in whole and (used or compute_used):
+                refused = (LedgerOutcome.GPU_IN_USE, amount, gpu.capacity - used)
+            elif amount > gpu.capacity - used:
+                refused = (LedgerOutcome.INSUFFICIENT_GPU, amount, gpu.capacity - used)
+            elif asked > GPU_COMPUTE_MILLI - compute_used:
+                refused = (
+                    LedgerOutcome.INSUFFICIENT_COMPUTE, asked, GPU_COMPUTE_MILLI - compute_used
+                )  # fmt: skip
+            if refused is not None:
+                outcome, requested, available = refused
+                return _refusal(
+                    outcome, allocation, book, gpu_index=index, requested=requested,
+                    available=available,
+                )  # fmt: skip
         expires_at = self._clock() + self._assume_ttl_s if assumed else None
         book.entries[allocation.pod] = _Entry(allocation, expires_at)
         self._pods[allocation.pod] = allocation.node
-        self._count(book, allocation, 1)
-        return result(LedgerOutcome.ASSUMED if assumed else LedgerOutcome.APPLIED)
+        _add(book.gpu_used, amounts, 1)  # _count, with what was computed above
+        if compute:
+            _add(book.gpu_compute_used, compute, 1)
+        if whole:
+            _add(book.whole_holders, dict.fromkeys(whole, 1), 1)
+        book.cpu_used_milli += allocation.cpu_milli
+        book.memory_used_mib += allocation.memory_mib
+        outcome = LedgerOutcome.ASSUMED if assumed else LedgerOutcome.APPLIED
+        return _success(outcome, allocation, None)
 
     def _drop(self, pod_key: str, node_name: str) -> Allocation:
         del self._pods[pod_key]
@@ -464,6 +450,45 @@ class Ledger:
         _add(book.whole_holders, dict.fromkeys(allocation.whole_gpus(), 1), sign)
         book.cpu_used_milli += sign * allocation.cpu_milli
         book.memory_used_mib += sign * allocation.memory_mib
+
+
+def _success(
+    outcome: LedgerOutcome, allocation: Allocation, existing: _Entry | None
+) -> LedgerResult:
+    """The ``LedgerResult`` of a call that left ``allocation`` recorded."""
+    held = None if existing is None else existing.allocation
+    return LedgerResult(outcome, allocation.pod, allocation.node, existing=held)
+
+
+def _refusal(
+    outcome: LedgerOutcome,
+    allocation: Allocation,
+    book: _NodeBook | None,
+    existing: _Entry | None = None,
+    *,
+    gpu_index: int | None = None,
+    requested: int = 0,
+    available: int | None = None,
+) -> LedgerResult:
+    """The ``LedgerResult`` of a call that refused ``allocation``, with the node's free and
+    capacity per GPU as the call found and left them (``book``: the node's book, if any)."""
+    free: tuple[int, ...] = ()
+    capacity: tuple[int, ...] = ()
+    node = None if book is None else book.node
+    if book is not None and node is not None:
+        units, holders = book.gpu_used, book.whole_holders
+        free = tuple(  # NodeState.gpu_free, without building one
+            gpu.capacity - units.get(gpu.index, 0)
+            if gpu.healthy and (not holders or gpu.index not in holders)
+            else 0
+            for gpu in node.gpus
+        )
+        capacity = node.capacities
+    held = None if existing is None else existing.allocation
+    return LedgerResult(
+        outcome, allocation.pod, allocation.node, gpu_index, requested, available, free,
+        capacity, held,
+    )  # fmt: skip
 
 
 def _add(totals: dict[int, int], amounts: dict[int, int], sign: int) -> None:

@@ -54,6 +54,8 @@ class Node:
     """GPU models per position (derived)."""
     capacities: tuple[int, ...] = field(init=False, repr=False, compare=False)
     """GPU capacities per position (derived)."""
+    by_index: Mapping[int, Gpu] = field(init=False, repr=False, compare=False)
+    """The GPUs by device index (derived; not to be changed)."""
 
     def __post_init__(self) -> None:
         indices = [gpu.index for gpu in self.gpus]
@@ -63,13 +65,45 @@ class Node:
             raise ValueError(f"node {self.name}: GPUs must be in index order, got {indices}")
         object.__setattr__(self, "models", tuple(gpu.model for gpu in self.gpus))
         object.__setattr__(self, "capacities", tuple(gpu.capacity for gpu in self.gpus))
+        by_index = {gpu.index: gpu for gpu in self.gpus}  # a dict: Nodes are pickled
+        object.__setattr__(self, "by_index", by_index)
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with device index ``index``; ``KeyError`` when the node has none."""
-        for gpu in self.gpus:
-            if gpu.index == index:
-                return gpu
-        raise KeyError(f"node {self.name} has no GPU {index}")
+        gpu = self.by_index.get(index)
+        if gpu is None:
+            raise KeyError(f"node {self.name} has no GPU {index}")
+        return gpu
+
+
+def check_container(
+    name: str, gpu_share: int, gpu_count: int, compute_milli: int, exclusive: bool
+) -> None:
+    """``ValueError`` naming container ``name`` when its amounts are what no container can
+    ask (``ContainerRequest``, ``gpushare.core.ask.ContainerAsk``): below 0, compute over one
+    GPU, an exclusive container that asks a share, a GPU container that asks nothing or
+    another that asks something."""
+    if gpu_count < 0 or gpu_share < 0:
+        raise ValueError(
+            f"container {name}: gpu_share and gpu_count must be >= 0, got {gpu_share} x {gpu_count}"
+        )
+    if not 0 <= compute_milli <= GPU_COMPUTE_MILLI:
+        raise ValueError(
+            f"container {name}: compute_milli must be 0..{GPU_COMPUTE_MILLI}, got {compute_milli}"
+        )
+    if exclusive and (gpu_share or compute_milli or not gpu_count):
+        raise ValueError(
+            f"container {name}: an exclusive container asks whole GPUs only "
+            f"(gpu_count > 0, gpu_share and compute_milli 0), got {gpu_share} units, "
+            f"{compute_milli} compute_milli x {gpu_count}"
+        )
+    asks = gpu_share > 0 or compute_milli > 0 or exclusive
+    if (gpu_count == 0) == asks:
+        raise ValueError(
+            f"container {name}: gpu_share {gpu_share}, compute_milli {compute_milli} with "
+            f"gpu_count {gpu_count}; a GPU container (gpu_count > 0) asks memory, compute or "
+            "whole GPUs, another asks none"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,29 +146,9 @@ class ContainerRequest:
     allowed_positions: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.gpu_count < 0 or self.gpu_share < 0:
-            raise ValueError(
-                f"container {self.name}: gpu_share and gpu_count must be >= 0, "
-                f"got {self.gpu_share} x {self.gpu_count}"
-            )
-        if not 0 <= self.compute_milli <= GPU_COMPUTE_MILLI:
-            raise ValueError(
-                f"container {self.name}: compute_milli must be 0..{GPU_COMPUTE_MILLI}, "
-                f"got {self.compute_milli}"
-            )
-        if self.exclusive and (self.gpu_share or self.compute_milli or not self.gpu_count):
-            raise ValueError(
-                f"container {self.name}: an exclusive container asks whole GPUs only "
-                f"(gpu_count > 0, gpu_share and compute_milli 0), got {self.gpu_share} units, "
-                f"{self.compute_milli} compute_milli x {self.gpu_count}"
-            )
-        asks = self.gpu_share > 0 or self.compute_milli > 0 or self.exclusive
-        if (self.gpu_count == 0) == asks:
-            raise ValueError(
-                f"container {self.name}: gpu_share {self.gpu_share}, compute_milli "
-                f"{self.compute_milli} with gpu_count {self.gpu_count}; a GPU container "
-                f"(gpu_count > 0) asks memory, compute or whole GPUs, another asks none"
-            )
+        check_container(
+            self.name, self.gpu_share, self.gpu_count, self.compute_milli, self.exclusive
+        )
 
     @property
     def total(self) -> int:

@@ -115,7 +115,7 @@ def resolve(ask: PodAsk, view: NodeView) -> PodRequest | NotOnNode:
         return ask.plain
     containers: list[ContainerRequest] = []
     for c in ask.containers:
-        resolved = c.plain if c.plain is not None else _container(c, view)
+        resolved = _container(c, view) if c.per_node else c.request(c.gpu_share)
         if isinstance(resolved, NotOnNode):
             return resolved
         containers.append(resolved)

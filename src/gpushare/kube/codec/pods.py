@@ -521,7 +521,7 @@ def allocation_of(
             if name in wanted and wanted[name][0] is None:
                 got[name] = (None, count, compute, whole)  # the share is the node's to say
         if got != wanted:
-            plain = request.plain is not None and not request.two_dimensional
+            plain = not request.per_node and not request.two_dimensional
             shown: dict[str, tuple[object, ...]] = (
                 {n: g[:2] for n, g in got.items()} if plain else dict(got)
             )
@@ -544,7 +544,7 @@ def allocation_of(
             raise CodecError(
                 subject, ALIYUN_IDX, index, "pod asks several GPUs", f"annotation {ALLOCATION}"
             )
-        if request.plain is None or any(c.exclusive for c in asked.values()):
+        if request.per_node or any(c.exclusive for c in asked.values()):
             raise CodecError(
                 subject, ALIYUN_IDX, index, "pod asks whole GPUs, memory in MiB or percent, "
                 "or GPUs by type or UUID",
