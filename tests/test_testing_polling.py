@@ -24,6 +24,16 @@ def test_wait_for_returns_the_probes_first_answer() -> None:
     assert wait_for("the third answer", lambda: next(answers), 5) == "ready"
 
 
+@pytest.mark.parametrize(
+    "answer", [False, [], (), {}], ids=["false", "empty list", "empty tuple", "empty dict"]
+)
+def test_a_falsy_answer_other_than_none_is_a_bug_in_the_probe(answer: object) -> None:
+    """``ready and leader()`` of an empty ``ready`` list is ``[]``, not ``None``: it must not
+    end the wait as if it were an answer (the preemption fixture's wait ended at once)."""
+    with pytest.raises(TypeError, match="a probe answers None to keep waiting"):
+        wait_for("a ready replica", lambda: answer, 5)
+
+
 def test_a_timeout_says_what_was_waited_for_how_long_and_the_last_state_seen() -> None:
     with pytest.raises(ControlPlaneError) as raised:
         wait_until("the moon", lambda: False, 0.05, detail=lambda: "still the sun")

@@ -44,7 +44,13 @@ from lightkube.resources.core_v1 import ConfigMap, ResourceQuota
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
-from gpushare.testing.controlplane import ControlPlane, free_ports, gpushare_extender, wait_for
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    free_ports,
+    gpushare_extender,
+    wait_for,
+    wait_until,
+)
 from gpushare.testing.failover import Replica
 from gpushare.testing.preemption import ISSUE_CASES, Case, Scenario, Seed, preemptor
 from gpushare.testing.rbac import EXTENDER_RULES
@@ -104,7 +110,13 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
             exits.callback(replica.stop)
         proxy = exits.enter_context(ServiceProxy([("127.0.0.1", r.port) for r in replicas]))
         found = Stack(kube, replicas, lease)
-        wait_for("a ready replica and a leader", lambda: proxy.ready and found.leader(), 90)
+        # Both replicas ready behind the proxy before kube-scheduler calls: a preempt call that
+        # finds no ready backend is lost (the pod then waits for kube-scheduler's next try).
+        wait_until(
+            "both replicas ready and a leader",
+            lambda: len(proxy.ready) == len(replicas) and found.leader() is not None,
+            90,
+        )
         exits.enter_context(
             control_plane.scheduler(
                 "kube-scheduler-preempt",

@@ -78,7 +78,9 @@ def wait_for(
     detail: Callable[[], object] | None = None,
 ) -> T:
     """Poll ``probe`` until it returns something other than ``None``, and return that; fail
-    with ``what`` (and ``detail()``, the last state seen) after ``timeout`` s.
+    with ``what`` (and ``detail()``, the last state seen) after ``timeout`` s. A probe that
+    answers ``False`` or an empty collection is a bug in the probe (``x and y`` of an empty
+    list is not ``None``: the wait would end at once): ``TypeError`` saying so.
 
     Every poll first checks that ``processes`` are still running, so a crash fails fast with
     the crashed program's log instead of a timeout.
@@ -88,8 +90,19 @@ def wait_for(
         poll.check_processes()
         value = probe()
         if value is not None:
-            return value
+            return _checked(what, value)
         time.sleep(poll.next_delay())
+
+
+def _checked(what: str, value: T) -> T:
+    """``value``, a probe's answer that ends the wait for ``what``; ``TypeError`` for a falsy
+    one that is not ``None`` (module doc of ``wait_for``)."""
+    if value is False or (isinstance(value, (list, tuple, dict, set, frozenset)) and not value):
+        raise TypeError(
+            f"waiting for {what}: the probe answered {value!r}; a probe answers None to keep "
+            "waiting (wait_until takes a condition)"
+        )
+    return value
 
 
 def wait_until(
@@ -126,7 +139,7 @@ async def async_wait_for(
             while True:
                 value = await probe()
                 if value is not None:
-                    return value
+                    return _checked(what, value)
                 await asyncio.sleep(poll.next_delay())
     except TimeoutError:
         if scope.expired():
