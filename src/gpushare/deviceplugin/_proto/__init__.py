@@ -1,1 +1,1 @@
-"""Generated device plugin v1beta1 stubs (scripts/gen-proto.sh); do not edit by hand."""
+"""Generated deviceplugin/v1beta1/api.proto stubs (scripts/gen-proto.sh); do not edit by hand."""

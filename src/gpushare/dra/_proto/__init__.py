@@ -1,0 +1,1 @@
+"""Generated DRA and plugin-registration stubs (scripts/gen-proto.sh)."""

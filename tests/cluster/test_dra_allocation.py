@@ -1,0 +1,157 @@
+"""gpushare's ResourceSlices on the real API server, allocated by the real kube-scheduler (issue 29,
+first slice): the slice of ``gpushare.dra.slices`` is accepted as it is; claims that ask part of
+a GPU's memory (consumable capacity) share one GPU, each allocation recording its
+``consumedCapacity`` and a ``shareID``; a claim larger than any GPU stays Pending with the
+scheduler's reason; an unhealthy GPU (device taint) takes no claim. The nodes are kwok nodes
+(no kubelet runs the pods: allocation is the scheduler's, at bind)."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.dra.slices import CORES, DRIVER, MEMORY, resource_slice
+from gpushare.kube.codec import MemoryUnit
+from gpushare.testing.controlplane import wait_for
+from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
+from gpushare.testing.pods import delete_namespace
+
+pytestmark = pytest.mark.cluster
+
+CLASS = "gpushare-gpu"
+GIB = 1024
+
+
+def gpus(*memory_gib: int, unhealthy: tuple[int, ...] = ()) -> list[PhysicalGpu]:
+    return [
+        PhysicalGpu(i, f"GPU-{uuid.uuid4()}", i, "Tesla-T4", gib * GIB, i not in unhealthy)
+        for i, gib in enumerate(memory_gib)
+    ]
+
+
+@contextlib.contextmanager
+def dra_world(kube: Client, nodes: dict[str, list[PhysicalGpu]]) -> Iterator[str]:
+    """kwok ``nodes`` with gpushare's slices, the DeviceClass and a namespace (its name)."""
+    namespace = f"dra-{uuid.uuid4().hex[:6]}"
+    with contextlib.ExitStack() as stack:
+        create_nodes(kube, [plain_node(name) for name in nodes])
+        stack.callback(delete_nodes, kube, list(nodes))
+        device_class = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }  # fmt: skip
+        with contextlib.suppress(Exception):
+            kube.create(from_dict(device_class))
+        for name, devices in nodes.items():
+            body = resource_slice(name, devices, unit=MemoryUnit.GIB, generation=1)
+            kube.create(from_dict(body))
+            stack.callback(kube.delete, ResourceSlice, body["metadata"]["name"])
+        kube.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": namespace}}))  # fmt: skip
+        stack.callback(delete_namespace, kube, namespace)
+        yield namespace
+
+
+def claim_pod(kube: Client, namespace: str, name: str, memory: str, cores: int = 0) -> None:
+    """A ResourceClaim ``name`` asking ``memory`` (and ``cores`` percent) of one GPU, and a pod
+    ``name`` that uses it, for the default kube-scheduler."""
+    requests: dict[str, str] = {MEMORY: memory}
+    if cores:
+        requests[CORES] = str(cores)
+    claim = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": CLASS, "capacity": {"requests": requests}}}]}},
+    }  # fmt: skip
+    kube.create(from_dict(claim))
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.invalid/none:0",
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+        },
+    }  # fmt: skip
+    kube.create(from_dict(pod))
+
+
+def allocation(kube: Client, namespace: str, name: str) -> dict[str, Any] | None:
+    """The claim's single allocation result (``status.allocation.devices.results[0]``), or
+    ``None`` while it is not allocated."""
+    claim = kube.get(ResourceClaim, name, namespace=namespace).to_dict()
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
+    found = results.get("results") or []
+    return found[0] if found else None
+
+
+def allocated(kube: Client, namespace: str, name: str) -> dict[str, Any]:
+    return wait_for(
+        f"claim {namespace}/{name} allocated", lambda: allocation(kube, namespace, name), 60
+    )
+
+
+def test_the_slice_is_accepted_and_claims_share_one_gpu_within_its_memory(kube: Client) -> None:
+    with dra_world(kube, {"dra-n1": gpus(16, 16)}) as namespace:
+        for name in ("a", "b"):
+            claim_pod(kube, namespace, name, "8Gi")
+        first, second = allocated(kube, namespace, "a"), allocated(kube, namespace, "b")
+        for result in (first, second):
+            assert (result["driver"], result["pool"]) == (DRIVER, "dra-n1")
+            assert result["consumedCapacity"][MEMORY] == "8Gi"
+            assert result.get("shareID")
+        assert first["device"] == second["device"] == "gpu-0"  # first fit: both on GPU 0
+        assert first["shareID"] != second["shareID"]
+        claim_pod(kube, namespace, "c", "10Gi")  # GPU 0 has 0 left: GPU 1
+        assert allocated(kube, namespace, "c")["device"] == "gpu-1"
+        claim_pod(kube, namespace, "d", "3500Mi")  # rounds up to 4Gi (the step), GPU 1
+        d = allocated(kube, namespace, "d")
+        assert (d["device"], d["consumedCapacity"][MEMORY]) == ("gpu-1", "4Gi")
+
+
+def test_a_claim_larger_than_any_gpu_stays_pending_with_the_schedulers_reason(
+    kube: Client,
+) -> None:
+    with dra_world(kube, {"dra-n2": gpus(16)}) as namespace:
+        claim_pod(kube, namespace, "huge", "40Gi")
+
+        def unschedulable() -> str | None:
+            pod = kube.get(Pod, "huge", namespace=namespace)
+            for condition in (pod.status.conditions or []) if pod.status else []:
+                if condition.type == "PodScheduled" and condition.status == "False":
+                    return condition.message or ""
+            return None
+
+        message = wait_for("huge unschedulable", unschedulable, 60)
+        assert "cannot allocate all claims" in message, message
+        assert allocation(kube, namespace, "huge") is None
+
+
+def test_an_unhealthy_gpu_takes_no_claim_and_compute_is_shared_too(kube: Client) -> None:
+    with dra_world(kube, {"dra-n3": gpus(16, 16, unhealthy=(0,))}) as namespace:
+        claim_pod(kube, namespace, "x", "2Gi", cores=60)
+        x = allocated(kube, namespace, "x")
+        assert x["device"] == "gpu-1"
+        assert x["consumedCapacity"][CORES] == "60"
+        claim_pod(kube, namespace, "y", "2Gi", cores=60)  # 40 % left on GPU 1, GPU 0 tainted
+
+        def refused() -> str | None:
+            pod = kube.get(Pod, "y", namespace=namespace)
+            for condition in (pod.status.conditions or []) if pod.status else []:
+                if condition.type == "PodScheduled" and condition.status == "False":
+                    return condition.message or ""
+            return None
+
+        wait_for("y unschedulable", refused, 60)
+        assert allocation(kube, namespace, "y") is None
