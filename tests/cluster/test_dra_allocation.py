@@ -7,11 +7,15 @@ scheduler's reason; an unhealthy GPU (device taint) takes no claim. The nodes ar
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
@@ -19,9 +23,16 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.dra._proto.dra import api_pb2 as dra_pb2
+from gpushare.dra._proto.dra import api_pb2_grpc as dra_grpc
+from gpushare.dra._proto.registration import api_pb2 as reg_pb2
+from gpushare.dra._proto.registration import api_pb2_grpc as reg_grpc
+from gpushare.dra.plugin import DraPluginService, cdi_spec_path, serve
 from gpushare.dra.slices import CORES, DRIVER, MEMORY, resource_slice
+from gpushare.kube.claims import ApiClaims
+from gpushare.kube.client import connect
 from gpushare.kube.codec import MemoryUnit
-from gpushare.testing.controlplane import wait_for
+from gpushare.testing.controlplane import ControlPlane, wait_for
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 from gpushare.testing.pods import delete_namespace
 
@@ -155,3 +166,88 @@ def test_an_unhealthy_gpu_takes_no_claim_and_compute_is_shared_too(kube: Client)
 
         wait_for("y unschedulable", refused, 60)
         assert allocation(kube, namespace, "y") is None
+
+
+# -- the kubelet plugin prepares what kube-scheduler allocated ----------------------------------
+
+
+async def _prepare_and_unprepare(
+    control_plane: ControlPlane, tmp_path: Path, namespace: str, node_gpus: list[PhysicalGpu]
+) -> None:
+    claims = {name: kube_claim(control_plane, namespace, name) for name in ("a", "b")}
+    async with connect(control_plane.kubeconfig) as client:
+        service = DraPluginService(
+            driver=DRIVER, node="dra-n4", gpus=lambda: node_gpus, unit=MemoryUnit.GIB,
+            claims=ApiClaims(client), cdi_dir=tmp_path / "cdi",
+        )  # fmt: skip
+        sockets = await serve(service, tmp_path / "dra.sock", tmp_path / "reg.sock")
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{tmp_path / 'reg.sock'}") as channel:
+                info = await reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest())
+                assert (info.type, info.name, list(info.supported_versions)) == (
+                    "DRAPlugin", DRIVER, ["v1.DRAPlugin"]
+                )  # fmt: skip
+                assert info.endpoint == str(tmp_path / "dra.sock")
+                await reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+                    reg_pb2.RegistrationStatus(plugin_registered=True)
+                )
+            assert sockets.registration.registered
+            async with grpc.aio.insecure_channel(f"unix://{tmp_path / 'dra.sock'}") as channel:
+                stub = dra_grpc.DRAPluginStub(channel)
+                asked = [dra_pb2.Claim(namespace=namespace, name=n, uid=c["metadata"]["uid"])
+                         for n, c in claims.items()]  # fmt: skip
+                asked.append(dra_pb2.Claim(namespace=namespace, name="a", uid="not-the-uid-of-a"))
+                asked.append(dra_pb2.Claim(namespace=namespace, name="gone", uid="u-gone"))
+                answer = await stub.NodePrepareResources(
+                    dra_pb2.NodePrepareResourcesRequest(claims=asked)
+                )
+                assert set(answer.claims) == {c.uid for c in asked}  # every claim answered
+                for name, claim in claims.items():
+                    uid = claim["metadata"]["uid"]
+                    entry = answer.claims[uid]
+                    assert entry.error == ""
+                    (device,) = entry.devices
+                    result = claim["status"]["allocation"]["devices"]["results"][0]
+                    assert (device.pool_name, device.device_name) == ("dra-n4", result["device"])
+                    assert device.share_id == result["shareID"]
+                    assert list(device.cdi_device_ids) == [f"gpushare.io/gpu={uid}"]
+                    spec = json.loads(cdi_spec_path(tmp_path / "cdi", uid).read_text())
+                    (cdi,) = spec["devices"]
+                    env = dict(e.split("=", 1) for e in cdi["containerEdits"]["env"])
+                    assert env["NVIDIA_VISIBLE_DEVICES"] == node_gpus[0].uuid, name
+                    assert (env["ALIYUN_COM_GPU_MEM_POD"], env["ALIYUN_COM_GPU_MEM_DEV"]) == (
+                        "8", "16"
+                    )  # fmt: skip
+                assert "kubelet asked for 'not-the-uid-of-a'" in answer.claims["not-the-uid-of-a"].error
+                assert answer.claims["u-gone"].error == f"claim {namespace}/gone not found"
+                done = await stub.NodeUnprepareResources(
+                    dra_pb2.NodeUnprepareResourcesRequest(claims=asked)
+                )
+                assert {uid: e.error for uid, e in done.claims.items()} == {
+                    c.uid: "" for c in asked
+                }
+                assert list((tmp_path / "cdi").iterdir()) == []
+        finally:
+            await sockets.stop()
+    assert not (tmp_path / "dra.sock").exists()
+
+
+def kube_claim(control_plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    with control_plane.client() as kube:
+        allocated(kube, namespace, name)
+        document: dict[str, Any] = kube.get(ResourceClaim, name, namespace=namespace).to_dict()
+        return document
+
+
+def test_the_kubelet_plugin_prepares_the_allocated_claims_and_unprepares_them(
+    kube: Client, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """What kube-scheduler allocated, read from the API server by the plugin over real gRPC on
+    a unix socket: a CDI spec per claim with the GPU's UUID and the share, the answer with the
+    scheduler's device and shareID; a claim made again (another UID) and a claim that is gone
+    get their error, the others are prepared all the same; unprepare removes the specs."""
+    node_gpus = gpus(16, 16)
+    with dra_world(kube, {"dra-n4": node_gpus}) as namespace:
+        for name in ("a", "b"):
+            claim_pod(kube, namespace, name, "8Gi")
+        asyncio.run(_prepare_and_unprepare(control_plane, tmp_path, namespace, node_gpus))

@@ -1,0 +1,212 @@
+"""What kubelet's ``NodePrepareResources`` gives a claim: its allocation read and checked, and the
+CDI spec that hands its containers their GPU and share. Pure; no I/O.
+
+kubelet names a claim (namespace, name, UID); the driver reads the ResourceClaim from the API
+server and takes from ``status.allocation.devices.results`` the results of its own driver
+(others are another driver's to prepare). Each must name this node's pool (the node name) and
+one of its devices (``gpu-<index>``); its ``consumedCapacity`` says the share: ``memory`` in the
+node's unit (a quantity such as ``8Gi``), ``cores`` in percent (absent: none). The claim's UID
+must be the one kubelet named (a claim deleted and made again under the same name is another
+claim). Anything else refuses the claim with a ``ClaimError`` naming the value, the place and
+what is accepted: kubelet then reports the pod's start as failed, with that text.
+
+The CDI spec (``cdi_spec``, CDI 0.6.0; kind ``gpushare.io/gpu``) has one device per claim,
+named by the claim's UID, whose container edits set, for the claim's GPUs in index order, the
+variables the device plugin gives an ``aliyun.com/gpu-mem`` container (Alibaba's names and
+formats, ``gpushare.deviceplugin.allocate``):
+
+* ``NVIDIA_VISIBLE_DEVICES``: the GPU UUIDs;
+* ``ALIYUN_COM_GPU_MEM_IDX``: the GPU indices;
+* ``ALIYUN_COM_GPU_MEM_POD`` and ``ALIYUN_COM_GPU_MEM_CONTAINER``: the claim's memory in all
+  (units of the node);
+* ``ALIYUN_COM_GPU_MEM_DEV``: the whole memory of the first GPU;
+* ``GPUSHARE_CORES_PERCENT``: the compute share of each GPU, when the claim asks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.dra.slices import CORES, MEMORY, device_name
+from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.codec.common import parse_quantity
+
+__all__ = [
+    "CDI_KIND",
+    "CDI_VERSION",
+    "ClaimError",
+    "PreparedClaim",
+    "PreparedDevice",
+    "cdi_device_id",
+    "cdi_spec",
+    "prepared_claim",
+]
+
+CDI_KIND = "gpushare.io/gpu"
+"""The CDI kind of gpushare's devices (``vendor/class``)."""
+CDI_VERSION = "0.6.0"
+"""The CDI specification version of the specs written (containerd 2.x and CRI-O read it)."""
+
+Json = Mapping[str, Any]
+
+
+class ClaimError(ValueError):
+    """A claim this driver cannot prepare; the text names the value, the place and what is
+    accepted."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One allocation result of this driver: the ``request`` it serves, the ``gpu``, the share
+    (``memory_units`` of the node's unit, ``cores_percent``) and the scheduler's ``share_id``
+    (``""`` when none)."""
+
+    request: str
+    gpu: PhysicalGpu
+    memory_units: int
+    cores_percent: int
+    share_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """A claim ``namespace/name`` (``uid``) and its devices on this node, in allocation
+    order."""
+
+    namespace: str
+    name: str
+    uid: str
+    devices: tuple[PreparedDevice, ...]
+
+
+def _text(value: object, where: str, accepted: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 253:
+        raise ClaimError(f"{where}={value!r}: not {accepted}")
+    return value
+
+
+def _units(value: object, where: str, unit: MemoryUnit) -> int:
+    """A memory quantity in whole units of the node's ``unit``."""
+    try:
+        amount = parse_quantity(value)
+    except ValueError as error:
+        raise ClaimError(f"{where}={value!r}: {error}; accepted: a quantity such as 8Gi") from None
+    units = amount / (unit.mib * 1024 * 1024)
+    if units.denominator != 1 or units < 1:
+        raise ClaimError(f"{where}={value!r}: not a whole number of {unit} (at least one)")
+    return int(units)
+
+
+def _percent(value: object, where: str) -> int:
+    try:
+        amount = parse_quantity(value)
+    except ValueError as error:
+        raise ClaimError(f"{where}={value!r}: {error}; accepted: 0-100") from None
+    if amount.denominator != 1 or not 0 <= amount <= 100:
+        raise ClaimError(f"{where}={value!r}: not a whole percentage 0-100")
+    return int(amount)
+
+
+def prepared_claim(
+    claim: Json,
+    *,
+    uid: str,
+    driver: str,
+    node: str,
+    gpus: Sequence[PhysicalGpu],
+    unit: MemoryUnit,
+) -> PreparedClaim:
+    """The devices this driver prepares for ResourceClaim ``claim`` (JSON as the API server
+    returns it) on ``node`` with ``gpus`` (module doc). ``ClaimError`` when the claim is not the
+    one kubelet named (``uid``), is not allocated, or an allocation result of ``driver`` names
+    another node's pool, an unknown device or a share that cannot be read."""
+    meta = claim.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise ClaimError("metadata: not an object")
+    namespace = _text(meta.get("namespace"), "metadata.namespace", "a namespace")
+    name = _text(meta.get("name"), "metadata.name", "a name")
+    subject = f"claim {namespace}/{name}"
+    if meta.get("uid") != uid:
+        raise ClaimError(
+            f"{subject}: metadata.uid={meta.get('uid')!r}, kubelet asked for {uid!r} "
+            "(the claim was made again; kubelet will ask again)"
+        )
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    results = (
+        allocation.get("devices", {}).get("results") if isinstance(allocation, Mapping) else None
+    )
+    if not isinstance(results, list):
+        raise ClaimError(f"{subject}: status.allocation.devices.results missing: not allocated")
+    by_name = {device_name(gpu.index): gpu for gpu in gpus}
+    devices: list[PreparedDevice] = []
+    for i, result in enumerate(results):
+        where = f"{subject} status.allocation.devices.results[{i}]"
+        if not isinstance(result, Mapping):
+            raise ClaimError(f"{where}: not an object")
+        if result.get("driver") != driver:
+            continue  # another driver's device: not ours to prepare
+        pool = result.get("pool")
+        if pool != node:
+            raise ClaimError(f"{where}.pool={pool!r}: not this node's pool {node!r}")
+        device = result.get("device")
+        gpu = by_name.get(device) if isinstance(device, str) else None
+        if gpu is None:
+            raise ClaimError(
+                f"{where}.device={device!r}: no such GPU on node {node} "
+                f"(its devices: {', '.join(sorted(by_name)) or 'none'})"
+            )
+        consumed = result.get("consumedCapacity") or {}
+        if not isinstance(consumed, Mapping):
+            raise ClaimError(f"{where}.consumedCapacity: not an object")
+        memory = (
+            _units(consumed[MEMORY], f"{where}.consumedCapacity.{MEMORY}", unit)
+            if MEMORY in consumed
+            else gpu.units(unit)  # no share recorded: the whole GPU
+        )
+        cores = (
+            _percent(consumed[CORES], f"{where}.consumedCapacity.{CORES}")
+            if CORES in consumed
+            else 0
+        )
+        share = result.get("shareID") or ""
+        request = _text(result.get("request"), f"{where}.request", "a request name")
+        devices.append(PreparedDevice(request, gpu, memory, cores, str(share)))
+    return PreparedClaim(namespace, name, uid, tuple(devices))
+
+
+def cdi_device_id(claim_uid: str) -> str:
+    """The CDI device ID of a claim's device: ``gpushare.io/gpu=<claim UID>``."""
+    return f"{CDI_KIND}={claim_uid}"
+
+
+def cdi_spec(claim: PreparedClaim, unit: MemoryUnit) -> dict[str, Any]:
+    """The CDI spec of ``claim`` (module doc): one device named by the claim's UID; ``{}``
+    devices list when the claim has none of this driver's devices."""
+    if not claim.devices:
+        return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": []}
+    gpus = sorted({d.gpu.index: d.gpu for d in claim.devices}.values(), key=lambda g: g.index)
+    total = sum(d.memory_units for d in claim.devices)
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
+        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g.index) for g in gpus),
+        "ALIYUN_COM_GPU_MEM_POD": str(total),
+        "ALIYUN_COM_GPU_MEM_CONTAINER": str(total),
+        "ALIYUN_COM_GPU_MEM_DEV": str(gpus[0].units(unit)),
+    }
+    cores = max(d.cores_percent for d in claim.devices)
+    if cores:
+        env["GPUSHARE_CORES_PERCENT"] = str(cores)
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "devices": [
+            {
+                "name": claim.uid,
+                "containerEdits": {"env": [f"{key}={value}" for key, value in env.items()]},
+            }
+        ],
+    }
