@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import grpc
 import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -32,9 +34,17 @@ from gpushare.dra.slices import CORES, DRIVER, MEMORY, resource_slice
 from gpushare.kube.claims import ApiClaims
 from gpushare.kube.client import connect
 from gpushare.kube.codec import MemoryUnit
-from gpushare.testing.controlplane import ControlPlane, wait_for
+from gpushare.kube.resourceslices import publish_slice
+from gpushare.testing.controlplane import (
+    ControlPlane,
+    ManagedProcess,
+    gpushare_argv,
+    wait_for,
+    wait_until,
+)
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 from gpushare.testing.pods import delete_namespace
+from gpushare.testing.rbac import DRA_DRIVER_RULES
 
 pytestmark = pytest.mark.cluster
 
@@ -56,13 +66,7 @@ def dra_world(kube: Client, nodes: dict[str, list[PhysicalGpu]]) -> Iterator[str
     with contextlib.ExitStack() as stack:
         create_nodes(kube, [plain_node(name) for name in nodes])
         stack.callback(delete_nodes, kube, list(nodes))
-        device_class = {
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": CLASS},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }  # fmt: skip
-        with contextlib.suppress(Exception):
-            kube.create(from_dict(device_class))
+        _device_class(kube)
         for name, devices in nodes.items():
             body = resource_slice(name, devices, unit=MemoryUnit.GIB, generation=1)
             kube.create(from_dict(body))
@@ -71,6 +75,17 @@ def dra_world(kube: Client, nodes: dict[str, list[PhysicalGpu]]) -> Iterator[str
                                "metadata": {"name": namespace}}))  # fmt: skip
         stack.callback(delete_namespace, kube, namespace)
         yield namespace
+
+
+def _device_class(kube: Client) -> None:
+    """The DeviceClass of gpushare's GPUs (kept across tests: cluster-scoped, the same each)."""
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }  # fmt: skip
+    with contextlib.suppress(ApiError):  # 409: made by an earlier test
+        kube.create(from_dict(device_class))
 
 
 def claim_pod(kube: Client, namespace: str, name: str, memory: str, cores: int = 0) -> None:
@@ -218,7 +233,10 @@ async def _prepare_and_unprepare(
                     assert (env["ALIYUN_COM_GPU_MEM_POD"], env["ALIYUN_COM_GPU_MEM_DEV"]) == (
                         "8", "16"
                     )  # fmt: skip
-                assert "kubelet asked for 'not-the-uid-of-a'" in answer.claims["not-the-uid-of-a"].error
+                assert (
+                    "kubelet asked for 'not-the-uid-of-a'"
+                    in answer.claims["not-the-uid-of-a"].error
+                )
                 assert answer.claims["u-gone"].error == f"claim {namespace}/gone not found"
                 done = await stub.NodeUnprepareResources(
                     dra_pb2.NodeUnprepareResourcesRequest(claims=asked)
@@ -251,3 +269,92 @@ def test_the_kubelet_plugin_prepares_the_allocated_claims_and_unprepares_them(
         for name in ("a", "b"):
             claim_pod(kube, namespace, name, "8Gi")
         asyncio.run(_prepare_and_unprepare(control_plane, tmp_path, namespace, node_gpus))
+
+
+# -- gpushare dra-driver, the process -----------------------------------------------------------
+
+
+def test_the_dra_driver_publishes_its_slice_serves_claims_and_stops_cleanly(
+    kube: Client, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """``gpushare dra-driver`` under a ServiceAccount with the driver's rules only: it publishes
+    the node's slice from ``--fake-gpus`` (pool generation 1, again 1 after a restart that
+    changes nothing), kube-scheduler allocates a claim on it, the driver's socket prepares it
+    (the CDI spec on disk), and SIGTERM stops it with its sockets removed."""
+    node = "dra-n5"
+    kubeconfig = control_plane.service_account_kubeconfig(
+        "gpushare-dra-driver", "kube-system", DRA_DRIVER_RULES
+    )
+    argv = gpushare_argv(
+        "dra-driver", "--node-name", node, "--fake-gpus", "2x16GiB:T4",
+        "--plugin-dir", str(tmp_path / "plugins"), "--registry-dir", str(tmp_path / "registry"),
+        "--cdi-dir", str(tmp_path / "cdi"), "--resync", "0.5", "--kubeconfig", str(kubeconfig),
+    )  # fmt: skip
+    dra_socket = tmp_path / "plugins" / DRIVER / "dra.sock"
+    registration = tmp_path / "registry" / f"{DRIVER}-reg.sock"
+    name = f"{node}-gpu-gpushare-io"
+    with contextlib.ExitStack() as stack:
+        create_nodes(kube, [plain_node(node)])
+        stack.callback(delete_nodes, kube, [node])
+        stack.callback(lambda: kube.delete(ResourceSlice, name))
+        for run in (1, 2):
+            driver = ManagedProcess(f"dra-driver-{run}", argv, tmp_path).start()
+            stack.callback(driver.stop)
+            wait_until("the driver's sockets", registration.exists, 30, processes=[driver])
+            published = kube.get(ResourceSlice, name).to_dict()["spec"]
+            assert published["pool"]["generation"] == 1, f"run {run}"
+            assert [d["name"] for d in published["devices"]] == ["gpu-0", "gpu-1"]
+            if run == 1:
+                driver.stop()
+                assert driver.exit_code() == 0, driver.log_tail()
+                assert not dra_socket.exists()
+                assert not registration.exists()
+        namespace = f"dra-{uuid.uuid4().hex[:6]}"
+        kube.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": namespace}}))  # fmt: skip
+        stack.callback(delete_namespace, kube, namespace)
+        _device_class(kube)
+        claim_pod(kube, namespace, "p", "4Gi")
+        claim = kube_claim(control_plane, namespace, "p")
+        uid = claim["metadata"]["uid"]
+
+        async def prepare() -> dra_pb2.NodePrepareResourcesResponse:
+            async with grpc.aio.insecure_channel(f"unix://{dra_socket}") as channel:
+                return await dra_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    dra_pb2.NodePrepareResourcesRequest(
+                        claims=[dra_pb2.Claim(namespace=namespace, name="p", uid=uid)]
+                    )
+                )
+
+        answer = asyncio.run(prepare())
+        assert answer.claims[uid].error == ""
+        spec = json.loads(cdi_spec_path(tmp_path / "cdi", uid).read_text())
+        env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
+
+
+def test_a_changed_gpu_is_published_as_the_pools_next_generation(
+    kube: Client, control_plane: ControlPlane
+) -> None:
+    """``publish_slice``: a new slice is generation 1; the same content keeps its generation;
+    a GPU turned unhealthy (a device taint) is the next generation, which the scheduler then
+    reads alone."""
+    node = "dra-n6"
+    healthy = gpus(16, 16)
+    sick = [dataclasses.replace(g, healthy=g.index != 1) for g in healthy]  # GPU 1 only
+
+    async def publish_all() -> list[int]:
+        async with connect(control_plane.kubeconfig) as client:
+            return [
+                await publish_slice(
+                    client, resource_slice(node, found, unit=MemoryUnit.GIB, generation=1)
+                )
+                for found in (healthy, healthy, sick, sick, healthy)
+            ]
+
+    try:
+        assert asyncio.run(publish_all()) == [1, 1, 2, 2, 3]
+        devices = kube.get(ResourceSlice, f"{node}-gpu-gpushare-io").to_dict()["spec"]["devices"]
+        assert [bool(d.get("taints")) for d in devices] == [False, False]
+    finally:
+        kube.delete(ResourceSlice, f"{node}-gpu-gpushare-io")

@@ -38,6 +38,7 @@ from gpushare.dra._proto.registration import api_pb2_grpc as reg_pb2_grpc
 from gpushare.dra.prepare import ClaimError, cdi_device_id, cdi_spec, prepared_claim
 from gpushare.dra.slices import device_name
 from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.errors import KubeError
 
 __all__ = [
     "DRA_VERSION",
@@ -61,7 +62,8 @@ class ClaimSource(Protocol):
     """Where ResourceClaims are read (the API server, ``gpushare.kube``)."""
 
     async def claim(self, namespace: str, name: str) -> Mapping[str, Any]:
-        """The ResourceClaim ``namespace/name`` as JSON; ``LookupError`` when there is none."""
+        """The ResourceClaim ``namespace/name`` as JSON; ``LookupError`` when there is none,
+        ``KubeError`` when it cannot be read now."""
         ...
 
 
@@ -117,7 +119,7 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
         except LookupError:
             error = f"claim {claim.namespace}/{claim.name} not found"
             return api_pb2.NodePrepareResourceResponse(error=error)
-        except (ClaimError, OSError) as error:
+        except (ClaimError, KubeError, OSError) as error:
             log.warning("preparing claim %s/%s: %s", claim.namespace, claim.name, error)
             return api_pb2.NodePrepareResourceResponse(error=str(error))
         devices = []

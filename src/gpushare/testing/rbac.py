@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from lightkube.models.rbac_v1 import PolicyRule
 
-__all__ = ["EXTENDER_RULES", "EXTENDER_RULES_BUT_NODES", "READ_NODES"]
+__all__ = ["DRA_DRIVER_RULES", "EXTENDER_RULES", "EXTENDER_RULES_BUT_NODES", "READ_NODES"]
 
 READ_NODES = PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "list", "watch"])
 EXTENDER_RULES_BUT_NODES = [
@@ -28,3 +28,12 @@ EXTENDER_RULES_BUT_NODES = [
 ]
 """Everything but reading nodes (a test may leave that out on purpose)."""
 EXTENDER_RULES = [READ_NODES, *EXTENDER_RULES_BUT_NODES]
+
+DRA_DRIVER_RULES = [
+    PolicyRule(
+        apiGroups=["resource.k8s.io"], resources=["resourceslices"],
+        verbs=["get", "create", "update"],
+    ),
+    PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get"]),
+]  # fmt: skip
+"""What ``gpushare dra-driver`` needs: its node's ResourceSlice, the claims kubelet names."""

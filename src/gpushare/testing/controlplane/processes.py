@@ -96,6 +96,11 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The exit status once the process has exited (negative: killed by that signal);
+        ``None`` while it runs or before it started."""
+        return None if self._proc is None else self._proc.poll()
+
     def check_running(self) -> None:
         """Raise with the log's tail when the process has exited."""
         if self._proc is not None and self._proc.poll() is not None:

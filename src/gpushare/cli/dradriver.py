@@ -1,0 +1,128 @@
+"""``gpushare dra-driver``: the Dynamic Resource Allocation driver of one node
+(``gpushare.dra.driver``): the node's GPUs as a ResourceSlice with consumable memory and compute,
+and the kubelet plugin that prepares claims (CDI specs). docs/dra.md.
+
+User errors (no NVML, a bad ``--fake-gpus``, a GPU smaller than one unit, missing RBAC, a socket
+that cannot be made) end with one line naming the value and the fix, exit 2 for usage and 1
+otherwise, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+import click
+
+from gpushare.cli.deviceplugin import _inventory
+from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
+from gpushare.dra.driver import DraDriver, DriverOptions
+from gpushare.dra.slices import DRIVER
+from gpushare.kube.claims import ApiClaims
+from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.errors import KubeError
+
+
+async def _serve(driver: DraDriver) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await driver.run(stop)
+
+
+@click.command("dra-driver")
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    required=True,
+    help="This node's name (env NODE_NAME; from spec.nodeName by the downward API).",
+)
+@click.option(
+    "--fake-gpus",
+    metavar="SPEC",
+    help="Declare fake GPUs instead of NVML discovery, as for device-plugin ('2x16GiB:T4').",
+)
+@click.option(
+    "--memory-unit",
+    type=click.Choice([u.value for u in MemoryUnit]),
+    default=MemoryUnit.GIB.value,
+    show_default=True,
+    help="The unit a GPU's memory is shared in (a claim's request rounds up to it).",
+)
+@click.option(
+    "--driver-name",
+    default=DRIVER,
+    show_default=True,
+    help="The DRA driver name (slices, DeviceClass selector, kubelet plugin).",
+)
+@click.option(
+    "--plugin-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/kubelet/plugins"),
+    show_default=True,
+    help="Where the plugin socket goes (<dir>/<driver>/dra.sock).",
+)
+@click.option(
+    "--registry-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/kubelet/plugins_registry"),
+    show_default=True,
+    help="kubelet's plugin registry (<dir>/<driver>-reg.sock).",
+)
+@click.option(
+    "--cdi-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/run/cdi"),
+    show_default=True,
+    help="Where the claims' CDI specs are written (the container runtime reads them).",
+)
+@click.option(
+    "--resync",
+    "resync_s",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between inventory reads (health changes).",
+)
+@kube_options
+@log_level_option
+def dra_driver(
+    *,
+    node_name: str,
+    fake_gpus: str | None,
+    memory_unit: str,
+    driver_name: str,
+    plugin_dir: Path,
+    registry_dir: Path,
+    cdi_dir: Path,
+    resync_s: float,
+    kubeconfig: Path | None,
+    context: str | None,
+    log_level: str,
+) -> None:
+    """Run the DRA driver of this node: publish its GPUs as a ResourceSlice and prepare the
+    claims kube-scheduler allocates on them."""  # fmt: skip
+    setup_logging(log_level)
+    inventory, _ = _inventory(fake_gpus)
+    options = DriverOptions(
+        node=node_name, unit=MemoryUnit(memory_unit), driver=driver_name, plugin_dir=plugin_dir,
+        registry_dir=registry_dir, cdi_dir=cdi_dir, resync_s=resync_s,
+    )  # fmt: skip
+    client = connect_or_exit(kubeconfig, context)
+    try:
+        asyncio.run(_serve(DraDriver(options, inventory, client, ApiClaims(client))))
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    except KubeError as error:
+        raise click.ClickException(
+            f"node {node_name}: {error} (the driver needs get/create/update on resourceslices "
+            "and get on resourceclaims)"
+        ) from None
+    except OSError as error:
+        raise click.ClickException(f"cannot serve: {error}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run(client.close())

@@ -1,0 +1,72 @@
+"""Publishing a node's ResourceSlice (``resource.k8s.io/v1``) for the DRA driver: created, or
+replaced with the next pool generation when what it says changed (``publish_slice``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
+
+__all__ = ["publish_slice"]
+
+
+async def publish_slice(client: AsyncClient, body: Mapping[str, Any]) -> int:
+    """Make the ResourceSlice ``body`` (JSON; ``spec.pool.generation`` ignored) the one the API
+    server holds under its name, and return the pool generation it now has: 1 for a new slice,
+    the one it had when its spec says the same, else that one plus 1 (the scheduler then drops
+    what an older generation said). ``ApiCallError`` (``gpushare.kube.errors``) when the API
+    server refuses or cannot be reached."""
+    name = body["metadata"]["name"]
+    try:
+        return await _publish(client, name, body)
+    except ApiError as error:
+        raise api_call_error(f"publish ResourceSlice {name}", error) from error
+    except CLIENT_ERRORS as error:
+        raise api_call_error(f"publish ResourceSlice {name}", error) from error
+
+
+async def _publish(client: AsyncClient, name: str, body: Mapping[str, Any]) -> int:
+    wanted = copy.deepcopy(dict(body))
+    try:
+        current = (await client.get(ResourceSlice, name)).to_dict()
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+        wanted["spec"]["pool"]["generation"] = 1
+        await client.create(from_dict(wanted))
+        return 1
+    generation = int(current["spec"]["pool"]["generation"])
+    wanted["spec"]["pool"]["generation"] = generation
+    if _same(current["spec"], wanted["spec"]):
+        return generation
+    wanted["spec"]["pool"]["generation"] = generation + 1
+    wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    await client.replace(from_dict(wanted))
+    return generation + 1
+
+
+def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether the spec the API server holds says what ``wanted`` says (the server adds
+    defaults, so only the keys ``wanted`` sets are compared)."""
+    return all(_covers(current.get(key), value) for key, value in wanted.items())
+
+
+def _covers(current: object, wanted: object) -> bool:
+    if isinstance(wanted, Mapping):
+        return isinstance(current, Mapping) and all(
+            _covers(current.get(k), v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(current, list)
+            and len(current) == len(wanted)
+            and all(_covers(c, w) for c, w in zip(current, wanted, strict=True))
+        )
+    return current == wanted
