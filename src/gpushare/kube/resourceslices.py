@@ -4,6 +4,8 @@ replaced with the next pool generation when what it says changed (``publish_slic
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +16,12 @@ from lightkube.resources.resource_v1 import ResourceSlice
 
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
 
-__all__ = ["publish_slice"]
+__all__ = ["DIGEST", "publish_slice"]
+
+DIGEST = "gpushare.io/slice-digest"
+"""The slice's annotation holding the SHA-256 of the spec it was published with (pool
+generation left out): what the API server holds is compared by it, not field by field (the
+server adds defaults, and a field dropped, such as a GPU's taint, must count as a change)."""
 
 
 async def publish_slice(client: AsyncClient, body: Mapping[str, Any]) -> int:
@@ -34,6 +41,9 @@ async def publish_slice(client: AsyncClient, body: Mapping[str, Any]) -> int:
 
 async def _publish(client: AsyncClient, name: str, body: Mapping[str, Any]) -> int:
     wanted = copy.deepcopy(dict(body))
+    wanted["spec"]["pool"]["generation"] = 0  # not part of what the slice says
+    digest = hashlib.sha256(json.dumps(wanted["spec"], sort_keys=True).encode()).hexdigest()
+    wanted["metadata"].setdefault("annotations", {})[DIGEST] = digest
     try:
         current = (await client.get(ResourceSlice, name)).to_dict()
     except ApiError as error:
@@ -43,30 +53,9 @@ async def _publish(client: AsyncClient, name: str, body: Mapping[str, Any]) -> i
         await client.create(from_dict(wanted))
         return 1
     generation = int(current["spec"]["pool"]["generation"])
-    wanted["spec"]["pool"]["generation"] = generation
-    if _same(current["spec"], wanted["spec"]):
+    if (current["metadata"].get("annotations") or {}).get(DIGEST) == digest:
         return generation
     wanted["spec"]["pool"]["generation"] = generation + 1
     wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     await client.replace(from_dict(wanted))
     return generation + 1
-
-
-def _same(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether the spec the API server holds says what ``wanted`` says (the server adds
-    defaults, so only the keys ``wanted`` sets are compared)."""
-    return all(_covers(current.get(key), value) for key, value in wanted.items())
-
-
-def _covers(current: object, wanted: object) -> bool:
-    if isinstance(wanted, Mapping):
-        return isinstance(current, Mapping) and all(
-            _covers(current.get(k), v) for k, v in wanted.items()
-        )
-    if isinstance(wanted, list):
-        return (
-            isinstance(current, list)
-            and len(current) == len(wanted)
-            and all(_covers(c, w) for c, w in zip(current, wanted, strict=True))
-        )
-    return current == wanted
