@@ -18,10 +18,11 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Pod, ServiceAccount
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
@@ -36,6 +37,8 @@ from gpushare.kube.client import connect
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.resourceslices import publish_slice
 from gpushare.testing.controlplane import (
+    REPO_ROOT,
+    Binaries,
     ControlPlane,
     ManagedProcess,
     gpushare_argv,
@@ -358,3 +361,48 @@ def test_a_changed_gpu_is_published_as_the_pools_next_generation(
         assert [bool(d.get("taints")) for d in devices] == [False, False]
     finally:
         kube.delete(ResourceSlice, f"{node}-gpu-gpushare-io")
+
+
+def test_the_dra_example_is_placed_as_its_comment_says(tmp_path: Path) -> None:
+    """examples/dra/gpu-share.yaml applied unchanged on a control plane with
+    kube-controller-manager (its resourceclaim controller makes each pod's claim from the
+    template): both pods bound, each claim 8Gi and 30 cores of GPU 0, two shares of it."""
+    binaries = Binaries.locate()
+    with (
+        ControlPlane(binaries, controller_manager=True, log_dir=tmp_path) as plane,
+        plane.client() as kube,
+    ):
+        node = "dra-example"
+        create_nodes(kube, [plain_node(node)])
+        kube.create(
+            from_dict(resource_slice(node, gpus(16, 16), unit=MemoryUnit.GIB, generation=1))
+        )
+        wait_until(  # made by kube-controller-manager; pods are refused before it exists
+            "the default ServiceAccount",
+            lambda: any(True for _ in kube.list(ServiceAccount, namespace="default")),
+            60,
+        )
+        example = (REPO_ROOT / "examples/dra/gpu-share.yaml").read_text()
+        for document in yaml.safe_load_all(example):
+            if document["kind"] == "Pod":
+                document["spec"]["tolerations"] = [
+                    {"key": "kwok.x-k8s.io/node", "operator": "Exists"}
+                ]  # kwok's taint; the example is for real nodes
+            if document["kind"] != "DeviceClass":
+                document["metadata"]["namespace"] = "default"
+            kube.create(from_dict(document))
+        results = []
+        for pod in ("dra-inference-a", "dra-inference-b"):
+
+            def claimed(name: str = pod) -> dict[str, Any] | None:
+                found = kube.get(Pod, name, namespace="default")
+                statuses = (found.status.resourceClaimStatuses or []) if found.status else []
+                if not statuses or not statuses[0].resourceClaimName:
+                    return None
+                return allocation(kube, "default", statuses[0].resourceClaimName)
+
+            results.append(wait_for(f"{pod}'s claim allocated", claimed, 90))
+        assert [(r["device"], r["consumedCapacity"]) for r in results] == [
+            ("gpu-0", {MEMORY: "8Gi", CORES: "30"}),
+        ] * 2
+        assert results[0]["shareID"] != results[1]["shareID"]
