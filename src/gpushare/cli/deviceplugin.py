@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from gpushare.cli.gpus import inventory_or_exit
 from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
 from gpushare.deviceplugin.dialects import (
@@ -24,32 +25,15 @@ from gpushare.deviceplugin.dialects import (
 )
 from gpushare.deviceplugin.inventory import (
     DeviceListTooLargeError,
-    FakeGpuSpecError,
-    FakeInventory,
-    Inventory,
     check_message_size,
 )
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME
 from gpushare.deviceplugin.metrics import DEFAULT_METRICS_PORT
 from gpushare.deviceplugin.mps import DEFAULT_MPS_CONTROL, DEFAULT_MPS_ROOT
-from gpushare.deviceplugin.nvml import Nvml, NvmlInventory, NvmlUnavailableError, PynvmlBackend
 from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME
 from gpushare.kube.errors import KubeError
-
-
-def _inventory(fake_gpus: str | None) -> tuple[Inventory, Nvml | None]:
-    """The declared fake, or NVML's GPUs (``ClickException`` with the fix when neither)."""
-    try:
-        if fake_gpus is not None:
-            return FakeInventory(fake_gpus), None
-        inventory = NvmlInventory(PynvmlBackend())
-    except FakeGpuSpecError as error:
-        raise click.BadParameter(str(error), param_hint="--fake-gpus") from None
-    except NvmlUnavailableError as error:
-        raise click.ClickException(str(error)) from None
-    return inventory, inventory.nvml
 
 
 async def _serve(daemon: DevicePluginDaemon) -> None:
@@ -246,7 +230,7 @@ def device_plugin(
             "--mps-managed needs real GPUs (NVML sets their compute mode); it cannot be used "
             "with --fake-gpus"
         )
-    inventory, nvml = _inventory(fake_gpus)
+    inventory, nvml = inventory_or_exit(fake_gpus)
     try:
         check_message_size(inventory.gpus(), MemoryUnit(memory_unit))
         for resource in served:

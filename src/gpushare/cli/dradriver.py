@@ -16,13 +16,13 @@ from pathlib import Path
 
 import click
 
-from gpushare.cli.deviceplugin import _inventory
+from gpushare.cli.gpus import inventory_or_exit
 from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
 from gpushare.dra.driver import DraDriver, DriverOptions
 from gpushare.dra.slices import DRIVER
 from gpushare.kube.claims import ApiClaims
 from gpushare.kube.codec import MemoryUnit
-from gpushare.kube.errors import KubeError
+from gpushare.kube.errors import Failure, KubeError
 
 
 async def _serve(driver: DraDriver) -> None:
@@ -106,7 +106,7 @@ def dra_driver(
     """Run the DRA driver of this node: publish its GPUs as a ResourceSlice and prepare the
     claims kube-scheduler allocates on them."""  # fmt: skip
     setup_logging(log_level)
-    inventory, _ = _inventory(fake_gpus)
+    inventory, _ = inventory_or_exit(fake_gpus)
     options = DriverOptions(
         node=node_name, unit=MemoryUnit(memory_unit), driver=driver_name, plugin_dir=plugin_dir,
         registry_dir=registry_dir, cdi_dir=cdi_dir, resync_s=resync_s,
@@ -117,10 +117,12 @@ def dra_driver(
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     except KubeError as error:
-        raise click.ClickException(
-            f"node {node_name}: {error} (the driver needs get/create/update on resourceslices "
-            "and get on resourceclaims)"
-        ) from None
+        hint = (
+            " (the driver needs get/create/update on resourceslices and get on resourceclaims)"
+            if error.failure is Failure.FORBIDDEN
+            else ""
+        )
+        raise click.ClickException(f"node {node_name}: {error}{hint}") from None
     except OSError as error:
         raise click.ClickException(f"cannot serve: {error}") from None
     finally:
