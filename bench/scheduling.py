@@ -15,19 +15,23 @@ the extender, so the same scheduler is its own baseline.
 Each round creates ``--pods`` pods first, with the scheduler stopped, then starts it and times
 the first to the last binding (``spec.nodeName`` set), so pod creation and scheduler start-up
 are not counted: (1) pods without GPU memory (100m CPU), (2) pods asking 2 GiB of
-``aliyun.com/gpu-mem`` each (bound by the extender). Reports pods/s per round, the medians and
-the ratio gpu/plain, and the extender's own mean time per filter, prioritize and bind
-request (its ``/metrics``). Prints progress. ``--profile out/sched.txt`` samples the extender
-with py-spy (non-blocking, so it does not pause the process it measures; the ``bench`` extra)
-through the rounds and writes collapsed stacks there. kube-scheduler binds pods without GPU
-memory itself, through its client's rate limit (50/s, burst 100, by default), while the
-extender binds GPU pods with its own client: ``--scheduler-qps 500`` lifts that limit for both
-kinds, to compare the scheduling cycles alone.
+``aliyun.com/gpu-mem`` each (bound by the extender), and with ``--dra`` (3) pods each with a
+ResourceClaim asking 2 GiB of one GPU as consumable capacity (docs/dra.md; every node then also
+publishes gpushare's ResourceSlice of its eight GPUs; kube-scheduler allocates the claims itself,
+the extender is not asked: it manages ``aliyun.com/gpu-mem`` only). Reports pods/s per round, the
+medians and the ratios gpu/plain (and claim/plain, claim/gpu), and the extender's own mean time
+per filter, prioritize and bind request (its ``/metrics``). Prints progress.
+``--profile out/sched.txt`` samples the extender with py-spy (non-blocking, so it does not pause the
+process it measures; the ``bench`` extra) through the rounds and writes collapsed stacks there.
+kube-scheduler binds pods without GPU memory itself, through its client's rate limit (50/s, burst
+100, by default), while the extender binds GPU pods with its own client: ``--scheduler-qps 500``
+lifts that limit for both kinds, to compare the scheduling cycles alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -40,11 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.dra.slices import DRIVER, MEMORY, resource_slice
 from gpushare.kube.codec import GPU_MEM, MemoryUnit
 from gpushare.testing.controlplane import (
     Binaries,
@@ -58,6 +67,48 @@ from gpushare.testing.live_extender import http_get
 from gpushare.testing.nodes import create_nodes, gpu_node
 
 SCHEDULER = "gpushare-bench"
+CLAIM = -1
+"""The ``gpu_mem`` of a round of claim pods (``--dra``)."""
+DEVICE_CLASS = "gpushare-gpu"
+
+
+def publish_slices(kube: Client, names: list[str]) -> None:
+    """gpushare's ResourceSlice for each node in ``names`` (eight 16 GiB GPUs) and the
+    DeviceClass: a test publisher standing in for one ``gpushare dra-driver`` per node."""
+    with contextlib.suppress(ApiError):
+        kube.create(from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": DEVICE_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }))  # fmt: skip
+    for name in names:
+        gpus = [PhysicalGpu(i, f"GPU-{name}-{i}", i, "Tesla-V100", 16384) for i in range(8)]
+        kube.create(from_dict(resource_slice(name, gpus, unit=MemoryUnit.GIB, generation=1)))
+
+
+def claim_pods(kube: Client, namespace: str, count: int) -> None:
+    """``count`` pods, each with its ResourceClaim asking 2Gi of one GPU."""
+    for i in range(count):
+        kube.create(from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"p{i}", "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DEVICE_CLASS,
+                "capacity": {"requests": {MEMORY: "2Gi"}}}}]}},
+        }))  # fmt: skip
+        kube.create(from_dict({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"p{i}", "namespace": namespace},
+            "spec": {
+                "schedulerName": SCHEDULER,
+                "containers": [{
+                    "name": "main", "image": "registry.invalid/gpushare/bench:0",
+                    "resources": {"limits": {"cpu": "100m", "memory": "64Mi"},
+                                  "claims": [{"name": "gpu"}]},
+                }],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": f"p{i}"}],
+            },
+        }))  # fmt: skip
 
 
 def pods(namespace: str, count: int, gpu_mem: int | None) -> Iterator[Pod]:
@@ -111,8 +162,11 @@ def one_round(
     count, gpu_mem = what
     namespace = f"bench-{tag}-{time.time_ns()}"
     kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    for pod in pods(namespace, count, gpu_mem):
-        kube.create(pod)
+    if gpu_mem == CLAIM:
+        claim_pods(kube, namespace, count)
+    else:
+        for pod in pods(namespace, count, gpu_mem):
+            kube.create(pod)
     client: dict[str, Any] = {"kubeconfig": str(plane.kubeconfig)}
     if qps is not None:  # kube-scheduler's own client limit (default 50/s, burst 100)
         client.update(qps=qps, burst=int(2 * qps))
@@ -127,6 +181,8 @@ def one_round(
     for pod in kube.list(Pod, namespace=namespace):  # free the nodes for the next round
         if pod.metadata is not None and pod.metadata.name:
             kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
+    if gpu_mem == CLAIM:  # a claim's allocation is in its status: deleting it frees the GPU
+        kube.deletecollection(ResourceClaim, namespace=namespace)
     return rate
 
 
@@ -138,11 +194,16 @@ def measure(
     rounds: int,
     *,
     qps: float | None = None,
+    dra: bool = False,
 ) -> dict[str, list[float]]:
-    """pods/s per round, for pods without GPU memory ("plain") and with 2 GiB ("gpu")."""
-    rates: dict[str, list[float]] = {"plain": [], "gpu": []}
+    """pods/s per round, for pods without GPU memory ("plain"), with 2 GiB ("gpu") and, with
+    ``dra``, with a claim of 2 GiB ("claim")."""
+    kinds: list[tuple[str, int | None]] = [("plain", None), ("gpu", 2)]
+    if dra:
+        kinds.append(("claim", CLAIM))
+    rates: dict[str, list[float]] = {tag: [] for tag, _ in kinds}
     for r in range(rounds):
-        for tag, gpu_mem in (("plain", None), ("gpu", 2)):
+        for tag, gpu_mem in kinds:
             rate = one_round(plane, kube, url_prefix, (count, gpu_mem), tag, qps=qps)
             rates[tag].append(rate)
             print(f"round {r + 1}/{rounds} {tag:<5} {rate:7.1f} pods/s", flush=True)
@@ -177,6 +238,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=0.8, help="least ratio gpu/plain")
     parser.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the extender")
     parser.add_argument(
+        "--dra", action="store_true", help="also time pods with ResourceClaims (docs/dra.md)"
+    )
+    parser.add_argument(
         "--scheduler-qps",
         type=float,
         help="kube-scheduler's client QPS (burst twice it); default its own, 50 (burst 100), "
@@ -194,6 +258,11 @@ def main() -> int:
             timeout=600,
         )
         print(f"  {time.monotonic() - started:.0f} s", flush=True)
+        if args.dra:
+            print(f"publishing {args.nodes} ResourceSlices ...", flush=True)
+            started = time.monotonic()
+            publish_slices(kube, [f"bench-{i:04d}" for i in range(args.nodes)])
+            print(f"  {time.monotonic() - started:.0f} s", flush=True)
         (port,) = free_ports(1)
         argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", "extender"]
         argv += ["--kubeconfig", str(plane.kubeconfig), "--host", "127.0.0.1", "--port", str(port)]
@@ -212,7 +281,10 @@ def main() -> int:
                     spy += ["--pid", str(extender.pid), "--format", "raw", "--rate", "100"]
                     profiler = subprocess.Popen([*spy, "--output", str(args.profile)])
                 prefix = f"{url}/gpushare-scheduler"
-                rates = measure(plane, kube, prefix, args.pods, args.rounds, qps=args.scheduler_qps)
+                rates = measure(
+                    plane, kube, prefix, args.pods, args.rounds, qps=args.scheduler_qps,
+                    dra=args.dra,
+                )  # fmt: skip
                 means = request_means_ms(url)
             finally:
                 extender.stop()
@@ -222,6 +294,12 @@ def main() -> int:
     print(f"median: pods without GPU memory {plain:.1f} pods/s, GPU-memory pods {gpu:.1f} pods/s")
     met = "met" if gpu >= args.budget * plain else "NOT met"
     print(f"ratio {gpu / plain:.2f} (budget >= {args.budget:g}: {met})")
+    if args.dra:
+        claim = statistics.median(rates["claim"])
+        print(
+            f"claim pods (DRA, consumable capacity) {claim:.1f} pods/s: "
+            f"{claim / plain:.2f} x plain, {claim / gpu:.2f} x the extender path"
+        )
     shown = ", ".join(f"{verb} {ms:.2f} ms" for verb, ms in sorted(means.items()))
     print(f"the extender's mean time per request (all rounds): {shown}")
     print(f"load averages at the end: {os.getloadavg()}")
