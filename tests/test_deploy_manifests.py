@@ -31,6 +31,7 @@ import click
 import pytest
 
 from gpushare.cli.deviceplugin import device_plugin
+from gpushare.cli.dradriver import dra_driver
 from gpushare.cli.extender import extender
 from gpushare.core.policies import policy_names
 from gpushare.core.serves import Serves
@@ -49,6 +50,7 @@ from gpushare.testing.helm import (
     parse_yaml,
     render_objects,
 )
+from gpushare.testing.rbac import DRA_DRIVER_RULES
 
 SCHEDULER_DIR = REPO_ROOT / "deploy" / "scheduler"
 EXTENDER_RULES = (  # docs/extender.md, "Running it": RBAC for its identity
@@ -144,7 +146,8 @@ def test_chart_metadata(helm: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "settings", ["scheduler.second.enabled=false", "scheduler.second.enabled=true"]
+    "settings",
+    ["scheduler.second.enabled=false", "scheduler.second.enabled=true", "draDriver.enabled=true"],
 )
 def test_helm_lint_strict(helm: Path, settings: str, tmp_path: Path) -> None:
     homes = {f"HELM_{k}_HOME": str(tmp_path) for k in ("CACHE", "CONFIG", "DATA")}
@@ -1055,3 +1058,59 @@ def test_the_openssl_recipe_for_the_plain_manifests_makes_a_secret_they_can_use(
     volumes = find(manifest, "Deployment", "gpushare-extender")["spec"]["template"]["spec"]
     assert {"name": "tls", "secret": {"secretName": "gpushare-extender-tls"}} in volumes["volumes"]
     assert "kubectl -n kube-system create secret generic gpushare-extender-tls" in section
+
+
+# ---- the DRA driver (docs/dra.md) -------------------------------------------------------------
+
+DRA_RULES = (  # gpushare.testing.rbac.DRA_DRIVER_RULES, what the driver's tests run with
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+     "verbs": ["get", "create", "update"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def with_dra(helm: Path) -> list[Obj]:
+    return render_objects({"draDriver": {"enabled": True, "fakeGpus": "2x16GiB:T4"}}, helm=helm)
+
+
+def test_the_dra_driver_is_off_by_default(default_objects: list[Obj]) -> None:
+    assert not [o for o in default_objects if "dra-driver" in o["metadata"]["name"]]
+    assert not [o for o in default_objects if o["kind"] == "DeviceClass"]
+    plugin = find(default_objects, "DaemonSet", "gpushare-device-plugin")
+    assert "affinity" not in plugin["spec"]["template"]["spec"]
+
+
+def test_a_node_serves_the_device_plugin_or_the_dra_driver(with_dra: list[Obj]) -> None:
+    """The driver runs on the labelled nodes, the device plugin keeps off them; the driver's
+    flags are the command's, its rules the least it needs; the DeviceClass selects its
+    devices."""
+    driver = find(with_dra, "DaemonSet", "gpushare-dra-driver")
+    spec = driver["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"gpushare.io/dra": "true"}
+    plugin = find(with_dra, "DaemonSet", "gpushare-device-plugin")
+    (term,) = plugin["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "gpushare.io/dra", "operator": "NotIn", "values": ["true"]}
+    ]
+    args = container(driver)["args"]
+    assert args[0] == "dra-driver"
+    assert {a.split("=", 1)[0] for a in args[1:]} <= flags(dra_driver)
+    assert "--fake-gpus=2x16GiB:T4" in args
+    mounts = {m["mountPath"] for m in container(driver)["volumeMounts"]}
+    assert mounts == {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry",
+                      "/var/run/cdi"}  # fmt: skip
+    role = find(with_dra, "ClusterRole", "gpushare-dra-driver")
+    assert normalized(role["rules"]) == normalized(DRA_RULES)
+    binding = find(with_dra, "ClusterRoleBinding", "gpushare-dra-driver")
+    assert binding["subjects"][0]["name"] == spec["serviceAccountName"]
+    device_class = find(with_dra, "DeviceClass", "gpushare-gpu")
+    assert device_class["spec"]["selectors"] == [
+        {"cel": {"expression": 'device.driver == "gpu.gpushare.io"'}}
+    ]
+
+
+def test_the_dra_rules_are_the_tests_rules() -> None:
+    assert normalized(r.to_dict() for r in DRA_DRIVER_RULES) == normalized(DRA_RULES)

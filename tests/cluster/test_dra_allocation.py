@@ -45,6 +45,7 @@ from gpushare.testing.controlplane import (
     wait_for,
     wait_until,
 )
+from gpushare.testing.helm import locate_helm, render_objects
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 from gpushare.testing.pods import delete_namespace
 from gpushare.testing.rbac import DRA_DRIVER_RULES
@@ -406,3 +407,19 @@ def test_the_dra_example_is_placed_as_its_comment_says(tmp_path: Path) -> None:
             ("gpu-0", {MEMORY: "8Gi", CORES: "30"}),
         ] * 2
         assert results[0]["shareID"] != results[1]["shareID"]
+
+
+def test_the_charts_dra_objects_are_accepted_by_the_api_server(kube: Client) -> None:
+    """The chart with ``draDriver.enabled``: its DaemonSet, DeviceClass, ServiceAccount and RBAC
+    pass the real API server's validation (a server-side dry run: nothing is created)."""
+    rendered = render_objects({"draDriver": {"enabled": True}}, helm=locate_helm())
+    dra = [
+        o for o in rendered if "dra-driver" in o["metadata"]["name"] or o["kind"] == "DeviceClass"
+    ]
+    assert sorted(o["kind"] for o in dra) == [
+        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass", "ServiceAccount",
+    ]  # fmt: skip
+    for obj in dra:
+        if obj["kind"] in ("DaemonSet", "ServiceAccount"):
+            obj["metadata"]["namespace"] = "default"
+        kube.create(from_dict(obj), dry_run=True)
