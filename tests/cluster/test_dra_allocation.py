@@ -412,7 +412,8 @@ def test_the_dra_example_is_placed_as_its_comment_says(tmp_path: Path) -> None:
 def test_the_charts_dra_objects_are_accepted_by_the_api_server(kube: Client) -> None:
     """The chart with ``draDriver.enabled``: its DaemonSet, DeviceClass, ServiceAccount and RBAC
     pass the real API server's validation (a server-side dry run: nothing is created)."""
-    rendered = render_objects({"draDriver": {"enabled": True}}, helm=locate_helm())
+    values = {"draDriver": {"enabled": True, "deviceClassName": "gpushare-gpu-chart-check"}}
+    rendered = render_objects(values, helm=locate_helm())  # its own class: CLASS may exist
     dra = [
         o for o in rendered if "dra-driver" in o["metadata"]["name"] or o["kind"] == "DeviceClass"
     ]
