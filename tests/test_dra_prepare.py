@@ -113,3 +113,25 @@ def test_a_claim_without_our_devices_gets_an_empty_spec() -> None:
     prepared = prepare(allocated_claim([result("gpu-0", driver="other.example.com")]))
     assert prepared.devices == ()
     assert cdi_spec(prepared, MemoryUnit.GIB)["devices"] == []
+
+
+@pytest.mark.parametrize(
+    ("results", "limit", "percent"),
+    [
+        pytest.param([result("gpu-1", memory="4Gi")], "0=4096M", "25",
+                     id="a memory share: its share of the GPU's threads, as the device plugin"),
+        pytest.param([result("gpu-1", memory="4Gi", cores="60")], "0=4096M", "60",
+                     id="a compute share: its percentage"),
+        pytest.param([result("gpu-1", memory="2Gi"), result("gpu-0", memory="8Gi")],
+                     "0=8192M,1=2048M", "50", id="two GPUs: by CUDA ordinal, the larger share"),
+    ],
+)  # fmt: skip
+def test_with_mps_the_claim_gets_the_device_plugins_mps_limits(
+    results: list[dict[str, Any]], limit: str, percent: str
+) -> None:
+    spec = cdi_spec(prepare(allocated_claim(results)), MemoryUnit.GIB, mps=True)
+    env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == percent
+    without = cdi_spec(prepare(allocated_claim(results)), MemoryUnit.GIB)
+    assert not [e for e in without["devices"][0]["containerEdits"]["env"] if "CUDA_MPS" in e]

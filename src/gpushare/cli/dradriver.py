@@ -87,6 +87,13 @@ async def _serve(driver: DraDriver) -> None:
     show_default=True,
     help="Seconds between inventory reads (health changes).",
 )
+@click.option(
+    "--mps/--no-mps",
+    default=False,
+    show_default=True,
+    help="Give containers CUDA MPS limits (memory per GPU, thread percentage): the node's GPUs "
+    "must run an MPS control daemon.",
+)
 @kube_options
 @log_level_option
 def dra_driver(
@@ -99,6 +106,7 @@ def dra_driver(
     registry_dir: Path,
     cdi_dir: Path,
     resync_s: float,
+    mps: bool,
     kubeconfig: Path | None,
     context: str | None,
     log_level: str,
@@ -109,7 +117,7 @@ def dra_driver(
     inventory, _ = inventory_or_exit(fake_gpus)
     options = DriverOptions(
         node=node_name, unit=MemoryUnit(memory_unit), driver=driver_name, plugin_dir=plugin_dir,
-        registry_dir=registry_dir, cdi_dir=cdi_dir, resync_s=resync_s,
+        registry_dir=registry_dir, cdi_dir=cdi_dir, resync_s=resync_s, mps=mps,
     )  # fmt: skip
     client = connect_or_exit(kubeconfig, context)
     try:

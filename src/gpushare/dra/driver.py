@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 class DriverOptions:
     """Where the driver lives: ``plugin_dir`` (its DRA socket is ``<plugin_dir>/<driver>/
     dra.sock``), ``registry_dir`` (kubelet's plugin watcher: ``<driver>-reg.sock``), ``cdi_dir``
-    (the CDI specs), the memory ``unit``, ``resync_s`` between inventory reads."""
+    (the CDI specs), the memory ``unit``, ``resync_s`` between inventory reads, ``mps``: give
+    containers CUDA MPS limits (the node runs an MPS daemon)."""
 
     node: str
     unit: MemoryUnit = MemoryUnit.GIB
@@ -38,6 +39,7 @@ class DriverOptions:
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     cdi_dir: Path = Path("/var/run/cdi")
     resync_s: float = 10.0
+    mps: bool = False
 
     @property
     def dra_socket(self) -> Path:
@@ -64,7 +66,7 @@ class DraDriver:
         self.client = client
         self.service = DraPluginService(
             driver=options.driver, node=options.node, gpus=inventory.gpus, unit=options.unit,
-            claims=claims, cdi_dir=options.cdi_dir,
+            claims=claims, cdi_dir=options.cdi_dir, mps=options.mps,
         )  # fmt: skip
         self.generation = 0
 

@@ -100,8 +100,10 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
         unit: MemoryUnit,
         claims: ClaimSource,
         cdi_dir: Path,
+        mps: bool = False,
     ) -> None:
         self.driver = driver
+        self.mps = mps
         self.node = node
         self.gpus = gpus
         self.unit = unit

@@ -20,7 +20,11 @@ formats, ``gpushare.deviceplugin.allocate``):
 * ``ALIYUN_COM_GPU_MEM_POD`` and ``ALIYUN_COM_GPU_MEM_CONTAINER``: the claim's memory in all
   (units of the node);
 * ``ALIYUN_COM_GPU_MEM_DEV``: the whole memory of the first GPU;
-* ``GPUSHARE_CORES_PERCENT``: the compute share of each GPU, when the claim asks one.
+* ``GPUSHARE_CORES_PERCENT``: the compute share of each GPU, when the claim asks one;
+* with ``mps`` (the node's GPUs run CUDA MPS): ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (each GPU's
+  share in MiB, by CUDA ordinal) and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, by the device
+  plugin's rule (``gpushare.deviceplugin.allocate.mps_envs``: the compute share when asked,
+  else the memory share of the GPU; the largest over the claim's GPUs).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.core.handshake import Step
+from gpushare.deviceplugin.allocate import mps_envs
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.dra.slices import CORES, MEMORY, device_name
 from gpushare.kube.codec import MemoryUnit
@@ -178,14 +184,31 @@ def prepared_claim(
     return PreparedClaim(namespace, name, uid, tuple(devices))
 
 
+def _mps_limits(claim: PreparedClaim, unit: MemoryUnit) -> dict[str, str]:
+    """The MPS variables of ``claim`` (module doc), GPUs in index order as CUDA numbers them."""
+    limits: list[str] = []
+    percent = 1
+    by_gpu = sorted(claim.devices, key=lambda d: d.gpu.index)
+    for ordinal, device in enumerate(by_gpu):
+        step = Step(claim.name, (device.gpu.index,), device.memory_units, device.cores_percent * 10)
+        one = mps_envs(step, [device.gpu], unit)
+        limits.append(f"{ordinal}={device.memory_units * unit.mib}M")
+        percent = max(percent, int(one["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]))
+    return {
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ",".join(limits),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent),
+    }
+
+
 def cdi_device_id(claim_uid: str) -> str:
     """The CDI device ID of a claim's device: ``gpushare.io/gpu=<claim UID>``."""
     return f"{CDI_KIND}={claim_uid}"
 
 
-def cdi_spec(claim: PreparedClaim, unit: MemoryUnit) -> dict[str, Any]:
-    """The CDI spec of ``claim`` (module doc): one device named by the claim's UID; ``{}``
-    devices list when the claim has none of this driver's devices."""
+def cdi_spec(claim: PreparedClaim, unit: MemoryUnit, *, mps: bool = False) -> dict[str, Any]:
+    """The CDI spec of ``claim`` (module doc): one device named by the claim's UID, with the MPS
+    limits when ``mps``; an empty ``devices`` list when the claim has none of this driver's
+    devices."""
     if not claim.devices:
         return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": []}
     gpus = sorted({d.gpu.index: d.gpu for d in claim.devices}.values(), key=lambda g: g.index)
@@ -200,6 +223,8 @@ def cdi_spec(claim: PreparedClaim, unit: MemoryUnit) -> dict[str, Any]:
     cores = max(d.cores_percent for d in claim.devices)
     if cores:
         env["GPUSHARE_CORES_PERCENT"] = str(cores)
+    if mps:
+        env.update(_mps_limits(claim, unit))
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
