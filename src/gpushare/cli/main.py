@@ -36,6 +36,7 @@ class LazyCommand:
 SUBCOMMANDS: dict[str, LazyCommand] = {
     "device-plugin": LazyCommand("gpushare.cli.deviceplugin", "device_plugin"),
     "dra-driver": LazyCommand("gpushare.cli.dradriver", "dra_driver"),
+    "dra-templates": LazyCommand("gpushare.cli.dratemplates", "dra_templates"),
     "extender": LazyCommand("gpushare.cli.extender", "extender"),
     "inspect": LazyCommand("gpushare.cli.inspect", "inspect"),
     "simulate": LazyCommand("gpushare.cli.simulate", "simulate", extra="sim"),
