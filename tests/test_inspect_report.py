@@ -512,3 +512,44 @@ def test_gc_paused_restores_the_collector(enabled: bool) -> None:
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_kept_reader_counts_again_only_the_nodes_whose_pods_or_node_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cluster view keeps each node's report (its ledger count, problems included) while
+    the node and its pods are the same objects: a changed pod recounts its node alone, and the
+    report still equals one built afresh; a report of one node (``node=``) keeps nothing."""
+    counted: list[str] = []
+    node_report = report_module._node_report
+
+    def counting(info: Any, *args: Any) -> Any:
+        counted.append(info.node.name)
+        return node_report(info, *args)
+
+    monkeypatch.setattr(report_module, "_node_report", counting)
+    n1, n2 = node("n1", [16, 16]), node("n2", [8])
+    pods = [
+        bound("a", n1, [("main", (0,), 12)]),
+        bound("b", n1, [("main", (0,), 12)]),  # over capacity: skipped, a problem line
+        bound("c", n2, [("main", (0,), 4)]),
+    ]
+    reader = SnapshotReader()
+
+    def kept(objects: list[Json]) -> Report:
+        return build_report(Snapshot((n1, n2), tuple(objects)), reader=reader)
+
+    first = kept(pods)
+    assert counted == ["n1", "n2"]
+    counted.clear()
+    assert kept(pods) == first
+    assert counted == []
+    assert len(first.problems) == 1  # kept with the node's report
+    moved = bound("c", n2, [("main", (0,), 6)])
+    counted.clear()
+    again = kept([*pods[:2], moved])
+    assert counted == ["n2"]
+    assert again == build_report(Snapshot((n1, n2), (*pods[:2], moved)))
+    counted.clear()
+    build_report(Snapshot((n1, n2), tuple(pods)), node="n1", reader=reader)
+    assert counted == ["n1"]

@@ -360,6 +360,8 @@ class _Book:
     placed: list[tuple[Allocation, bool]] = field(default_factory=list)
     unplaced: list[PodAsk] = field(default_factory=list)
     blocked: list[SkippedPod] = field(default_factory=list)
+    reads: list[PodRead] = field(default_factory=list)
+    """The reads it was made of, in order (what a kept node report is checked against)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,6 +470,37 @@ class SnapshotReader:
     def __init__(self) -> None:
         self._reads: dict[int, tuple[Mapping[str, Any], PodRead]] = {}
         self._nodes: dict[int, tuple[Mapping[str, Any], NodeRead]] = {}
+        self._reports: dict[str, _KeptReport] = {}
+
+    def node_report(
+        self,
+        name: str,
+        node_read: NodeRead,
+        book: _Book,
+        pod_rows: bool,
+        build: Callable[[], _KeptReport],
+    ) -> _KeptReport:
+        """The report of node ``name`` made of ``node_read`` and ``book``'s reads: the one kept
+        from the last cluster-wide report when it was made of the very same reads (the node and
+        its pods unchanged since: the reads are the remembered ones), else ``build()``'s, kept
+        for the next."""
+        kept = self._reports.get(name)
+        if (
+            kept is not None
+            and kept.pod_rows == pod_rows
+            and kept.node_read is node_read
+            and len(kept.reads) == len(book.reads)
+            and all(a is b for a, b in zip(kept.reads, book.reads, strict=True))
+        ):
+            return kept
+        made = build()
+        self._reports[name] = made
+        return made
+
+    def forget_reports_but(self, names: Iterable[str]) -> None:
+        """Keep the node reports of ``names`` only (the nodes of the latest report)."""
+        keep = set(names)
+        self._reports = {n: r for n, r in self._reports.items() if n in keep}
 
     def read_nodes(self, nodes: Sequence[Mapping[str, Any]]) -> list[NodeRead]:
         """``read_node`` of each of ``nodes``, in order; only these are remembered after."""
@@ -557,6 +590,7 @@ def build_report(
                 unbound.append((read.request.key, read.request, read.priority))
             continue
         book = books.setdefault(read.bound, _Book())
+        book.reads.append(read)
         if read.blocked is not None:
             book.blocked.append(read.blocked)
         if read.request is None:
@@ -579,9 +613,27 @@ def build_report(
         book = books.get(name, _Book())
         if not (info.gpushare or book.placed or book.unplaced or book.blocked or name == node):
             continue
-        report, state = _node_report(info, address, book, problems, pod_rows)
+        if node is None and reader is not None:  # the cluster view, asked again and again
+
+            def build(
+                info: NodeInfo = info, address: str | None = address, book: _Book = book
+            ) -> _KeptReport:
+                lines: list[str] = []
+                made, made_state = _node_report(info, address, book, lines, pod_rows)
+                return _KeptReport(
+                    infos[info.node.name], tuple(book.reads), pod_rows, made, made_state,
+                    tuple(lines),
+                )  # fmt: skip
+
+            kept = reader.node_report(name, infos[name], book, pod_rows, build)
+            report, state = kept.report, kept.state
+            problems.extend(kept.problems)
+        else:
+            report, state = _node_report(info, address, book, problems, pod_rows)
         nodes.append(report)
         states[name] = state
+    if node is None and reader is not None:
+        reader.forget_reports_but(states)
     candidates = [n for n in nodes if n.gpushare or n.name == node]
     held: Mapping[str, Sequence[PendingPod]] = pins if pending is None else pending
     holds = [h for h in snapshot.holds if node is None or h.node == node]
@@ -598,6 +650,20 @@ def build_report(
         tuple(nodes), tuple(pending_reports), _totals(nodes), tuple(problems), node,
         tuple(hold_reports),
     )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _KeptReport:
+    """A node's report and state as ``SnapshotReader`` keeps them, with what they were made
+    of: the node's read, its pods' reads (compared by identity), ``pod_rows``, and the problem
+    lines its making added."""
+
+    node_read: NodeRead
+    reads: tuple[PodRead, ...]
+    pod_rows: bool
+    report: NodeReport
+    state: NodeState
+    problems: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
