@@ -293,6 +293,7 @@ def test_the_dra_driver_publishes_its_slice_serves_claims_and_stops_cleanly(
         "dra-driver", "--node-name", node, "--fake-gpus", "2x16GiB:T4",
         "--plugin-dir", str(tmp_path / "plugins"), "--registry-dir", str(tmp_path / "registry"),
         "--cdi-dir", str(tmp_path / "cdi"), "--resync", "0.5", "--kubeconfig", str(kubeconfig),
+        "--mps",
     )  # fmt: skip
     dra_socket = tmp_path / "plugins" / DRIVER / "dra.sock"
     registration = tmp_path / "registry" / f"{DRIVER}-reg.sock"
@@ -335,6 +336,8 @@ def test_the_dra_driver_publishes_its_slice_serves_claims_and_stops_cleanly(
         spec = json.loads(cdi_spec_path(tmp_path / "cdi", uid).read_text())
         env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
         assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"  # --mps: 4 of 16 GiB
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
 
 def test_a_changed_gpu_is_published_as_the_pools_next_generation(

@@ -111,18 +111,23 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
         self.cdi_dir = cdi_dir
 
     async def _prepare(self, claim: api_pb2.Claim) -> api_pb2.NodePrepareResourceResponse:
+        where = f"claim {claim.namespace}/{claim.name}"
         try:
             document = await self.claims.claim(claim.namespace, claim.name)
+        except LookupError:
+            return api_pb2.NodePrepareResourceResponse(error=f"{where} not found")
+        except KubeError as error:  # the API server away: kubelet asks again
+            log.warning("reading %s: %s", where, error)
+            return api_pb2.NodePrepareResourceResponse(error=f"reading {where}: {error}")
+        try:
             prepared = prepared_claim(
                 document, uid=claim.uid, driver=self.driver, node=self.node,
                 gpus=self.gpus(), unit=self.unit,
             )  # fmt: skip
-            _write_atomically(cdi_spec_path(self.cdi_dir, claim.uid), cdi_spec(prepared, self.unit))
-        except LookupError:
-            error = f"claim {claim.namespace}/{claim.name} not found"
-            return api_pb2.NodePrepareResourceResponse(error=error)
-        except (ClaimError, KubeError, OSError) as error:
-            log.warning("preparing claim %s/%s: %s", claim.namespace, claim.name, error)
+            spec = cdi_spec(prepared, self.unit, mps=self.mps)
+            _write_atomically(cdi_spec_path(self.cdi_dir, claim.uid), spec)
+        except (ClaimError, OSError) as error:
+            log.warning("preparing %s: %s", where, error)
             return api_pb2.NodePrepareResourceResponse(error=str(error))
         devices = []
         for i, device in enumerate(prepared.devices):
