@@ -89,7 +89,7 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
     """``NodePrepareResources`` and ``NodeUnprepareResources`` of driver ``driver`` on node
     ``node`` (module doc): the node's ``gpus`` (called on every request: health and inventory
     stay current), memory counted in ``unit``, claims read from ``claims``, CDI specs in
-    ``cdi_dir``."""
+    ``cdi_dir``, with the CUDA MPS limits when ``mps``."""
 
     def __init__(
         self,
