@@ -11,7 +11,8 @@
 # The commit is checked out in a git worktree under $OUT (the checkout you edit can change
 # meanwhile); its tests run with this checkout's .venv and the worktree's src/ first on the
 # import path. Summary: $OUT/summary.txt ("run N rc=R SECONDS HH:MM <pytest's last line>");
-# logs: $OUT/run-N.log. Only one soak (and no other node-tier run) at a time on a machine: the
+# logs: $OUT/run-N.log, and each run's temporary directory (the control plane's and the
+# extenders' full logs) $OUT/tmp-N. Only one soak (and no other node-tier run) at a time on a machine: the
 # node tier takes the machine-wide real-node lock, and a second run waits for it.
 set -euo pipefail
 
@@ -43,8 +44,11 @@ cd "$TREE"
 for n in $(seq "$FIRST" $((FIRST + RUNS - 1))); do
     start=$(date +%s)
     rc=0
+    # Its own --basetemp: pytest keeps only the last three of its default temporary directories,
+    # so other pytest sessions on the machine would rotate a failed run's full logs away.
+    rm -rf "$OUT/tmp-$n"
     PYTHONPATH="$TREE/src" timeout 3600 "$ROOT/.venv/bin/pytest" tests/cluster tests/node -q \
-        -p no:cacheprovider >"$OUT/run-$n.log" 2>&1 || rc=$?
+        -p no:cacheprovider --basetemp="$OUT/tmp-$n" >"$OUT/run-$n.log" 2>&1 || rc=$?
     echo "run $n rc=$rc $(($(date +%s) - start))s $(date +%H:%M) $(tail -1 "$OUT/run-$n.log")" \
         >>"$OUT/summary.txt"
 done
