@@ -126,6 +126,16 @@ def allocation(kube: Client, namespace: str, name: str) -> dict[str, Any] | None
     return found[0] if found else None
 
 
+def unschedulable(kube: Client, namespace: str, name: str) -> str | None:
+    """The scheduler's message once pod ``name`` is marked unschedulable (``PodScheduled``
+    false), ``None`` before."""
+    pod = kube.get(Pod, name, namespace=namespace)
+    for condition in (pod.status.conditions or []) if pod.status else []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return condition.message or ""
+    return None
+
+
 def allocated(kube: Client, namespace: str, name: str) -> dict[str, Any]:
     return wait_for(
         f"claim {namespace}/{name} allocated", lambda: allocation(kube, namespace, name), 60
@@ -155,15 +165,7 @@ def test_a_claim_larger_than_any_gpu_stays_pending_with_the_schedulers_reason(
 ) -> None:
     with dra_world(kube, {"dra-n2": gpus(16)}) as namespace:
         claim_pod(kube, namespace, "huge", "40Gi")
-
-        def unschedulable() -> str | None:
-            pod = kube.get(Pod, "huge", namespace=namespace)
-            for condition in (pod.status.conditions or []) if pod.status else []:
-                if condition.type == "PodScheduled" and condition.status == "False":
-                    return condition.message or ""
-            return None
-
-        message = wait_for("huge unschedulable", unschedulable, 60)
+        message = wait_for("huge unschedulable", lambda: unschedulable(kube, namespace, "huge"), 60)
         assert "cannot allocate all claims" in message, message
         assert allocation(kube, namespace, "huge") is None
 
@@ -175,15 +177,7 @@ def test_an_unhealthy_gpu_takes_no_claim_and_compute_is_shared_too(kube: Client)
         assert x["device"] == "gpu-1"
         assert x["consumedCapacity"][CORES] == "60"
         claim_pod(kube, namespace, "y", "2Gi", cores=60)  # 40 % left on GPU 1, GPU 0 tainted
-
-        def refused() -> str | None:
-            pod = kube.get(Pod, "y", namespace=namespace)
-            for condition in (pod.status.conditions or []) if pod.status else []:
-                if condition.type == "PodScheduled" and condition.status == "False":
-                    return condition.message or ""
-            return None
-
-        wait_for("y unschedulable", refused, 60)
+        wait_for("y unschedulable", lambda: unschedulable(kube, namespace, "y"), 60)
         assert allocation(kube, namespace, "y") is None
 
 
