@@ -53,7 +53,8 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
-from gpushare.dra.slices import DRIVER, MEMORY, resource_slice
+from gpushare.dra.slices import MEMORY, device_class, resource_slice
+from gpushare.dra.templates import DEVICE_CLASS
 from gpushare.kube.codec import GPU_MEM, MemoryUnit
 from gpushare.testing.controlplane import (
     Binaries,
@@ -69,18 +70,13 @@ from gpushare.testing.nodes import create_nodes, gpu_node
 SCHEDULER = "gpushare-bench"
 CLAIM = -1
 """The ``gpu_mem`` of a round of claim pods (``--dra``)."""
-DEVICE_CLASS = "gpushare-gpu"
 
 
 def publish_slices(kube: Client, names: list[str]) -> None:
     """gpushare's ResourceSlice for each node in ``names`` (eight 16 GiB GPUs) and the
     DeviceClass: a test publisher standing in for one ``gpushare dra-driver`` per node."""
-    with contextlib.suppress(ApiError):
-        kube.create(from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DEVICE_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }))  # fmt: skip
+    with contextlib.suppress(ApiError):  # 409: made by an earlier run of this plane
+        kube.create(from_dict(device_class(DEVICE_CLASS)))
     for name in names:
         gpus = [PhysicalGpu(i, f"GPU-{name}-{i}", i, "Tesla-V100", 16384) for i in range(8)]
         kube.create(from_dict(resource_slice(name, gpus, unit=MemoryUnit.GIB, generation=1)))

@@ -31,7 +31,8 @@ from gpushare.dra._proto.dra import api_pb2_grpc as dra_grpc
 from gpushare.dra._proto.registration import api_pb2 as reg_pb2
 from gpushare.dra._proto.registration import api_pb2_grpc as reg_grpc
 from gpushare.dra.plugin import DraPluginService, cdi_spec_path, serve
-from gpushare.dra.slices import CORES, DRIVER, MEMORY, resource_slice
+from gpushare.dra.slices import CORES, DRIVER, MEMORY, device_class, resource_slice
+from gpushare.dra.templates import DEVICE_CLASS
 from gpushare.kube.claims import ApiClaims
 from gpushare.kube.client import connect
 from gpushare.kube.codec import MemoryUnit
@@ -52,7 +53,7 @@ from gpushare.testing.rbac import DRA_DRIVER_RULES
 
 pytestmark = pytest.mark.cluster
 
-CLASS = "gpushare-gpu"
+CLASS = DEVICE_CLASS
 GIB = 1024
 
 
@@ -83,13 +84,8 @@ def dra_world(kube: Client, nodes: dict[str, list[PhysicalGpu]]) -> Iterator[str
 
 def _device_class(kube: Client) -> None:
     """The DeviceClass of gpushare's GPUs (kept across tests: cluster-scoped, the same each)."""
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    }  # fmt: skip
     with contextlib.suppress(ApiError):  # 409: made by an earlier test
-        kube.create(from_dict(device_class))
+        kube.create(from_dict(device_class(CLASS)))
 
 
 def claim_pod(kube: Client, namespace: str, name: str, memory: str, cores: int = 0) -> None:

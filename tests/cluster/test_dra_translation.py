@@ -23,7 +23,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from gpushare.cli.main import main
 from gpushare.deviceplugin.inventory import PhysicalGpu
-from gpushare.dra.slices import DRIVER, resource_slice
+from gpushare.dra.slices import device_class, resource_slice
 from gpushare.dra.templates import DEVICE_CLASS
 from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.controlplane import REPO_ROOT, Binaries, ControlPlane, wait_for, wait_until
@@ -107,11 +107,7 @@ def test_an_alibaba_pod_runs_through_the_policy_templates_and_allocation(tmp_pat
         create_nodes(kube, [plain_node(node)])
         gpus = [PhysicalGpu(i, f"GPU-t-{i}", i, "Tesla-T4", 16384) for i in range(2)]
         kube.create(from_dict(resource_slice(node, gpus, unit=MemoryUnit.GIB, generation=1)))
-        kube.create(from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DEVICE_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }))  # fmt: skip
+        kube.create(from_dict(device_class(DEVICE_CLASS)))
         for document in yaml.safe_load_all(POLICY.read_text()):
             kube.create(from_dict(document))
         namespace = "team-a"

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from pathlib import Path
 
 import click
 
 from gpushare.cli.gpus import inventory_or_exit
-from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
+from gpushare.cli.options import (
+    connect_or_exit,
+    kube_options,
+    log_level_option,
+    run_until_signalled,
+    setup_logging,
+)
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
 from gpushare.deviceplugin.dialects import (
     DEFAULT_SPLIT_COUNT,
@@ -34,14 +39,6 @@ from gpushare.deviceplugin.registration import DEVICE_PLUGIN_DIR
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.nodeconfig import NODE_CONFIG_NAME
 from gpushare.kube.errors import KubeError
-
-
-async def _serve(daemon: DevicePluginDaemon) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await daemon.run(stop)
 
 
 @click.command("device-plugin")
@@ -266,7 +263,7 @@ def device_plugin(
     client = connect_or_exit(kubeconfig, context)
     try:
         daemon = DevicePluginDaemon(client, inventory, options, nvml=nvml)
-        asyncio.run(_serve(daemon))
+        asyncio.run(run_until_signalled(daemon.run))
     except DeviceListTooLargeError as error:
         raise click.ClickException(str(error)) from None
     except KubeError as error:

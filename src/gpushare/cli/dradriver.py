@@ -11,26 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from pathlib import Path
 
 import click
 
 from gpushare.cli.gpus import inventory_or_exit
-from gpushare.cli.options import connect_or_exit, kube_options, log_level_option, setup_logging
+from gpushare.cli.options import (
+    connect_or_exit,
+    kube_options,
+    log_level_option,
+    run_until_signalled,
+    setup_logging,
+)
 from gpushare.dra.driver import DraDriver, DriverOptions
 from gpushare.dra.slices import DRIVER
 from gpushare.kube.claims import ApiClaims
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.errors import Failure, KubeError
-
-
-async def _serve(driver: DraDriver) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await driver.run(stop)
 
 
 @click.command("dra-driver")
@@ -121,7 +118,8 @@ def dra_driver(
     )  # fmt: skip
     client = connect_or_exit(kubeconfig, context)
     try:
-        asyncio.run(_serve(DraDriver(options, inventory, client, ApiClaims(client))))
+        driver = DraDriver(options, inventory, client, ApiClaims(client))
+        asyncio.run(run_until_signalled(driver.run))
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     except KubeError as error:

@@ -1,9 +1,12 @@
-"""Options and set-up shared by the long-running commands (``extender``, ``device-plugin``)."""
+"""Options and set-up shared by the long-running commands (``extender``, ``device-plugin``,
+``dra-driver``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -11,7 +14,13 @@ import click
 
 from gpushare.kube.client import AsyncClient, ConfigError, KubeconfigError, connect
 
-__all__ = ["connect_or_exit", "kube_options", "log_level_option", "setup_logging"]
+__all__ = [
+    "connect_or_exit",
+    "kube_options",
+    "log_level_option",
+    "run_until_signalled",
+    "setup_logging",
+]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -58,3 +67,12 @@ def setup_logging(log_level: str) -> None:
     )
     if log_level != "debug":
         logging.getLogger("httpx2").setLevel(logging.WARNING)
+
+
+async def run_until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """``run(stop)``, with ``stop`` set by SIGTERM or SIGINT (the daemon then ends cleanly)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await run(stop)

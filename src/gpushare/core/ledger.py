@@ -380,7 +380,7 @@ class Ledger:
         book = self._books.get(allocation.node)
         if existing is not None:
             if existing.allocation != allocation:
-                return _refusal(LedgerOutcome.CONFLICT, allocation, book, existing)
+                return _refusal(LedgerOutcome.CONFLICT, allocation, book, existing=existing)
             if assumed or existing.expires_at is None:
                 return _success(LedgerOutcome.UNCHANGED, allocation, existing)
             existing.expires_at = None
@@ -393,34 +393,29 @@ class Ledger:
         per_gpu = sorted(amounts.items()) if len(amounts) > 1 else list(amounts.items())
         for index, amount in per_gpu:
             if index not in gpus:
-                return _refusal(
-                    LedgerOutcome.UNKNOWN_GPU, allocation, book, gpu_index=index, requested=amount
-                )
+                return _refusal(LedgerOutcome.UNKNOWN_GPU, allocation, book, index, amount)
         compute = allocation.per_gpu_compute()
         whole = allocation.whole_gpus()
         for index, amount in per_gpu:
             gpu = gpus[index]
-            refused: tuple[LedgerOutcome, int, int | None] | None = None
             used = book.gpu_used.get(index, 0)
             compute_used = book.gpu_compute_used.get(index, 0)
             asked = compute.get(index, 0) if compute else 0
             if not gpu.healthy and not allow_unhealthy:
-                refused = (LedgerOutcome.UNHEALTHY_GPU, amount, 0)
-            elif book.whole_holders.get(index):
-                refused = (LedgerOutcome.HELD_WHOLE, amount, 0)
-            elif index in whole and (used or compute_used):
-                refused = (LedgerOutcome.GPU_IN_USE, amount, gpu.capacity - used)
-            elif amount > gpu.capacity - used:
-                refused = (LedgerOutcome.INSUFFICIENT_GPU, amount, gpu.capacity - used)
-            elif asked > GPU_COMPUTE_MILLI - compute_used:
-                refused = (
-                    LedgerOutcome.INSUFFICIENT_COMPUTE, asked, GPU_COMPUTE_MILLI - compute_used
-                )  # fmt: skip
-            if refused is not None:
-                outcome, requested, available = refused
+                return _refusal(LedgerOutcome.UNHEALTHY_GPU, allocation, book, index, amount, 0)
+            if book.whole_holders.get(index):
+                return _refusal(LedgerOutcome.HELD_WHOLE, allocation, book, index, amount, 0)
+            free = gpu.capacity - used
+            if index in whole and (used or compute_used):
+                return _refusal(LedgerOutcome.GPU_IN_USE, allocation, book, index, amount, free)
+            if amount > free:
                 return _refusal(
-                    outcome, allocation, book, gpu_index=index, requested=requested,
-                    available=available,
+                    LedgerOutcome.INSUFFICIENT_GPU, allocation, book, index, amount, free
+                )
+            if asked > GPU_COMPUTE_MILLI - compute_used:
+                return _refusal(
+                    LedgerOutcome.INSUFFICIENT_COMPUTE, allocation, book, index, asked,
+                    GPU_COMPUTE_MILLI - compute_used,
                 )  # fmt: skip
         expires_at = self._clock() + self._assume_ttl_s if assumed else None
         book.entries[allocation.pod] = _Entry(allocation, expires_at)
@@ -460,15 +455,14 @@ def _success(
     return LedgerResult(outcome, allocation.pod, allocation.node, existing=held)
 
 
-def _refusal(
+def _refusal(  # noqa: PLR0917 (one call per refusal of _record, all positional)
     outcome: LedgerOutcome,
     allocation: Allocation,
     book: _NodeBook | None,
-    existing: _Entry | None = None,
-    *,
     gpu_index: int | None = None,
     requested: int = 0,
     available: int | None = None,
+    existing: _Entry | None = None,
 ) -> LedgerResult:
     """The ``LedgerResult`` of a call that refused ``allocation``, with the node's free and
     capacity per GPU as the call found and left them (``book``: the node's book, if any)."""

@@ -37,6 +37,7 @@ __all__ = [
     "DRIVER",
     "MEMORY",
     "UNHEALTHY_TAINT",
+    "device_class",
     "device_name",
     "resource_slice",
     "slice_name",
@@ -59,6 +60,17 @@ Json = dict[str, Any]
 def device_name(index: int) -> str:
     """The device name of GPU ``index`` in the node's slice: ``gpu-<index>``."""
     return f"gpu-{index}"
+
+
+def device_class(name: str, driver: str = DRIVER) -> Json:
+    """The DeviceClass ``name`` (JSON, ``resource.k8s.io/v1``) that selects ``driver``'s devices
+    (the chart's ``draDriver.deviceClassName``, which renders the same selector)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+    }
 
 
 def slice_name(node: str, driver: str = DRIVER) -> str:
