@@ -5,11 +5,13 @@ allocated: tests/cluster/test_dra_allocation.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.dra.plugin import cdi_spec_path
 from gpushare.dra.prepare import (
     CDI_KIND,
     ClaimError,
@@ -135,3 +137,11 @@ def test_with_mps_the_claim_gets_the_device_plugins_mps_limits(
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == percent
     without = cdi_spec(prepare(allocated_claim(results)), MemoryUnit.GIB)
     assert not [e for e in without["devices"][0]["containerEdits"]["env"] if "CUDA_MPS" in e]
+
+
+@pytest.mark.parametrize("uid", ["../../etc/passwd", "a/b", "", "x" * 64, "-leading"])
+def test_a_claim_uid_that_is_not_one_names_no_file(tmp_path: Path, uid: str) -> None:
+    """kubelet's claim UID is input: it becomes a file name only when it is a UID."""
+    with pytest.raises(ValueError, match="not a UID"):
+        cdi_spec_path(tmp_path, uid)
+    assert cdi_spec_path(tmp_path, "3f2c-9a").name == "gpushare.io-gpu_3f2c-9a.json"

@@ -25,11 +25,12 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod, ServiceAccount
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.deviceplugin.inventory import FakeInventory, PhysicalGpu
 from gpushare.dra._proto.dra import api_pb2 as dra_pb2
 from gpushare.dra._proto.dra import api_pb2_grpc as dra_grpc
 from gpushare.dra._proto.registration import api_pb2 as reg_pb2
 from gpushare.dra._proto.registration import api_pb2_grpc as reg_grpc
+from gpushare.dra.driver import DraDriver, DriverOptions
 from gpushare.dra.plugin import DraPluginService, cdi_spec_path, serve
 from gpushare.dra.slices import CORES, DRIVER, MEMORY, device_class, resource_slice
 from gpushare.dra.templates import DEVICE_CLASS
@@ -207,6 +208,7 @@ async def _prepare_and_unprepare(
                          for n, c in claims.items()]  # fmt: skip
                 asked.append(dra_pb2.Claim(namespace=namespace, name="a", uid="not-the-uid-of-a"))
                 asked.append(dra_pb2.Claim(namespace=namespace, name="gone", uid="u-gone"))
+                asked.append(dra_pb2.Claim(namespace=namespace, name="a", uid="../../etc/x"))
                 answer = await stub.NodePrepareResources(
                     dra_pb2.NodePrepareResourcesRequest(claims=asked)
                 )
@@ -232,12 +234,13 @@ async def _prepare_and_unprepare(
                     in answer.claims["not-the-uid-of-a"].error
                 )
                 assert answer.claims["u-gone"].error == f"claim {namespace}/gone not found"
+                assert "not a UID" in answer.claims["../../etc/x"].error  # names no file
                 done = await stub.NodeUnprepareResources(
                     dra_pb2.NodeUnprepareResourcesRequest(claims=asked)
                 )
-                assert {uid: e.error for uid, e in done.claims.items()} == {
-                    c.uid: "" for c in asked
-                }
+                errors = {uid: e.error for uid, e in done.claims.items()}
+                assert "not a UID" in errors.pop("../../etc/x")
+                assert errors == {c.uid: "" for c in asked if c.uid != "../../etc/x"}
                 assert list((tmp_path / "cdi").iterdir()) == []
         finally:
             await sockets.stop()
@@ -417,3 +420,35 @@ def test_the_charts_dra_objects_are_accepted_by_the_api_server(kube: Client) -> 
         if obj["kind"] in ("DaemonSet", "ServiceAccount"):
             obj["metadata"]["namespace"] = "default"
         kube.create(from_dict(obj), dry_run=True)
+
+
+def test_the_driver_asks_the_api_server_again_only_when_its_slice_changed_or_is_due(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    """Every resync reads the inventory; a slice that says what the last published one said
+    is not asked about again before ``recheck_s``: deleted behind the driver's back, it stays
+    gone until then, and comes back (generation 1, a new slice) once the recheck is due."""
+    node = "dra-n7"
+    name = f"{node}-gpu-gpushare-io"
+
+    async def scenario() -> None:
+        async with connect(control_plane.kubeconfig) as client:
+            inventory = FakeInventory("2x16GiB:T4")
+            patient = DraDriver(DriverOptions(node, recheck_s=3600), inventory, client,
+                                ApiClaims(client))  # fmt: skip
+            assert await patient.publish() == 1
+            await client.delete(ResourceSlice, name)
+            assert await patient.publish() == 1  # unchanged and not due: no API call
+            with pytest.raises(ApiError):
+                await client.get(ResourceSlice, name)
+            due = DraDriver(DriverOptions(node, recheck_s=0), inventory, client,
+                            ApiClaims(client))  # fmt: skip
+            assert await due.publish() == 1
+            assert await due.publish() == 1  # asked again: still there, same generation
+            await client.get(ResourceSlice, name)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        with contextlib.suppress(ApiError):
+            kube.delete(ResourceSlice, name)

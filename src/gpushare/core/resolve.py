@@ -147,19 +147,14 @@ def _container(c: ContainerAsk, view: NodeView) -> ContainerRequest | NotOnNode:
             ))  # fmt: skip
         share = -(-c.gpu_share // view.unit_mib)
     elif c.memory_basis == PERCENT_BASIS:
+        choice = c.request(c.gpu_share, models, positions)  # its GPUs, as the fit will see them
         sizes = [
-            g.capacity for p, g in enumerate(node.gpus) if _allows(models, positions, p, g.model)
+            g.capacity for p, g in enumerate(node.gpus) if choice.allows_at(p, g.model)
         ] or node.capacities
         if not sizes:
             return NotOnNode(UNRESOLVED, "node has no GPUs")
         share = -(-max(sizes) * c.gpu_share // 100)
     return c.request(share, models, positions)
-
-
-def _allows(models: frozenset[str], positions: frozenset[int], position: int, model: str) -> bool:
-    """Whether the GPU at ``position``, of ``model``, is among ``models`` and ``positions``
-    (each empty: any), as ``ContainerRequest.allows_at``."""
-    return (not models or model in models) and (not positions or position in positions)
 
 
 def _by_type(c: ContainerAsk, models: list[str]) -> frozenset[str] | NotOnNode:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -67,8 +68,15 @@ class ClaimSource(Protocol):
         ...
 
 
+_UID = re.compile(r"[0-9a-zA-Z][0-9a-zA-Z-]{0,62}")
+"""What a claim UID may be before it names a file: a Kubernetes UID (a UUID) and no more."""
+
+
 def cdi_spec_path(cdi_dir: Path, claim_uid: str) -> Path:
-    """Where the CDI spec of claim ``claim_uid`` is written."""
+    """Where the CDI spec of claim ``claim_uid`` is written; ``ValueError`` for a UID that is
+    not one (kubelet's request is input: it must not name a path)."""
+    if not _UID.fullmatch(claim_uid):
+        raise ValueError(f"claim uid {claim_uid[:80]!r}: not a UID (letters, digits, '-')")
     return cdi_dir / f"gpushare.io-gpu_{claim_uid}.json"
 
 
@@ -120,12 +128,16 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
             log.warning("reading %s: %s", where, error)
             return api_pb2.NodePrepareResourceResponse(error=f"reading {where}: {error}")
         try:
+            path = cdi_spec_path(self.cdi_dir, claim.uid)
+        except ValueError as error:
+            return api_pb2.NodePrepareResourceResponse(error=str(error))
+        try:
             prepared = prepared_claim(
                 document, uid=claim.uid, driver=self.driver, node=self.node,
                 gpus=self.gpus(), unit=self.unit,
             )  # fmt: skip
             spec = cdi_spec(prepared, self.unit, mps=self.mps)
-            _write_atomically(cdi_spec_path(self.cdi_dir, claim.uid), spec)
+            _write_atomically(path, spec)
         except (ClaimError, OSError) as error:
             log.warning("preparing %s: %s", where, error)
             return api_pb2.NodePrepareResourceResponse(error=str(error))
@@ -171,6 +183,8 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
             try:
                 cdi_spec_path(self.cdi_dir, claim.uid).unlink(missing_ok=True)
                 log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+            except ValueError as error:
+                entry.error = str(error)
             except OSError as error:
                 entry.error = f"removing the CDI spec of claim {claim.uid}: {error}"
             response.claims[claim.uid].CopyFrom(entry)
