@@ -35,14 +35,14 @@ class Memory:
 
 MEMORY_CASES = [
     Memory("a 15 GiB GPU counted in GiB: 15Gi, one GiB a step", T4, MemoryUnit.GIB,
-           {"value": "15Gi", "requestPolicy": {"default": "1Gi", "validRange": {
+           {"value": "15Gi", "requestPolicy": {"default": "15Gi", "validRange": {
                "min": "1Gi", "max": "15Gi", "step": "1Gi"}}}),
     Memory("the same GPU counted in MiB: 15360Mi, one MiB a step", T4, MemoryUnit.MIB,
-           {"value": "15360Mi", "requestPolicy": {"default": "1Mi", "validRange": {
+           {"value": "15360Mi", "requestPolicy": {"default": "15360Mi", "validRange": {
                "min": "1Mi", "max": "15360Mi", "step": "1Mi"}}}),
     Memory("memory not a whole number of units is rounded down, as the device plugin counts",
            PhysicalGpu(0, "GPU-c", 0, "Tesla-P4", 7611), MemoryUnit.GIB,
-           {"value": "7Gi", "requestPolicy": {"default": "1Gi", "validRange": {
+           {"value": "7Gi", "requestPolicy": {"default": "7Gi", "validRange": {
                "min": "1Gi", "max": "7Gi", "step": "1Gi"}}}),
 ]  # fmt: skip
 

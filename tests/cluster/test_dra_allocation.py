@@ -49,7 +49,7 @@ from gpushare.testing.controlplane import (
 )
 from gpushare.testing.helm import locate_helm, render_objects
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
-from gpushare.testing.pods import delete_namespace
+from gpushare.testing.pods import delete_namespace, unschedulable
 from gpushare.testing.rbac import DRA_DRIVER_RULES
 
 pytestmark = pytest.mark.cluster
@@ -121,16 +121,6 @@ def allocation(kube: Client, namespace: str, name: str) -> dict[str, Any] | None
     results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
     found = results.get("results") or []
     return found[0] if found else None
-
-
-def unschedulable(kube: Client, namespace: str, name: str) -> str | None:
-    """The scheduler's message once pod ``name`` is marked unschedulable (``PodScheduled``
-    false), ``None`` before."""
-    pod = kube.get(Pod, name, namespace=namespace)
-    for condition in (pod.status.conditions or []) if pod.status else []:
-        if condition.type == "PodScheduled" and condition.status == "False":
-            return condition.message or ""
-    return None
 
 
 def allocated(kube: Client, namespace: str, name: str) -> dict[str, Any]:

@@ -1,11 +1,14 @@
-"""Pods written for Alibaba's gpushare rewritten into DRA claims at admission, by the
-MutatingAdmissionPolicy of deploy/dra/gpu-mem-to-claims.yaml on the real API server v1.37.1
-(issue 29, item 2, first part; docs/dra.md, "Existing pods unchanged")."""
+"""Pods written for Alibaba's gpushare, Tencent's gpu-manager and HAMi rewritten into DRA claims
+at admission, by the admission policies of deploy/dra/ on the real API server v1.37.1
+(issue 29, item 2; docs/dra.md, "Existing pods unchanged")."""
 
 from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,9 +17,13 @@ import yaml
 from click.testing import CliRunner
 from lightkube import Client
 from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.core.resource import GlobalResource
 from lightkube.resources.admissionregistration_v1 import (
     MutatingAdmissionPolicy,
     MutatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
 )
 from lightkube.resources.core_v1 import Pod, ServiceAccount
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -24,28 +31,78 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from gpushare.cli.main import main
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.dra.slices import device_class, resource_slice
-from gpushare.dra.templates import DEVICE_CLASS
+from gpushare.dra.templates import DEVICE_CLASS, share_template_name, whole_template_name
 from gpushare.kube.codec import MemoryUnit
 from gpushare.testing.controlplane import REPO_ROOT, Binaries, ControlPlane, wait_for, wait_until
 from gpushare.testing.nodes import create_nodes, plain_node
-from gpushare.testing.pods import delete_namespace
+from gpushare.testing.pods import delete_namespace, unschedulable
 
 pytestmark = pytest.mark.cluster
 
 POLICY = REPO_ROOT / "deploy" / "dra" / "gpu-mem-to-claims.yaml"
+DIALECT_POLICIES = REPO_ROOT / "deploy" / "dra" / "vcuda-hami-to-claims.yaml"
+GPU_MEM = "aliyun.com/gpu-mem"
+VCORE, VMEMORY = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
+FORK_CORE, FORK_MEMORY = "nvidia.com/vcuda-core", "nvidia.com/vcuda-memory"
+HAMI_GPU, GPUMEM, GPUCORES = "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"
+GPUMEM_PERCENT = "nvidia.com/gpumem-percentage"
+KINDS: dict[str, type[GlobalResource]] = {
+    "MutatingAdmissionPolicy": MutatingAdmissionPolicy,
+    "MutatingAdmissionPolicyBinding": MutatingAdmissionPolicyBinding,
+    "ValidatingAdmissionPolicy": ValidatingAdmissionPolicy,
+    "ValidatingAdmissionPolicyBinding": ValidatingAdmissionPolicyBinding,
+}
 
 
-def pod(name: str, namespace: str, containers: dict[str, str | None]) -> dict[str, Any]:
-    """Pod ``name``: containers by name, each asking that much ``aliyun.com/gpu-mem`` (or
-    none); bound to a node that does not exist, so that nothing runs it."""
+def pod(name: str, namespace: str, containers: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """Pod ``name``: containers by name, each with those GPU limits (and requests) beside
+    ``cpu: 100m``; bound to a node that does not exist, so that nothing runs it."""
     specs = []
-    for container, gpu_mem in containers.items():
-        limits = {"cpu": "100m"} | ({"aliyun.com/gpu-mem": gpu_mem} if gpu_mem else {})
+    for container, gpu in containers.items():
+        limits = {"cpu": "100m"} | dict(gpu)
         specs.append({"name": container, "image": "registry.invalid/none:0",
                       "resources": {"limits": limits, "requests": dict(limits)}})  # fmt: skip
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"containers": specs, "nodeName": "nowhere"}}  # fmt: skip
+
+
+@contextlib.contextmanager
+def policies(kube: Client, *paths: Path) -> Iterator[None]:
+    """The admission policies and bindings of ``paths`` created, deleted on the way out."""
+    with contextlib.ExitStack() as stack:
+        for path in paths:
+            for document in yaml.safe_load_all(path.read_text()):
+                kube.create(from_dict(document))
+                kind, name = KINDS[document["kind"]], document["metadata"]["name"]
+                stack.callback(partial(kube.delete, kind, name))
+        yield
+
+
+def dra_namespace(kube: Client, stack: contextlib.ExitStack, labels: Mapping[str, str]) -> str:
+    """A new namespace with ``labels``, deleted when ``stack`` closes."""
+    name = f"dra-t-{uuid.uuid4().hex[:5]}"
+    kube.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name, "labels": dict(labels)}}))  # fmt: skip
+    stack.callback(delete_namespace, kube, name)
+    return name
+
+
+def in_effect(kube: Client, namespace: str, limits: Mapping[str, str]) -> None:
+    """Wait until a probe pod asking ``limits`` is translated (policies take effect within
+    seconds of their creation, each on its own: the refusing one may be first)."""
+
+    def translated() -> bool | None:
+        probe = pod(f"probe-{uuid.uuid4().hex[:5]}", namespace, {"main": limits})
+        try:
+            created: dict[str, Any] = created_pod(kube, probe)
+        except ApiError as error:
+            if "gpushare-dra-untranslated" not in (error.status.message or ""):
+                raise
+            return None
+        return True if created["spec"].get("resourceClaims") else None
+
+    wait_for("the policy in effect", translated, 30)
 
 
 def created_pod(kube: Client, body: dict[str, Any]) -> dict[str, Any]:
@@ -57,24 +114,14 @@ def created_pod(kube: Client, body: dict[str, Any]) -> dict[str, Any]:
 def test_a_gpu_mem_pod_gets_claims_in_a_dra_namespace_and_stays_as_it_is_elsewhere(
     kube: Client,
 ) -> None:
-    dra_ns, plain_ns = f"dra-t-{uuid.uuid4().hex[:5]}", f"plain-t-{uuid.uuid4().hex[:5]}"
     with contextlib.ExitStack() as stack:
-        for document in yaml.safe_load_all(POLICY.read_text()):
-            kube.create(from_dict(document))
-        stack.callback(kube.delete, MutatingAdmissionPolicyBinding, "gpushare-gpu-mem-to-claims")
-        stack.callback(kube.delete, MutatingAdmissionPolicy, "gpushare-gpu-mem-to-claims")
-        for name, labels in ((dra_ns, {"gpushare.io/dra": "true"}), (plain_ns, {})):
-            kube.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
-                                   "metadata": {"name": name, "labels": labels}}))  # fmt: skip
-            stack.callback(delete_namespace, kube, name)
-
-        def translated() -> dict[str, Any] | None:  # the policy takes effect within seconds
-            probe = pod(f"probe-{uuid.uuid4().hex[:5]}", dra_ns, {"main": "1"})
-            created: dict[str, Any] = created_pod(kube, probe)
-            return created if created["spec"].get("resourceClaims") else None
-
-        wait_for("the policy in effect", translated, 30)
-        created = created_pod(kube, pod("mixed", dra_ns, {"a": "4", "side": None, "b": "8"}))
+        stack.enter_context(policies(kube, POLICY))
+        dra_ns = dra_namespace(kube, stack, {"gpushare.io/dra": "true"})
+        plain_ns = dra_namespace(kube, stack, {})
+        in_effect(kube, dra_ns, {GPU_MEM: "1"})
+        created = created_pod(
+            kube, pod("mixed", dra_ns, {"a": {GPU_MEM: "4"}, "side": {}, "b": {GPU_MEM: "8"}})
+        )
         spec = created["spec"]
         assert spec["resourceClaims"] == [
             {"name": "gpushare-a", "resourceClaimTemplateName": "gpushare-gpu-mem-4"},
@@ -85,31 +132,149 @@ def test_a_gpu_mem_pod_gets_claims_in_a_dra_namespace_and_stays_as_it_is_elsewhe
         assert b["resources"]["claims"] == [{"name": "gpushare-b"}]
         assert "claims" not in side["resources"]
         for container in (a, b):
-            assert "aliyun.com/gpu-mem" not in container["resources"]["limits"]
-            assert "aliyun.com/gpu-mem" not in container["resources"]["requests"]
-        elsewhere = created_pod(kube, pod("plain", plain_ns, {"main": "4"}))
+            assert GPU_MEM not in container["resources"]["limits"]
+            assert GPU_MEM not in container["resources"]["requests"]
+        elsewhere = created_pod(kube, pod("plain", plain_ns, {"main": {GPU_MEM: "4"}}))
         assert "resourceClaims" not in elsewhere["spec"]
-        assert (
-            elsewhere["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
-        )
+        assert elsewhere["spec"]["containers"][0]["resources"]["limits"][GPU_MEM] == "4"
 
 
-def test_an_alibaba_pod_runs_through_the_policy_templates_and_allocation(tmp_path: Path) -> None:
-    """The whole translation of an ``aliyun.com/gpu-mem: 4`` pod, unchanged, on a control
-    plane with kube-controller-manager: the policy rewrites it, ``gpushare dra-templates`` made
-    the template, the resourceclaim controller makes its claim, kube-scheduler allocates 4Gi of
-    one GPU of gpushare's slice and binds it; a second pod of 12 shares that GPU (16 GiB)."""
+@dataclass(frozen=True)
+class Translation:
+    """A container asking ``limits``: the template its claim names, or the refusal."""
+
+    id: str
+    limits: dict[str, str]
+    template: str | None = None
+    refused: str | None = None
+
+
+TRANSLATIONS = [
+    Translation("gpu-manager: vcuda-core 50 with 32 blocks of 256 MiB is 8 GiB and half of the "
+                "compute", {VCORE: "50", VMEMORY: "32"}, share_template_name(1, 8, 50)),
+    Translation("gpu-manager: 3 blocks (768 MiB) round up to a whole GiB, as the slice would",
+                {VCORE: "10", VMEMORY: "3"}, share_template_name(1, 1, 10)),
+    Translation("gpu-manager: vcuda-core 100 is a whole GPU, its vcuda-memory unused",
+                {VCORE: "100", VMEMORY: "8"}, whole_template_name(1)),
+    Translation("gpu-manager: vcuda-core 200 is two whole GPUs", {VCORE: "200"},
+                whole_template_name(2)),
+    Translation("the gpu-manager fork counts nvidia.com/vcuda-memory in MiB",
+                {FORK_CORE: "30", FORK_MEMORY: "2048"}, share_template_name(1, 2, 30)),
+    Translation("HAMi: two GPUs, each 3000 MiB (3 GiB) and 30 % of the compute",
+                {HAMI_GPU: "2", GPUMEM: "3000", GPUCORES: "30"}, share_template_name(2, 3, 30)),
+    Translation("HAMi: gpumem without nvidia.com/gpu asks one GPU and no compute bound",
+                {GPUMEM: "4096"}, share_template_name(1, 4, 0)),
+    Translation("HAMi: nvidia.com/gpu alone is a whole GPU (all its memory, HAMi's default)",
+                {HAMI_GPU: "1"}, whole_template_name(1)),
+    Translation("HAMi: gpucores 100 is the whole GPU", {HAMI_GPU: "3", GPUMEM: "2000",
+                GPUCORES: "100"}, whole_template_name(3)),
+    Translation("gpu-manager: 150 is neither a share nor whole GPUs", {VCORE: "150"},
+                refused="asks tencent.com/vcuda-core=150, which no ResourceClaim serves"),
+    Translation("gpu-manager: a share without vcuda-memory", {VCORE: "50"},
+                refused="asks tencent.com/vcuda-core=50, which no ResourceClaim serves"),
+    Translation("HAMi: gpumem-percentage is no amount a claim can ask", {GPUMEM_PERCENT: "50"},
+                refused="gpumem-percentage cannot be written as a claim"),
+    Translation("HAMi: no GPU", {HAMI_GPU: "0", GPUMEM: "1000"},
+                refused="asks nvidia.com/gpu=0, nvidia.com/gpumem=1k"),
+    Translation("two dialects in one container", {GPU_MEM: "4", HAMI_GPU: "1"},
+                refused="asks aliyun.com/gpu-mem=4, nvidia.com/gpu=1"),
+]  # fmt: skip
+
+
+def test_gpu_manager_and_hami_pods_get_the_claim_their_ask_names_or_a_clear_refusal(
+    kube: Client,
+) -> None:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(policies(kube, POLICY, DIALECT_POLICIES))
+        namespace = dra_namespace(kube, stack, {"gpushare.io/dra": "true"})
+        in_effect(kube, namespace, {HAMI_GPU: "1"})
+        failures = []
+        for n, case in enumerate(TRANSLATIONS):
+            body = pod(f"p{n}", namespace, {"side": {}, "main": case.limits})
+            try:
+                created = created_pod(kube, body)
+            except ApiError as error:
+                message = error.status.message or ""
+                if case.refused is None or case.refused not in message:
+                    failures.append(f"{case.id}: refused: {message}")
+                elif "container main asks" not in message or "accepted:" not in message:
+                    failures.append(f"{case.id}: the refusal names no container: {message}")
+                continue
+            spec = created["spec"]
+            claims = spec.get("resourceClaims")
+            expected = [{"name": "gpushare-main", "resourceClaimTemplateName": case.template}]
+            if case.template is None or claims != expected:
+                failures.append(f"{case.id}: claims {claims}, expected {case.template}")
+                continue
+            side, main_ = spec["containers"]
+            if "claims" in side["resources"] or main_["resources"]["claims"] != [
+                {"name": "gpushare-main"}
+            ]:
+                failures.append(f"{case.id}: containers' claims {spec['containers']}")
+            for kind in ("limits", "requests"):  # the dialect's resources gone, cpu kept
+                if main_["resources"][kind] != {"cpu": "100m"}:
+                    failures.append(f"{case.id}: {kind} {main_['resources'][kind]}")
+        assert not failures, "\n".join(failures)
+
+
+def allocated(kube: Client, namespace: str, name: str) -> list[dict[str, Any]] | None:
+    """The allocation results of pod ``name``'s one claim once it is allocated and bound."""
+    found = kube.get(Pod, name, namespace=namespace)
+    if found.spec is None or not found.spec.nodeName or found.status is None:
+        return None
+    statuses = found.status.resourceClaimStatuses or []
+    if not statuses or not statuses[0].resourceClaimName:
+        return None
+    claim = kube.get(ResourceClaim, statuses[0].resourceClaimName, namespace=namespace)
+    results: list[dict[str, Any]] = claim.to_dict()["status"]["allocation"]["devices"]["results"]
+    return results
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A pod of one container asking ``limits``, unchanged; the GPUs and capacity its claim got
+    (``None``: it stays Pending)."""
+
+    name: str
+    limits: dict[str, str]
+    consumed: dict[str, dict[str, str]] | None
+
+
+PLACED = [
+    Placed("alibaba-4", {GPU_MEM: "4"}, {"gpu-0": {"memory": "4Gi", "cores": "0"}}),
+    Placed("alibaba-12", {GPU_MEM: "12"}, {"gpu-0": {"memory": "12Gi", "cores": "0"}}),
+    Placed("vcuda-half", {VCORE: "50", VMEMORY: "32"},
+           {"gpu-1": {"memory": "8Gi", "cores": "50"}}),
+    Placed("hami-share", {GPUMEM: "4000", GPUCORES: "30"},
+           {"gpu-1": {"memory": "4Gi", "cores": "30"}}),
+    Placed("hami-two-whole", {HAMI_GPU: "2"},
+           {"gpu-2": {"memory": "16Gi", "cores": "100"},
+            "gpu-3": {"memory": "16Gi", "cores": "100"}}),
+    # gpu-0's memory is taken, gpu-1 has 20 % of compute left, gpu-2 and gpu-3 are whole
+    Placed("hami-no-room", {GPUMEM: "1000", GPUCORES: "30"}, None),
+]  # fmt: skip
+
+
+def test_unchanged_alibaba_gpu_manager_and_hami_pods_run_through_policies_templates_and_allocation(
+    tmp_path: Path,
+) -> None:
+    """The whole translation of unchanged pods of the three dialects on a control plane with
+    kube-controller-manager: the policies rewrite them, ``gpushare dra-templates`` made the
+    templates, the resourceclaim controller makes their claims, kube-scheduler allocates them
+    on gpushare's slice (four 16 GiB GPUs), first fit, and binds them; one that fits no GPU
+    stays Pending with the scheduler's reason."""
     with (
         ControlPlane(Binaries.locate(), controller_manager=True, log_dir=tmp_path) as plane,
         plane.client() as kube,
     ):
         node = "dra-translated"
         create_nodes(kube, [plain_node(node)])
-        gpus = [PhysicalGpu(i, f"GPU-t-{i}", i, "Tesla-T4", 16384) for i in range(2)]
+        gpus = [PhysicalGpu(i, f"GPU-t-{i}", i, "Tesla-T4", 16384) for i in range(4)]
         kube.create(from_dict(resource_slice(node, gpus, unit=MemoryUnit.GIB, generation=1)))
         kube.create(from_dict(device_class(DEVICE_CLASS)))
-        for document in yaml.safe_load_all(POLICY.read_text()):
-            kube.create(from_dict(document))
+        for path in (POLICY, DIALECT_POLICIES):
+            for document in yaml.safe_load_all(path.read_text()):
+                kube.create(from_dict(document))
         namespace = "team-a"
         kube.create(from_dict({"apiVersion": "v1", "kind": "Namespace", "metadata": {
             "name": namespace, "labels": {"gpushare.io/dra": "true"}}}))  # fmt: skip
@@ -118,35 +283,29 @@ def test_an_alibaba_pod_runs_through_the_policy_templates_and_allocation(tmp_pat
             lambda: any(True for _ in kube.list(ServiceAccount, namespace=namespace)),
             60,
         )
+        in_effect(kube, namespace, {GPU_MEM: "1"})  # probes bound to no node: never allocated
+        in_effect(kube, namespace, {HAMI_GPU: "1"})
         made = CliRunner().invoke(main, [
-            "dra-templates", "-n", namespace, "--largest", "16",
-            "--kubeconfig", str(plane.kubeconfig),
+            "dra-templates", "-n", namespace, "--largest", "16", "--cores", "30,50",
+            "--gpus", "2", "--kubeconfig", str(plane.kubeconfig),
         ])  # fmt: skip
         assert made.exit_code == 0, made.output
-        assert "16 template(s) created" in made.output
-        for name, gib in (("infer", "4"), ("train", "12")):
-            body = pod(name, namespace, {"main": gib})
+        # 16 Alibaba sizes; 2 whole; 2 GPU counts x 16 sizes x 2 shares
+        assert "82 template(s) created" in made.output, made.output
+        for case in PLACED:  # one after the other: first fit depends on the order
+            body = pod(case.name, namespace, {"main": case.limits})
             del body["spec"]["nodeName"]  # for kube-scheduler to place
             body["spec"]["tolerations"] = [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}]
             created_pod(kube, body)
-
-        def allocated(name: str) -> dict[str, Any] | None:
-            found = kube.get(Pod, name, namespace=namespace)
-            if found.spec is None or not found.spec.nodeName or found.status is None:
-                return None
-            statuses = found.status.resourceClaimStatuses or []
-            if not statuses or not statuses[0].resourceClaimName:
-                return None
-            claim = kube.get(ResourceClaim, statuses[0].resourceClaimName, namespace=namespace)
-            results = claim.to_dict()["status"]["allocation"]["devices"]["results"]
-            return dict(results[0])
-
-        infer = wait_for("infer allocated and bound", lambda: allocated("infer"), 90)
-        train = wait_for("train allocated and bound", lambda: allocated("train"), 90)
-        # cores: the request policy's default, 0, as an aliyun.com/gpu-mem pod asks no compute
-        assert (infer["device"], infer["consumedCapacity"]) == (
-            "gpu-0", {"memory": "4Gi", "cores": "0"}
-        )  # fmt: skip
-        assert (train["device"], train["consumedCapacity"]) == (
-            "gpu-0", {"memory": "12Gi", "cores": "0"}
-        )  # fmt: skip
+            name = case.name
+            if case.consumed is None:
+                message = wait_for(
+                    f"{name} unschedulable", partial(unschedulable, kube, namespace, name), 60
+                )
+                assert "cannot allocate all claims" in message, message
+                continue
+            results = wait_for(
+                f"{name} allocated and bound", partial(allocated, kube, namespace, name), 90
+            )
+            got = {r["device"]: r["consumedCapacity"] for r in results}
+            assert got == case.consumed, case.name

@@ -11,9 +11,9 @@ Per GPU (``PhysicalGpu``, from NVML or ``--fake-gpus``, the device plugin's inve
   .memoryMiB >= 40000``);
 * ``capacity.memory``: the GPU's memory in the node's unit (``16Gi`` for a 16 GiB GPU counted in
   GiB; rounded down to whole units, as the device plugin counts it), with a ``requestPolicy``:
-  a claim's request rounds up to whole units (``step``), at least one unit (``min``, also the
-  ``default`` of a claim that asks no memory), at most the GPU (``max``; larger requests make
-  the device ineligible);
+  a claim's request rounds up to whole units (``step``), at least one unit (``min``), at most
+  the GPU (``max``; larger requests make the device ineligible); ``default`` all of it: a
+  claim that asks no memory takes the whole GPU's (gpushare's whole-GPU templates);
 * ``capacity.cores``: the GPU's compute in percent (``100``), a claim's ``cores`` request taking
   that part of it (gpu-manager's and HAMi's unit); ``default`` 0: a claim that asks no compute
   takes none, as an ``aliyun.com/gpu-mem`` pod does not bound compute;
@@ -34,6 +34,7 @@ from gpushare.kube.codec import MemoryUnit
 
 __all__ = [
     "CORES",
+    "CORES_PERCENT",
     "DRIVER",
     "MEMORY",
     "UNHEALTHY_TAINT",
@@ -53,6 +54,7 @@ CORES = "cores"
 UNHEALTHY_TAINT = "gpushare.io/unhealthy"
 """The device taint key of an unhealthy GPU (effect ``NoSchedule``)."""
 CORES_PERCENT = 100
+"""The ``cores`` capacity of every GPU: percent."""
 
 Json = dict[str, Any]
 
@@ -99,7 +101,7 @@ def _device(gpu: PhysicalGpu, unit: MemoryUnit) -> Json:
             MEMORY: {
                 "value": _quantity(units, unit),
                 "requestPolicy": {
-                    "default": _quantity(1, unit),
+                    "default": _quantity(units, unit),
                     "validRange": {
                         "min": _quantity(1, unit),
                         "max": _quantity(units, unit),

@@ -2,7 +2,8 @@
 allocation annotations the extender writes at bind (``gpushare.kube.codec``), so that the device
 plugin's Allocate has something to resolve without a scheduler in the loop; and
 :func:`delete_namespace`, a test namespace's clean-up on a control plane without
-kube-controller-manager; :func:`placed_pod_json`, such a pod as the JSON a pods cache holds."""
+kube-controller-manager; :func:`placed_pod_json`, such a pod as the JSON a pods cache holds;
+:func:`unschedulable`, the scheduler's reason a pod waits."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from gpushare.core.model import Allocation, ContainerAllocation, Node
 from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, MemoryUnit, allocation_annotations
 
-__all__ = ["bound_gpu_pod", "delete_namespace", "placed_pod_json"]
+__all__ = ["bound_gpu_pod", "delete_namespace", "placed_pod_json", "unschedulable"]
 
 IMAGE = "registry.invalid/gpushare/test:0"
 
@@ -104,3 +105,13 @@ def placed_pod_json(
         },
         "status": {"phase": phase},
     }
+
+
+def unschedulable(kube: Client, namespace: str, name: str) -> str | None:
+    """The scheduler's message once pod ``name`` is marked unschedulable (``PodScheduled``
+    false), ``None`` before."""
+    pod = kube.get(Pod, name, namespace=namespace)
+    for condition in (pod.status.conditions or []) if pod.status else []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return condition.message or ""
+    return None
