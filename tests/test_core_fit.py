@@ -12,6 +12,7 @@ from gpushare.core.fit import (
     FitResult,
     FitStatus,
     Reason,
+    best_fit_order,
     best_fit_positions,
     check_fit,
 )
@@ -351,6 +352,22 @@ def test_best_fit_positions(
     models = ("A", "B") + ("A",) * (len(free) - 2)
     container = ContainerRequest("c", share, count, allowed or frozenset())
     assert best_fit_positions(free, models, container) == expected
+
+
+@given(
+    free=st.lists(st.integers(0, 16), min_size=1, max_size=8),
+    share=st.integers(1, 16),
+    count=st.integers(1, 4),
+)
+def test_first_fit_in_best_fit_order_chooses_what_best_fit_chooses(
+    free: list[int], share: int, count: int
+) -> None:
+    """The DRA allocator takes the first devices of a slice that fit; listed in
+    ``best_fit_order``, they are the GPUs gpushare's best fit picks."""
+    container = ContainerRequest("c", share, count, frozenset())
+    first_fit = [p for p in best_fit_order(free) if free[p] >= share][:count]
+    expected = best_fit_positions(free, ("A",) * len(free), container)
+    assert (sorted(first_fit) if len(first_fit) == count else None) == expected
 
 
 # --- properties ------------------------------------------------------------------------------

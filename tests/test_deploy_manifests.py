@@ -1066,6 +1066,7 @@ DRA_RULES = (  # gpushare.testing.rbac.DRA_DRIVER_RULES, what the driver's tests
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["get", "create", "update"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
 )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,14 @@ from gpushare.dra._proto.registration import api_pb2 as reg_pb2
 from gpushare.dra._proto.registration import api_pb2_grpc as reg_grpc
 from gpushare.dra.driver import DraDriver, DriverOptions
 from gpushare.dra.plugin import DraPluginService, cdi_spec_path, serve
-from gpushare.dra.slices import CORES, DRIVER, MEMORY, device_class, resource_slice
+from gpushare.dra.slices import (
+    CORES,
+    DRIVER,
+    MEMORY,
+    device_class,
+    resource_slice,
+    slice_name,
+)
 from gpushare.dra.templates import DEVICE_CLASS
 from gpushare.kube.claims import ApiClaims
 from gpushare.kube.client import connect
@@ -89,9 +97,11 @@ def _device_class(kube: Client) -> None:
         kube.create(from_dict(device_class(CLASS)))
 
 
-def claim_pod(kube: Client, namespace: str, name: str, memory: str, cores: int = 0) -> None:
+def claim_pod(
+    kube: Client, namespace: str, name: str, memory: str, cores: int = 0, *, node: str = ""
+) -> None:
     """A ResourceClaim ``name`` asking ``memory`` (and ``cores`` percent) of one GPU, and a pod
-    ``name`` that uses it, for the default kube-scheduler."""
+    ``name`` that uses it, for the default kube-scheduler (to ``node`` only, when given)."""
     requests: dict[str, str] = {MEMORY: memory}
     if cores:
         requests[CORES] = str(cores)
@@ -102,7 +112,7 @@ def claim_pod(kube: Client, namespace: str, name: str, memory: str, cores: int =
             "deviceClassName": CLASS, "capacity": {"requests": requests}}}]}},
     }  # fmt: skip
     kube.create(from_dict(claim))
-    pod = {
+    pod: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "containers": [{"name": "main", "image": "registry.invalid/none:0",
@@ -111,6 +121,8 @@ def claim_pod(kube: Client, namespace: str, name: str, memory: str, cores: int =
             "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
         },
     }  # fmt: skip
+    if node:
+        pod["spec"]["nodeSelector"] = {"gpushare.io/test-node": node}
     kube.create(from_dict(pod))
 
 
@@ -261,6 +273,19 @@ def test_the_kubelet_plugin_prepares_the_allocated_claims_and_unprepares_them(
 # -- gpushare dra-driver, the process -----------------------------------------------------------
 
 
+def driver_argv(control_plane: ControlPlane, node: str, tmp_path: Path, *more: str) -> list[str]:
+    """``gpushare dra-driver`` of ``node`` with two fake 16 GiB GPUs, its directories under
+    ``tmp_path``, under a ServiceAccount with the driver's rules only, and ``more``."""
+    kubeconfig = control_plane.service_account_kubeconfig(
+        "gpushare-dra-driver", "kube-system", DRA_DRIVER_RULES
+    )
+    return gpushare_argv(
+        "dra-driver", "--node-name", node, "--fake-gpus", "2x16GiB:T4",
+        "--plugin-dir", str(tmp_path / "plugins"), "--registry-dir", str(tmp_path / "registry"),
+        "--cdi-dir", str(tmp_path / "cdi"), "--kubeconfig", str(kubeconfig), *more,
+    )  # fmt: skip
+
+
 def test_the_dra_driver_publishes_its_slice_serves_claims_and_stops_cleanly(
     kube: Client, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
@@ -269,15 +294,7 @@ def test_the_dra_driver_publishes_its_slice_serves_claims_and_stops_cleanly(
     changes nothing), kube-scheduler allocates a claim on it, the driver's socket prepares it
     (the CDI spec on disk), and SIGTERM stops it with its sockets removed."""
     node = "dra-n5"
-    kubeconfig = control_plane.service_account_kubeconfig(
-        "gpushare-dra-driver", "kube-system", DRA_DRIVER_RULES
-    )
-    argv = gpushare_argv(
-        "dra-driver", "--node-name", node, "--fake-gpus", "2x16GiB:T4",
-        "--plugin-dir", str(tmp_path / "plugins"), "--registry-dir", str(tmp_path / "registry"),
-        "--cdi-dir", str(tmp_path / "cdi"), "--resync", "0.5", "--kubeconfig", str(kubeconfig),
-        "--mps",
-    )  # fmt: skip
+    argv = driver_argv(control_plane, node, tmp_path, "--resync", "0.5", "--mps")
     dra_socket = tmp_path / "plugins" / DRIVER / "dra.sock"
     registration = tmp_path / "registry" / f"{DRIVER}-reg.sock"
     name = f"{node}-gpu-gpushare-io"
@@ -442,3 +459,80 @@ def test_the_driver_asks_the_api_server_again_only_when_its_slice_changed_or_is_
     finally:
         with contextlib.suppress(ApiError):
             kube.delete(ResourceSlice, name)
+
+
+@dataclass(frozen=True)
+class Steered:
+    """The driver run with ``--placement``; claims of 6, 11, 4 and 10 GiB in turn on two 16 GiB
+    GPUs: the devices the last two get (``None``: Pending) and the slice's device order after
+    the second."""
+
+    placement: str
+    order_after_b: list[str]
+    c_gpu: str
+    d_gpu: str | None
+
+
+STEERED = [
+    # best fit: 4 GiB goes where 5 are free (gpu-1), which leaves gpu-0's 10 for the 10 GiB one
+    Steered("best-fit", ["gpu-1", "gpu-0"], "gpu-1", "gpu-0"),
+    # by index, first fit puts 4 GiB on gpu-0 (10 free): 6 and 5 left, 10 GiB fits nowhere
+    Steered("index", ["gpu-0", "gpu-1"], "gpu-0", None),
+]
+
+
+@pytest.mark.parametrize("case", STEERED, ids=[c.placement for c in STEERED])
+def test_the_driver_lists_its_gpus_least_free_first_so_that_first_fit_is_best_fit(
+    kube: Client, control_plane: ControlPlane, tmp_path: Path, case: Steered
+) -> None:
+    """kube-scheduler's allocator takes the first device of the slice that fits; the driver
+    (``--placement best-fit``) keeps its devices least free first from the claims of its
+    node's pods, so the allocator chooses what gpushare's best fit chooses."""
+    node = f"dra-steer-{case.placement}"
+    argv = driver_argv(
+        control_plane, node, tmp_path, "--resync", "60", "--placement", case.placement
+    )
+    name = slice_name(node)
+
+    def order() -> list[str]:
+        devices = kube.get(ResourceSlice, name).to_dict()["spec"]["devices"]
+        return [d["name"] for d in devices]
+
+    def listed(expected: list[str]) -> None:
+        wait_until(f"devices listed {expected}", lambda: order() == expected, 30)
+
+    with contextlib.ExitStack() as stack:
+        create_nodes(kube, [plain_node(node, labels={"gpushare.io/test-node": node})])
+        stack.callback(delete_nodes, kube, [node])
+        driver = ManagedProcess(f"dra-driver-{case.placement}", argv, tmp_path).start()
+        stack.callback(driver.stop)
+        stack.callback(lambda: kube.delete(ResourceSlice, name))
+        wait_until("the slice", lambda: _exists(kube, name), 30, processes=[driver])
+        namespace = f"dra-{uuid.uuid4().hex[:6]}"
+        kube.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": namespace}}))  # fmt: skip
+        stack.callback(delete_namespace, kube, namespace)
+        _device_class(kube)
+        claim_pod(kube, namespace, "a", "6Gi", node=node)
+        assert allocated(kube, namespace, "a")["device"] == "gpu-0"
+        claim_pod(kube, namespace, "b", "11Gi", node=node)
+        assert allocated(kube, namespace, "b")["device"] == "gpu-1"
+        listed(case.order_after_b)
+        claim_pod(kube, namespace, "c", "4Gi", node=node)
+        assert allocated(kube, namespace, "c")["device"] == case.c_gpu
+        listed(case.order_after_b)  # free 10 and 1 (best fit), or 6 and 5 (by index)
+        claim_pod(kube, namespace, "d", "10Gi", node=node)
+        if case.d_gpu is None:
+            message = wait_for("d unschedulable", lambda: unschedulable(kube, namespace, "d"), 60)
+            assert "cannot allocate all claims" in message, message
+        else:
+            assert allocated(kube, namespace, "d")["device"] == case.d_gpu
+        assert driver.running(), driver.log_tail()
+
+
+def _exists(kube: Client, slice_name: str) -> bool:
+    try:
+        kube.get(ResourceSlice, slice_name)
+    except ApiError:
+        return False
+    return True

@@ -91,6 +91,15 @@ from gpushare.kube.errors import Failure, KubeError
     help="Give containers CUDA MPS limits (memory per GPU, thread percentage): the node's GPUs "
     "must run an MPS control daemon.",
 )
+@click.option(
+    "--placement",
+    type=click.Choice(["best-fit", "index"]),
+    default="best-fit",
+    show_default=True,
+    help="The order the slice lists GPUs in, which the allocator's first fit follows: least "
+    "free first, from the claims of this node's pods (gpushare's best fit; the driver watches "
+    "them), or by index.",
+)
 @kube_options
 @log_level_option
 def dra_driver(
@@ -104,6 +113,7 @@ def dra_driver(
     cdi_dir: Path,
     resync_s: float,
     mps: bool,
+    placement: str,
     kubeconfig: Path | None,
     context: str | None,
     log_level: str,
@@ -115,6 +125,7 @@ def dra_driver(
     options = DriverOptions(
         node=node_name, unit=MemoryUnit(memory_unit), driver=driver_name, plugin_dir=plugin_dir,
         registry_dir=registry_dir, cdi_dir=cdi_dir, resync_s=resync_s, mps=mps,
+        best_fit=placement == "best-fit",
     )  # fmt: skip
     client = connect_or_exit(kubeconfig, context)
     try:
@@ -124,7 +135,8 @@ def dra_driver(
         raise click.ClickException(str(error)) from None
     except KubeError as error:
         hint = (
-            " (the driver needs get/create/update on resourceslices and get on resourceclaims)"
+            " (the driver needs get/create/update on resourceslices, get on resourceclaims"
+            " and, with --placement best-fit, list/watch on pods)"
             if error.failure is Failure.FORBIDDEN
             else ""
         )

@@ -23,7 +23,7 @@ whole GPUs, so other pods' reasons read as before).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpushare.core.model import (
@@ -135,6 +135,16 @@ def best_fit_positions(
         return None
     candidates.sort()
     return sorted(position for _, position in candidates[: container.gpu_count])
+
+
+def best_fit_order(free: Sequence[int]) -> list[int]:
+    """GPU positions in the order in which first fit chooses as ``best_fit_positions`` does:
+    least free first, lowest position on ties. ``free`` is per GPU position (``NodeState.
+    gpu_free``). Whatever one container asks (``gpu_share`` on ``gpu_count`` GPUs), the first
+    ``gpu_count`` positions in this order that hold it are ``best_fit_positions``' answer. The
+    DRA driver lists its devices in this order, as the allocator chooses first fit in a slice's
+    device order (docs/dra.md, "Placement")."""
+    return sorted(range(len(free)), key=lambda position: (free[position], position))
 
 
 def check_fit(state: NodeState, pod: PodRequest) -> FitResult:

@@ -2,8 +2,11 @@
 the device plugin's inventory (``gpushare.dra.slices``; NVML or ``--fake-gpus``), serves the
 kubelet plugin and its registration (``gpushare.dra.plugin``), and keeps the slice current: every
 ``resync_s`` it reads the inventory again and publishes a new pool generation when a GPU changed
-(health, memory, a GPU gone or added). It stops when ``stop`` is set, removing its sockets; the
-CDI specs of prepared claims stay (they are the prepared state a restart finds)."""
+(health, memory, a GPU gone or added). With ``best_fit`` (the default) it lists the GPUs least
+free first, from the claims allocated to its node's pods (``gpushare.dra.nodeclaims``,
+``gpushare.dra.usage``), and publishes again whenever that order changes, so that the
+allocator's first fit is gpushare's best fit. It stops when ``stop`` is set, removing its
+sockets; the CDI specs of prepared claims stay (they are the prepared state a restart finds)."""
 
 from __future__ import annotations
 
@@ -15,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpushare.deviceplugin.inventory import Inventory
+from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
+from gpushare.dra.nodeclaims import NodeClaims
 from gpushare.dra.plugin import ClaimSource, DraPluginService, serve
 from gpushare.dra.slices import DRIVER, resource_slice
+from gpushare.dra.usage import device_order, memory_used
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.resourceslices import publish_slice
@@ -35,7 +40,9 @@ class DriverOptions:
     dra.sock``), ``registry_dir`` (kubelet's plugin watcher: ``<driver>-reg.sock``), ``cdi_dir``
     (the CDI specs), the memory ``unit``, ``resync_s`` between inventory reads, ``mps``: give
     containers CUDA MPS limits (the node runs an MPS daemon), ``recheck_s``: how long a slice
-    published unchanged goes without asking the API server whether it still holds it."""
+    published unchanged goes without asking the API server whether it still holds it;
+    ``best_fit``: list the GPUs least free first (module doc), else by index; ``settle_s``: how
+    long after a change of the node's pods the order is computed (one slice for a burst)."""
 
     node: str
     unit: MemoryUnit = MemoryUnit.GIB
@@ -46,6 +53,8 @@ class DriverOptions:
     resync_s: float = 10.0
     mps: bool = False
     recheck_s: float = 300.0
+    best_fit: bool = True
+    settle_s: float = 0.1
 
     @property
     def dra_socket(self) -> Path:
@@ -58,7 +67,8 @@ class DriverOptions:
 
 class DraDriver:
     """The driver of ``options.node`` (module doc), on ``inventory``, publishing through
-    ``client`` and reading claims from ``claims``."""
+    ``client`` and reading claims from ``claims``; ``node_claims`` (with ``best_fit``, made
+    from ``client`` when not given) the claims allocated on the node."""
 
     def __init__(
         self,
@@ -66,10 +76,15 @@ class DraDriver:
         inventory: Inventory,
         client: AsyncClient,
         claims: ClaimSource,
+        node_claims: NodeClaims | None = None,
     ) -> None:
         self.options = options
         self.inventory = inventory
         self.client = client
+        if node_claims is None and options.best_fit:
+            node_claims = NodeClaims(client, options.node, claims)
+        self.node_claims = node_claims
+        self._claim_errors: list[str] = []
         self.service = DraPluginService(
             driver=options.driver, node=options.node, gpus=inventory.gpus, unit=options.unit,
             claims=claims, cdi_dir=options.cdi_dir, mps=options.mps,
@@ -82,9 +97,10 @@ class DraDriver:
         slice that says what the last one published said is not asked about again before
         ``recheck_s`` (each resync would otherwise GET it from the API server: 100 requests a
         second from 1,000 nodes at the default 10 s)."""
+        gpus = self.inventory.gpus()
         body = resource_slice(
-            self.options.node, self.inventory.gpus(), unit=self.options.unit, generation=1,
-            driver=self.options.driver,
+            self.options.node, gpus, unit=self.options.unit, generation=1,
+            driver=self.options.driver, order=await self._order(gpus),
         )  # fmt: skip
         now = time.monotonic()
         if self._published is not None:
@@ -101,21 +117,61 @@ class DraDriver:
         self.generation = generation
         return generation
 
+    async def _order(self, gpus: list[PhysicalGpu]) -> list[int] | None:
+        """The device order (module doc); ``None``: by index."""
+        if self.node_claims is None:
+            return None
+        claims, errors = await self.node_claims.allocated()
+        used, unreadable = memory_used(
+            claims, driver=self.options.driver, node=self.options.node, gpus=gpus,
+            unit=self.options.unit,
+        )  # fmt: skip
+        errors += unreadable
+        if errors != self._claim_errors:  # said once, not every round
+            for error in errors:
+                log.warning("claim left out of the device order: %s", error)
+        self._claim_errors = errors
+        return device_order(gpus, used, self.options.unit)
+
+    async def _next_round(self, stop: asyncio.Event) -> None:
+        """Wait ``resync_s``, or until ``stop``, or until the node's pods change (then
+        ``settle_s`` more, for the rest of a burst)."""
+        waits = [asyncio.ensure_future(stop.wait())]
+        changed = self.node_claims.changed if self.node_claims is not None else None
+        if changed is not None:
+            waits.append(asyncio.ensure_future(changed.wait()))
+        try:
+            await asyncio.wait(
+                waits, timeout=self.options.resync_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        if changed is not None and changed.is_set() and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.options.settle_s)
+            changed.clear()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Publish, serve, and keep the slice current until ``stop`` (module doc)."""
-        await self.publish()
-        sockets = await serve(
-            self.service, self.options.dra_socket, self.options.registration_socket
-        )
+        if self.node_claims is not None:
+            self.node_claims.start()
         try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.options.resync_s)
-                if stop.is_set():
-                    break
-                try:
-                    await self.publish()
-                except Exception as error:  # the API server away: try again next round
-                    log.warning("publishing the ResourceSlice failed; retrying: %s", error)
+            await self.publish()
+            sockets = await serve(
+                self.service, self.options.dra_socket, self.options.registration_socket
+            )
+            try:
+                while not stop.is_set():
+                    await self._next_round(stop)
+                    if stop.is_set():
+                        break
+                    try:
+                        await self.publish()
+                    except Exception as error:  # the API server away: try again next round
+                        log.warning("publishing the ResourceSlice failed; retrying: %s", error)
+            finally:
+                await sockets.stop()
         finally:
-            await sockets.stop()
+            if self.node_claims is not None:
+                await self.node_claims.stop()

@@ -130,12 +130,21 @@ def resource_slice(
     unit: MemoryUnit,
     generation: int,
     driver: str = DRIVER,
+    order: Sequence[int] | None = None,
 ) -> Json:
     """The ResourceSlice (JSON, ``resource.k8s.io/v1``) of node ``node`` with ``gpus`` (module
-    doc), memory counted in ``unit``, pool ``generation`` (>= 1). ``ValueError`` for a GPU too
-    small for one unit, or a generation below 1."""
+    doc), memory counted in ``unit``, pool ``generation`` (>= 1), the devices listed in
+    ``order`` (GPU indices, each GPU once; default: by index), which the allocator's first fit
+    follows (``gpushare.dra.usage.device_order``). ``ValueError`` for a GPU too small for one
+    unit, a generation below 1, or an order that is not the GPUs' indices."""
     if generation < 1:
         raise ValueError(f"pool generation must be >= 1, got {generation}")
+    by_index = {gpu.index: gpu for gpu in gpus}
+    listed = sorted(by_index) if order is None else list(order)
+    if sorted(listed) != sorted(by_index) or len(by_index) != len(gpus):
+        raise ValueError(
+            f"device order {listed[:16]}: not each of the GPU indices {sorted(by_index)[:16]} once"
+        )
     for gpu in gpus:
         if gpu.units(unit) < 1:
             raise ValueError(
@@ -149,6 +158,6 @@ def resource_slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [_device(gpu, unit) for gpu in sorted(gpus, key=lambda g: g.index)],
+            "devices": [_device(by_index[index], unit) for index in listed],
         },
     }

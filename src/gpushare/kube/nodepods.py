@@ -43,7 +43,8 @@ def _ignore(_change: Change) -> None:
 class NodePods:
     """GPU-memory pods bound to node ``node_name`` (module doc). ``client`` is the caller's;
     ``keep`` chooses the pods kept (``requests_gpu`` also keeps the request dialects' pods,
-    for a plugin that serves them: ``gpushare.deviceplugin.dialects``)."""
+    for a plugin that serves them: ``gpushare.deviceplugin.dialects``; the DRA driver keeps
+    the pods with claims); ``on_change`` hears each change the cache takes in."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class NodePods:
         backoff: Backoff | None = None,
         watch_timeout_s: int = 300,
         keep: Callable[[Pod], bool] = requests_gpu_mem,
+        on_change: Callable[[Change], None] = _ignore,
     ) -> None:
         self._client = client
         self._keep = keep
@@ -71,7 +73,7 @@ class NodePods:
             ),
             key=namespaced_key,
             keep=keep,
-            sink=_ignore,
+            sink=on_change,
             backoff=backoff or Backoff(),
             watch_timeout_s=watch_timeout_s,
             rng=random.Random(),

@@ -35,5 +35,7 @@ DRA_DRIVER_RULES = [
         verbs=["get", "create", "update"],
     ),
     PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get"]),
+    PolicyRule(apiGroups=[""], resources=["pods"], verbs=["list", "watch"]),
 ]  # fmt: skip
-"""What ``gpushare dra-driver`` needs: its node's ResourceSlice, the claims kubelet names."""
+"""What ``gpushare dra-driver`` needs: its node's ResourceSlice, the claims kubelet names and
+its node's pods (``--placement best-fit``)."""
