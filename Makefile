@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The exact versions every install here (CI's too) and the image's take: scripts/constraints.py.
 CONSTRAINTS := constraints.txt
 
-.PHONY: run demo demo-real-node demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints
+.PHONY: run demo demo-real-node demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints containerd
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ node-runtime:
 
 observe-tools:
 	scripts/install-observe-tools.sh
+
+# containerd 2.x from the Go module proxy (testenv/containerd), for the real-node DRA tests: CDI.
+containerd:
+	scripts/heartbeat.sh containerd scripts/build-containerd.sh
 
 helm:
 	scripts/build-helm.sh

@@ -17,6 +17,16 @@ feasible nodes). Each pod is created, then waited for until it is bound or kube-
 it unschedulable, which is then deleted (the simulator drops it): one pod at a time, as the
 simulator places them.
 
+``--dra best-fit`` (or ``--dra index``) replays the stream as Dynamic Resource Allocation
+claims instead (docs/dra.md, "Placement"): no extender; each kwok node has gpushare's
+ResourceSlice (its GPUs of 1000 MiB, so one MiB is one milli-GPU), each GPU pod a ResourceClaim
+asking ``memory: <share>Mi`` on ``count`` distinct GPUs (its allowed models as a CEL selector),
+which kube-scheduler's allocator places first fit; after each bind the node's slice is published
+again in the order the DRA driver would publish it (``gpushare.dra.usage``: least free first
+for ``best-fit``, by index for ``index``) — the driver's own process cannot run on kwok nodes,
+so the replay publishes for it, the same functions, before the next pod. kube-scheduler scores
+the nodes with its own plugins (the extender scores no claim pods).
+
 Prints progress, and at the end the unallocated GPU % at arrived 50/75/100/130 % for both and
 the largest difference over arrived 0–130 %; writes ``replay.json`` (both curves) and
 ``replay.png`` (the two curves, the paper's Fig. 9a axes) into ``--out``.
@@ -32,18 +42,34 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from lightkube import Client
+from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.core_v1 import (
+    Container,
+    PodResourceClaim,
+    PodSpec,
+    ResourceRequirements,
+)
+from lightkube.models.core_v1 import (
+    ResourceClaim as ResourceClaimRef,
+)
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.core_v1 import Node as KwokNode
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
 
 from gpushare.core.model import Node, PodRequest
 from gpushare.core.policies import make_policy
+from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.dra.slices import DRIVER, MEMORY, device_class, resource_slice
+from gpushare.dra.templates import DEVICE_CLASS
+from gpushare.dra.usage import device_order, memory_used
 from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, GPU_MODELS_ANNOTATION, MemoryUnit
 from gpushare.sim.engine import simulate
 from gpushare.sim.experiment import policy_context
@@ -140,12 +166,97 @@ def unallocated_curve(arrived: FloatArray, allocated: FloatArray, capacity: floa
     return curve
 
 
+class DraSlices:
+    """The kwok nodes' ResourceSlices, published again after each bind in the order the DRA
+    driver would publish (``best_fit``) or by index: what ``gpushare dra-driver`` does on a real
+    node, with the same functions (``gpushare.dra.usage``, ``resource_slice``)."""
+
+    def __init__(self, kube: Client, nodes: Sequence[Node], best_fit: bool) -> None:
+        self.kube = kube
+        self.best_fit = best_fit
+        self.gpus = {
+            n.name: [PhysicalGpu(g.index, f"GPU-{n.name}-{g.index}", g.index, g.model, g.capacity)
+                     for g in n.gpus]
+            for n in nodes if n.gpus
+        }  # fmt: skip
+        self.claims: dict[str, list[dict[str, Any]]] = {name: [] for name in self.gpus}
+        self.generation = dict.fromkeys(self.gpus, 1)
+        for name, gpus in self.gpus.items():
+            kube.create(from_dict(resource_slice(name, gpus, unit=MemoryUnit.MIB, generation=1)))
+        kube.create(from_dict(device_class(DEVICE_CLASS)))
+
+    def bound(self, node: str, claim: dict[str, Any]) -> None:
+        """``claim`` allocated on ``node``: publish the node's next order if it changed."""
+        if not self.best_fit or node not in self.gpus:
+            return
+        gpus = self.gpus[node]
+        before = device_order(gpus, self._used(node), MemoryUnit.MIB)
+        self.claims[node].append(claim)
+        order = device_order(gpus, self._used(node), MemoryUnit.MIB)
+        if order != before:
+            self.generation[node] += 1
+            body = resource_slice(node, gpus, unit=MemoryUnit.MIB,
+                                  generation=self.generation[node], order=order)  # fmt: skip
+            self.kube.patch(ResourceSlice, body["metadata"]["name"], {"spec": body["spec"]},
+                            patch_type=PatchType.MERGE)  # fmt: skip
+
+    def _used(self, node: str) -> dict[int, int]:
+        used, errors = memory_used(self.claims[node], driver=DRIVER, node=node,
+                                   gpus=self.gpus[node], unit=MemoryUnit.MIB)  # fmt: skip
+        assert not errors, errors
+        return used
+
+
+def kube_claim(pod: PodRequest, name: str) -> dict[str, Any] | None:
+    """The trace pod's GPU ask as a ResourceClaim: ``memory: <share>Mi`` (one MiB a milli-GPU)
+    on ``count`` distinct GPUs of its allowed models; ``None`` for a pod without GPU."""
+    if not pod.gpu_containers:
+        return None
+    (container,) = pod.gpu_containers
+    exactly: dict[str, Any] = {
+        "deviceClassName": DEVICE_CLASS,
+        "count": container.gpu_count,
+        "capacity": {"requests": {MEMORY: f"{container.gpu_share}Mi"}},
+    }
+    if container.allowed_models:
+        models = ", ".join(json.dumps(m) for m in sorted(container.allowed_models))
+        exactly["selectors"] = [
+            {"cel": {"expression": f'device.attributes["{DRIVER}"].model in [{models}]'}}
+        ]
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if container.gpu_count > 1:
+        devices["constraints"] = [{"requests": ["gpu"], "distinctAttribute": f"{DRIVER}/uuid"}]
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"devices": devices},
+    }  # fmt: skip
+
+
+def claim_pod(pod: PodRequest, name: str) -> Pod:
+    """The trace pod with its claim (``kube_claim``) instead of ``aliyun.com/gpu-mem``."""
+    body = kube_pod(pod, name)
+    assert body.spec is not None
+    assert body.metadata is not None
+    body.metadata.annotations = {}
+    (container,) = body.spec.containers
+    assert container.resources is not None
+    for amounts in (container.resources.limits, container.resources.requests):
+        if amounts is not None:
+            amounts.pop(GPU_MEM, None)
+    if pod.gpu_containers:
+        body.spec.resourceClaims = [PodResourceClaim(name="gpu", resourceClaimName=name)]
+        container.resources.claims = [ResourceClaimRef(name="gpu")]
+    return body
+
+
 def replay(
     nodes: Sequence[Node],
     stream: Sequence[PodRequest],
     policy: str,
     score_all: bool,
+    *,
     extender_only: bool = False,
+    dra: str = "",
 ) -> tuple[FloatArray, FloatArray, int]:
     """The stream through the real scheduler; (arrived, allocated) per event, pods bound."""
     with contextlib.ExitStack() as stack:
@@ -155,6 +266,13 @@ def replay(
         print(f"creating {len(nodes)} kwok nodes", flush=True)
         create_nodes(kube, [kwok_node(n) for n in nodes], timeout=300)
         kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+        if dra:
+            slices = DraSlices(kube, nodes, best_fit=dra == "best-fit")
+            profile: dict[str, object] = {"schedulerName": SCHEDULER}
+            if score_all:
+                profile["percentageOfNodesToScore"] = 100
+            stack.enter_context(plane.scheduler("kube-scheduler-replay", profiles=[profile]))
+            return _one_at_a_time(kube, stream, slices)
         (port,) = free_ports(1)
         url = f"http://127.0.0.1:{port}"
         argv = gpushare_argv(
@@ -164,7 +282,7 @@ def replay(
         extender = ManagedProcess("gpushare-extender", argv, tmp).start()
         stack.callback(extender.stop)
         wait_until("extender ready", lambda: http_ok(f"{url}/readyz"), 120)
-        profile: dict[str, object] = {"schedulerName": SCHEDULER}
+        profile = {"schedulerName": SCHEDULER}
         if score_all:
             profile["percentageOfNodesToScore"] = 100
         if extender_only:
@@ -180,7 +298,7 @@ def replay(
 
 
 def _one_at_a_time(
-    kube: Client, stream: Sequence[PodRequest]
+    kube: Client, stream: Sequence[PodRequest], slices: DraSlices | None = None
 ) -> tuple[FloatArray, FloatArray, int]:
     arrived = np.zeros(len(stream) + 1)
     allocated = np.zeros(len(stream) + 1)
@@ -190,16 +308,27 @@ def _one_at_a_time(
     total_arrived = total_allocated = 0.0
     for i, pod in enumerate(stream, start=1):
         name = f"p{i:05d}"
-        kube.create(kube_pod(pod, name))
+        claim = kube_claim(pod, name) if slices is not None else None
+        if claim is not None:
+            kube.create(from_dict(claim))
+        kube.create(claim_pod(pod, name) if slices is not None else kube_pod(pod, name))
         demand = gpu_demand(pod)
         total_arrived += demand
         if decided(kube, name):
             total_allocated += demand
             bound += 1
+            if slices is not None and claim is not None:
+                placed = kube.get(Pod, name, namespace=NAMESPACE)
+                assert placed.spec is not None
+                assert placed.spec.nodeName
+                allocated_claim = kube.get(ResourceClaim, name, namespace=NAMESPACE).to_dict()
+                slices.bound(placed.spec.nodeName, allocated_claim)
         else:
             if len(refusals) < 5:
                 refusals.append(f"{name} ({_shape(pod)}): {_why(kube, name)}")
             _delete(kube, name)
+            if claim is not None:
+                kube.delete(ResourceClaim, name, namespace=NAMESPACE)
         arrived[i], allocated[i] = total_arrived, total_allocated
         if i % 50 == 0 or i == len(stream):
             rate = i / (time.monotonic() - started)
@@ -251,6 +380,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="kube-scheduler's own score plugins off: the extender's prioritize alone ranks",
     )
+    parser.add_argument(
+        "--dra",
+        choices=["best-fit", "index"],
+        default="",
+        help="replay as DRA claims on gpushare's ResourceSlices (no extender), the slices "
+        "ordered as the DRA driver's --placement says",
+    )
     parser.add_argument("--out", type=Path, default=Path("out/replay"))
     args = parser.parse_args(argv)
 
@@ -274,11 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.monotonic()
     arrived, allocated, bound = replay(
-        nodes, stream, args.policy, args.score_all, args.extender_only
+        nodes, stream, args.policy, args.score_all, extender_only=args.extender_only, dra=args.dra
     )
     real = unallocated_curve(arrived, allocated, capacity)
     seconds = time.monotonic() - started
-    print(f"kube-scheduler + extender: {bound} of {len(stream)} pods bound in {seconds:.0f} s")
+    print(f"{_real_name(args)}: {bound} of {len(stream)} pods bound in {seconds:.0f} s")
 
     difference = np.abs(real - simulated)
     print(f"{'arrived %':>10} {'simulator':>10} {'real':>10}  (unallocated GPU %)")
@@ -294,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "policy": args.policy, "seed": args.seed, "pods": len(stream),
         "score_all": args.score_all, "extender_only": args.extender_only,
-        "gpu_pods_only": args.gpu_pods_only,
+        "gpu_pods_only": args.gpu_pods_only, "dra": args.dra,
         "placed_simulator": record.placed, "bound_real": bound,
         "unallocated_pct_simulator": [None if np.isnan(v) else round(v, 3) for v in simulated],
         "unallocated_pct_real": [None if np.isnan(v) else round(v, 3) for v in real],
@@ -307,6 +443,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _real_name(args: argparse.Namespace) -> str:
+    if args.dra:
+        return f"kube-scheduler + DRA claims (slices {args.dra})"
+    return "kube-scheduler + gpushare extender"
+
+
 def _plot(path: Path, simulated: FloatArray, real: FloatArray, args: argparse.Namespace) -> None:
     import matplotlib  # noqa: PLC0415 (the sim extra)
 
@@ -316,7 +458,7 @@ def _plot(path: Path, simulated: FloatArray, real: FloatArray, args: argparse.Na
     x = np.arange(MAX_PERCENT + 1)
     figure, axis = plt.subplots(figsize=(8, 5), constrained_layout=True)
     axis.plot(x, simulated, label="gpushare simulate", linewidth=2)
-    axis.plot(x, real, label="kube-scheduler + gpushare extender (kwok)", linestyle="--")
+    axis.plot(x, real, label=f"{_real_name(args)} (kwok)", linestyle="--")
     axis.plot(x, np.clip(100 - x, 0, None), color="grey", linewidth=0.8, label="ideal")
     axis.set_xlabel("arrived GPU workload (% of capacity)")
     axis.set_ylabel("unallocated GPU (%)")
