@@ -18,14 +18,15 @@ it unschedulable, which is then deleted (the simulator drops it): one pod at a t
 simulator places them.
 
 ``--dra best-fit`` (or ``--dra index``) replays the stream as Dynamic Resource Allocation
-claims instead (docs/dra.md, "Placement"): no extender; each kwok node has gpushare's
+claims instead (docs/dra.md, "Placement"): each kwok node has gpushare's
 ResourceSlice (its GPUs of 1000 MiB, so one MiB is one milli-GPU), each GPU pod a ResourceClaim
 asking ``memory: <share>Mi`` on ``count`` distinct GPUs (its allowed models as a CEL selector),
 which kube-scheduler's allocator places first fit; after each bind the node's slice is published
 again in the order the DRA driver would publish it (``gpushare.dra.usage``: least free first
 for ``best-fit``, by index for ``index``) — the driver's own process cannot run on kwok nodes,
 so the replay publishes for it, the same functions, before the next pod. kube-scheduler scores
-the nodes with its own plugins (the extender scores no claim pods).
+the nodes with its own plugins, no extender; with ``--dra-scoring`` also through ``gpushare
+extender --dra-scoring`` (``dra/prioritize``, a second extender without managedResources).
 
 Prints progress, and at the end the unallocated GPU % at arrived 50/75/100/130 % for both and
 the largest difference over arrived 0–130 %; writes ``replay.json`` (both curves) and
@@ -82,6 +83,7 @@ from gpushare.testing.controlplane import (
     ManagedProcess,
     free_ports,
     gpushare_argv,
+    gpushare_dra_extender,
     gpushare_extender,
     http_ok,
     wait_until,
@@ -257,6 +259,7 @@ def replay(
     *,
     extender_only: bool = False,
     dra: str = "",
+    dra_scoring: bool = False,
 ) -> tuple[FloatArray, FloatArray, int]:
     """The stream through the real scheduler; (arrived, allocated) per event, pods bound."""
     with contextlib.ExitStack() as stack:
@@ -266,35 +269,32 @@ def replay(
         print(f"creating {len(nodes)} kwok nodes", flush=True)
         create_nodes(kube, [kwok_node(n) for n in nodes], timeout=300)
         kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-        if dra:
-            slices = DraSlices(kube, nodes, best_fit=dra == "best-fit")
-            profile: dict[str, object] = {"schedulerName": SCHEDULER}
-            if score_all:
-                profile["percentageOfNodesToScore"] = 100
-            stack.enter_context(plane.scheduler("kube-scheduler-replay", profiles=[profile]))
-            return _one_at_a_time(kube, stream, slices)
-        (port,) = free_ports(1)
-        url = f"http://127.0.0.1:{port}"
-        argv = gpushare_argv(
-            "extender", "--kubeconfig", str(plane.kubeconfig), "--port", str(port),
-            "--policy", policy, "--gpu-unit", "1000", "--handshake-timeout", "0",
-        )  # fmt: skip
-        extender = ManagedProcess("gpushare-extender", argv, tmp).start()
-        stack.callback(extender.stop)
-        wait_until("extender ready", lambda: http_ok(f"{url}/readyz"), 120)
-        profile = {"schedulerName": SCHEDULER}
+        slices = DraSlices(kube, nodes, best_fit=dra == "best-fit") if dra else None
+        extenders = []
+        if not dra or dra_scoring:
+            (port,) = free_ports(1)
+            url = f"http://127.0.0.1:{port}"
+            argv = gpushare_argv(
+                "extender", "--kubeconfig", str(plane.kubeconfig), "--port", str(port),
+                "--policy", policy, "--gpu-unit", "1000", "--handshake-timeout", "0",
+                *(["--dra-scoring"] if dra_scoring else []),
+            )  # fmt: skip
+            extender = ManagedProcess("gpushare-extender", argv, tmp).start()
+            stack.callback(extender.stop)
+            wait_until("extender ready", lambda: http_ok(f"{url}/readyz"), 120)
+            prefix = f"{url}/gpushare-scheduler"
+            extenders.append(
+                gpushare_dra_extender(prefix) if dra else gpushare_extender(prefix, preempt=False)
+            )
+        profile: dict[str, object] = {"schedulerName": SCHEDULER}
         if score_all:
             profile["percentageOfNodesToScore"] = 100
         if extender_only:
             profile["plugins"] = {"score": {"disabled": [{"name": "*"}]}}
         stack.enter_context(
-            plane.scheduler(
-                "kube-scheduler-replay",
-                profiles=[profile],
-                extenders=[gpushare_extender(f"{url}/gpushare-scheduler", preempt=False)],
-            )
+            plane.scheduler("kube-scheduler-replay", profiles=[profile], extenders=extenders)
         )
-        return _one_at_a_time(kube, stream)
+        return _one_at_a_time(kube, stream, slices)
 
 
 def _one_at_a_time(
@@ -387,6 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="replay as DRA claims on gpushare's ResourceSlices (no extender), the slices "
         "ordered as the DRA driver's --placement says",
     )
+    parser.add_argument(
+        "--dra-scoring",
+        action="store_true",
+        help="with --dra: gpushare extender --dra-scoring scores the nodes for the claim pods "
+        "(--policy), as a second extender without managedResources",
+    )
     parser.add_argument("--out", type=Path, default=Path("out/replay"))
     args = parser.parse_args(argv)
 
@@ -410,7 +416,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.monotonic()
     arrived, allocated, bound = replay(
-        nodes, stream, args.policy, args.score_all, extender_only=args.extender_only, dra=args.dra
+        nodes,
+        stream,
+        args.policy,
+        args.score_all,
+        extender_only=args.extender_only,
+        dra=args.dra,
+        dra_scoring=args.dra_scoring,
     )
     real = unallocated_curve(arrived, allocated, capacity)
     seconds = time.monotonic() - started
@@ -430,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "policy": args.policy, "seed": args.seed, "pods": len(stream),
         "score_all": args.score_all, "extender_only": args.extender_only,
-        "gpu_pods_only": args.gpu_pods_only, "dra": args.dra,
+        "gpu_pods_only": args.gpu_pods_only, "dra": args.dra, "dra_scoring": args.dra_scoring,
         "placed_simulator": record.placed, "bound_real": bound,
         "unallocated_pct_simulator": [None if np.isnan(v) else round(v, 3) for v in simulated],
         "unallocated_pct_real": [None if np.isnan(v) else round(v, 3) for v in real],
@@ -445,7 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _real_name(args: argparse.Namespace) -> str:
     if args.dra:
-        return f"kube-scheduler + DRA claims (slices {args.dra})"
+        scored = ", nodes scored by the extender" if args.dra_scoring else ""
+        return f"kube-scheduler + DRA claims (slices {args.dra}{scored})"
     return "kube-scheduler + gpushare extender"
 
 

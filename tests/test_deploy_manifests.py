@@ -39,7 +39,7 @@ from gpushare.kube import nodeconfig, nodepods, nodes, unhealthy
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.dialects import DIALECT_NAMES
 from gpushare.kube.codec.nodeconfig import MemoryReserve, NodeConfig, node_config
-from gpushare.testing.controlplane import REPO_ROOT, gpushare_extender
+from gpushare.testing.controlplane import REPO_ROOT, gpushare_dra_extender, gpushare_extender
 from gpushare.testing.helm import (
     CHART_DIR,
     MANIFESTS,
@@ -50,7 +50,7 @@ from gpushare.testing.helm import (
     parse_yaml,
     render_objects,
 )
-from gpushare.testing.rbac import DRA_DRIVER_RULES
+from gpushare.testing.rbac import DRA_DRIVER_RULES, DRA_SCORING_RULES
 
 SCHEDULER_DIR = REPO_ROOT / "deploy" / "scheduler"
 EXTENDER_RULES = (  # docs/extender.md, "Running it": RBAC for its identity
@@ -1115,3 +1115,31 @@ def test_a_node_serves_the_device_plugin_or_the_dra_driver(with_dra: list[Obj]) 
 
 def test_the_dra_rules_are_the_tests_rules() -> None:
     assert normalized(r.to_dict() for r in DRA_DRIVER_RULES) == normalized(DRA_RULES)
+
+
+def test_with_dra_the_extender_scores_claim_pods_through_a_second_entry(
+    with_dra: list[Obj], helm: Path
+) -> None:
+    """``draDriver.scoreNodes`` (on by default with the driver): ``--dra-scoring``, list/watch
+    on slices and claims, and a second entry without managedResources in the scheduler
+    configuration, as the tests wire it (``gpushare_dra_extender``)."""
+    extender_ = find(with_dra, "Deployment", "gpushare-extender")
+    assert "--dra-scoring" in container(extender_)["args"]
+    assert "--dra-scoring" in flags(extender)
+    role = find(with_dra, "ClusterRole", "gpushare-extender")
+    assert normalized(role["rules"]) == normalized(
+        [*EXTENDER_RULES, *(r.to_dict() for r in DRA_SCORING_RULES)]
+    )
+    config = scheduler_config(find(with_dra, "ConfigMap", "gpushare-default-scheduler-config"))
+    tls = {"serverName": SERVER_NAME, "caFile": HOST_CA_FILE}
+    assert config["extenders"] == [
+        with_tls(SERVICE_URL, HOST_CA_FILE),
+        {**gpushare_dra_extender(SERVICE_URL), "enableHTTPS": True, "tlsConfig": tls},
+    ]
+    off = render_objects(
+        {"draDriver": {"enabled": True, "fakeGpus": "2x16GiB:T4", "scoreNodes": False}},
+        helm=helm,
+    )
+    assert "--dra-scoring" not in container(find(off, "Deployment", "gpushare-extender"))["args"]
+    off_config = scheduler_config(find(off, "ConfigMap", "gpushare-default-scheduler-config"))
+    assert off_config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]

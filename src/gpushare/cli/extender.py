@@ -291,6 +291,14 @@ def build_state(
     "before the extender preempts itself.",
 )
 @click.option(
+    "--dra-scoring/--no-dra-scoring",
+    default=False,
+    show_default=True,
+    help="Also score nodes for DRA claim pods (POST <prefix>/dra/prioritize) from gpushare's "
+    "ResourceSlices and every ResourceClaim (needs list/watch on both; kube-scheduler calls it "
+    "as a second extender without managedResources: docs/dra.md).",
+)
+@click.option(
     "--preemption-hold-max",
     "preemption_hold_max_s",
     type=click.FloatRange(min=1),
@@ -334,6 +342,7 @@ def extender(
     holds_ref: str,
     preemption_wait_s: float,
     preemption_hold_max_s: float,
+    dra_scoring: bool,
     leader_election: LeaseConfig | None,
     log_level: str,
 ) -> None:
@@ -344,6 +353,10 @@ def extender(
         raise click.UsageError("--nodes needs --in-memory (on a cluster, nodes come from the API)")
     if in_memory and leader_election is not None:
         raise click.UsageError("--in-memory takes no --leader-elect (there is no API server)")
+    if in_memory and dra_scoring:
+        raise click.UsageError(
+            "--in-memory takes no --dra-scoring (slices and claims come from the API server)"
+        )
     problems = tls_problems(tls_cert, tls_key, tls_client_ca)
     if leader_election is not None and tls_cert is not None:
         if peer_ca is None or not peer_server_name:
@@ -425,6 +438,7 @@ def extender(
         tls_reload_s=tls_reload_s,
         preemption=preemption_options,
         holds_configmap=holds_configmap,
+        dra_scoring=dra_scoring,
     )
     client = connect_or_exit(kubeconfig, context)
     with contextlib.suppress(KeyboardInterrupt):

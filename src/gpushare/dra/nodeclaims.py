@@ -19,13 +19,12 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from gpushare.dra.plugin import ClaimSource
+from gpushare.kube.codec import pod_finished
 from gpushare.kube.errors import KubeError
 from gpushare.kube.nodepods import NodePods
 from gpushare.kube.watch import Change
 
 __all__ = ["NodeClaims", "claim_names", "has_claims"]
-
-_FINISHED = frozenset({"Succeeded", "Failed"})
 
 
 def has_claims(pod: Pod) -> bool:
@@ -37,9 +36,9 @@ def claim_names(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
     """``(namespace, name)`` of the claims a pod (JSON) uses: those its spec names and those
     the resourceclaim controller made from its templates (``status.resourceClaimStatuses``);
     none for a finished pod (its claims are being released)."""
-    status = pod.get("status") or {}
-    if status.get("phase") in _FINISHED:
+    if pod_finished(pod):
         return set()
+    status = pod.get("status") or {}
     namespace = str((pod.get("metadata") or {}).get("namespace", ""))
     names = {
         entry.get("resourceClaimName")

@@ -36,9 +36,8 @@ from typing import Any
 from gpushare.core.handshake import Step
 from gpushare.deviceplugin.allocate import mps_envs
 from gpushare.deviceplugin.inventory import PhysicalGpu
-from gpushare.dra.slices import CORES, MEMORY, device_name
 from gpushare.kube.codec import MemoryUnit
-from gpushare.kube.codec.common import parse_quantity
+from gpushare.kube.codec.dra import ClaimError, allocated_devices, text_field
 
 __all__ = [
     "CDI_KIND",
@@ -57,11 +56,6 @@ CDI_VERSION = "0.6.0"
 """The CDI specification version of the specs written (containerd 2.x and CRI-O read it)."""
 
 Json = Mapping[str, Any]
-
-
-class ClaimError(ValueError):
-    """A claim this driver cannot prepare; the text names the value, the place and what is
-    accepted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,34 +82,6 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
 
 
-def _text(value: object, where: str, accepted: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > 253:
-        raise ClaimError(f"{where}={value!r}: not {accepted}")
-    return value
-
-
-def _units(value: object, where: str, unit: MemoryUnit) -> int:
-    """A memory quantity in whole units of the node's ``unit``."""
-    try:
-        amount = parse_quantity(value)
-    except ValueError as error:
-        raise ClaimError(f"{where}={value!r}: {error}; accepted: a quantity such as 8Gi") from None
-    units = amount / (unit.mib * 1024 * 1024)
-    if units.denominator != 1 or units < 1:
-        raise ClaimError(f"{where}={value!r}: not a whole number of {unit} (at least one)")
-    return int(units)
-
-
-def _percent(value: object, where: str) -> int:
-    try:
-        amount = parse_quantity(value)
-    except ValueError as error:
-        raise ClaimError(f"{where}={value!r}: {error}; accepted: 0-100") from None
-    if amount.denominator != 1 or not 0 <= amount <= 100:
-        raise ClaimError(f"{where}={value!r}: not a whole percentage 0-100")
-    return int(amount)
-
-
 def prepared_claim(
     claim: Json,
     *,
@@ -126,62 +92,33 @@ def prepared_claim(
     unit: MemoryUnit,
 ) -> PreparedClaim:
     """The devices this driver prepares for ResourceClaim ``claim`` (JSON as the API server
-    returns it) on ``node`` with ``gpus`` (module doc). ``ClaimError`` when the claim is not the
+    returns it) on ``node`` with ``gpus`` (module doc; the results read by
+    ``gpushare.kube.codec.dra.allocated_devices``). ``ClaimError`` when the claim is not the
     one kubelet named (``uid``), is not allocated, or an allocation result of ``driver`` names
     another node's pool, an unknown device or a share that cannot be read."""
     meta = claim.get("metadata")
     if not isinstance(meta, Mapping):
         raise ClaimError("metadata: not an object")
-    namespace = _text(meta.get("namespace"), "metadata.namespace", "a namespace")
-    name = _text(meta.get("name"), "metadata.name", "a name")
-    subject = f"claim {namespace}/{name}"
+    namespace = text_field(meta.get("namespace"), "metadata.namespace", "a namespace")
+    name = text_field(meta.get("name"), "metadata.name", "a name")
     if meta.get("uid") != uid:
         raise ClaimError(
-            f"{subject}: metadata.uid={meta.get('uid')!r}, kubelet asked for {uid!r} "
-            "(the claim was made again; kubelet will ask again)"
+            f"claim {namespace}/{name}: metadata.uid={meta.get('uid')!r}, kubelet asked for "
+            f"{uid!r} (the claim was made again; kubelet will ask again)"
         )
-    status = claim.get("status")
-    allocation = status.get("allocation") if isinstance(status, Mapping) else None
-    results = (
-        allocation.get("devices", {}).get("results") if isinstance(allocation, Mapping) else None
+    by_index = {gpu.index: gpu for gpu in gpus}
+    found = allocated_devices(claim, driver=driver, node=node, indices=by_index, unit=unit)
+    devices = tuple(
+        PreparedDevice(
+            d.request,
+            by_index[d.index],
+            by_index[d.index].units(unit) if d.memory_units is None else d.memory_units,
+            d.cores_percent,
+            d.share_id,
+        )
+        for d in found
     )
-    if not isinstance(results, list):
-        raise ClaimError(f"{subject}: status.allocation.devices.results missing: not allocated")
-    by_name = {device_name(gpu.index): gpu for gpu in gpus}
-    devices: list[PreparedDevice] = []
-    for i, result in enumerate(results):
-        where = f"{subject} status.allocation.devices.results[{i}]"
-        if not isinstance(result, Mapping):
-            raise ClaimError(f"{where}: not an object")
-        if result.get("driver") != driver:
-            continue  # another driver's device: not ours to prepare
-        pool = result.get("pool")
-        if pool != node:
-            raise ClaimError(f"{where}.pool={pool!r}: not this node's pool {node!r}")
-        device = result.get("device")
-        gpu = by_name.get(device) if isinstance(device, str) else None
-        if gpu is None:
-            raise ClaimError(
-                f"{where}.device={device!r}: no such GPU on node {node} "
-                f"(its devices: {', '.join(sorted(by_name)) or 'none'})"
-            )
-        consumed = result.get("consumedCapacity") or {}
-        if not isinstance(consumed, Mapping):
-            raise ClaimError(f"{where}.consumedCapacity: not an object")
-        memory = (
-            _units(consumed[MEMORY], f"{where}.consumedCapacity.{MEMORY}", unit)
-            if MEMORY in consumed
-            else gpu.units(unit)  # no share recorded: the whole GPU
-        )
-        cores = (
-            _percent(consumed[CORES], f"{where}.consumedCapacity.{CORES}")
-            if CORES in consumed
-            else 0
-        )
-        share = result.get("shareID") or ""
-        request = _text(result.get("request"), f"{where}.request", "a request name")
-        devices.append(PreparedDevice(request, gpu, memory, cores, str(share)))
-    return PreparedClaim(namespace, name, uid, tuple(devices))
+    return PreparedClaim(namespace, name, uid, devices)
 
 
 def _mps_limits(claim: PreparedClaim, unit: MemoryUnit) -> dict[str, str]:

@@ -31,6 +31,7 @@ from typing import Any
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.codec.dra import CORES, DRIVER, MEMORY, device_name
 
 __all__ = [
     "CORES",
@@ -44,24 +45,12 @@ __all__ = [
     "slice_name",
 ]
 
-DRIVER = "gpu.gpushare.io"
-"""The driver name: ``spec.driver`` of the slices and of every allocation result, the DeviceClass
-selector, the kubelet plugin's name (a DNS subdomain)."""
-MEMORY = "memory"
-"""The consumable capacity of a GPU's memory, in the node's unit (``16Gi``)."""
-CORES = "cores"
-"""The consumable capacity of a GPU's compute, in percent of the GPU."""
 UNHEALTHY_TAINT = "gpushare.io/unhealthy"
 """The device taint key of an unhealthy GPU (effect ``NoSchedule``)."""
 CORES_PERCENT = 100
 """The ``cores`` capacity of every GPU: percent."""
 
 Json = dict[str, Any]
-
-
-def device_name(index: int) -> str:
-    """The device name of GPU ``index`` in the node's slice: ``gpu-<index>``."""
-    return f"gpu-{index}"
 
 
 def device_class(name: str, driver: str = DRIVER) -> Json:

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpushare.dra.slices import CORES, CORES_PERCENT, DRIVER, MEMORY
 from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.codec.dra import DEVICE_CLASS
 
 __all__ = [
     "DEVICE_CLASS",
@@ -34,8 +35,6 @@ __all__ = [
     "whole_template_name",
 ]
 
-DEVICE_CLASS = "gpushare-gpu"
-"""The DeviceClass the templates' requests name (the chart's ``draDriver.deviceClassName``)."""
 TEMPLATE_PREFIX = "gpushare-gpu-mem-"
 """The templates' name before the size, as the admission policy writes it."""
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from gpushare.core.fit import best_fit_order
 from gpushare.deviceplugin.inventory import PhysicalGpu
-from gpushare.dra.prepare import ClaimError, prepared_claim
 from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.codec.dra import ClaimError, allocated_devices
 
 __all__ = ["device_order", "memory_used"]
 
@@ -31,26 +31,26 @@ def memory_used(
     unit: MemoryUnit,
 ) -> tuple[dict[int, int], list[str]]:
     """The memory (units of ``unit``) that ``claims`` (ResourceClaim JSON, allocated or not)
-    hold on each GPU index of ``node``, from their allocation results of ``driver`` (as
-    ``gpushare.dra.prepare.prepared_claim`` reads them), and one message per claim that could
-    not be read (it is left out). Claims not allocated, or allocated elsewhere, count nothing."""
+    hold on each GPU index of ``node``, from their allocation results of ``driver``
+    (``gpushare.kube.codec.dra.allocated_devices``; a result without memory holds the whole
+    GPU), and one message per claim that could not be read (it is left out). Claims not
+    allocated count nothing."""
+    by_index = {gpu.index: gpu for gpu in gpus}
     used: dict[int, int] = {}
     errors: list[str] = []
     for claim in claims:
         status = claim.get("status")
         if not isinstance(status, Mapping) or not status.get("allocation"):
             continue
-        meta = claim.get("metadata")
-        uid = meta.get("uid") if isinstance(meta, Mapping) else None
         try:
-            prepared = prepared_claim(
-                dict(claim), uid=str(uid), driver=driver, node=node, gpus=gpus, unit=unit
-            )
+            found = allocated_devices(claim, driver=driver, node=node, indices=by_index, unit=unit)
         except ClaimError as error:
             errors.append(str(error))
             continue
-        for device in prepared.devices:
-            used[device.gpu.index] = used.get(device.gpu.index, 0) + device.memory_units
+        for device in found:
+            whole = by_index[device.index].units(unit)
+            share = whole if device.memory_units is None else device.memory_units
+            used[device.index] = used.get(device.index, 0) + share
     return used, errors
 
 

@@ -10,6 +10,8 @@ URL layout, ``pkg/routes/routes.go``), ``P`` the prefix (default ``/gpushare-sch
 ``POST P/preempt``         ``ExtenderPreemptionArgs`` → ``ExtenderPreemptionResult``
                            (``gpushare.extender.preemption``; without a preemptor every
                            candidate is kept as kube-scheduler chose it)
+``POST P/dra/prioritize``  ``ExtenderArgs`` → ``[HostPriority]`` for DRA claim pods, with ``dra``
+                           (``gpushare.extender.dra``)
 ``GET P/inspect[/node]``   allocation report (``gpushare.extender.report``); 404 for an unknown node
 ``GET /healthz``           200 while the process serves
 ``GET /readyz``            200 once the state has synced (and ``readiness()``, if given), else 503
@@ -57,8 +59,9 @@ from gpushare import __version__
 from gpushare.core.policies import Policy
 from gpushare.core.preemption import Hold
 from gpushare.extender.bindapi import Binder, EventSink, UnwiredBinder
+from gpushare.extender.dra import DraScorer, candidate_names
 from gpushare.extender.limits import LimitError, RequestLimits, read_body
-from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.metrics import DRA_VERB, ExtenderMetrics
 from gpushare.extender.outcomes import outcome_of
 from gpushare.extender.preemption import Preemptor
 from gpushare.extender.report import cluster_report, node_report
@@ -157,6 +160,7 @@ def create_app(
     readiness: Callable[[], bool] | None = None,
     preemptor: Preemptor | None = None,
     requeuer: Requeuer | None = None,
+    dra: DraScorer | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
 
@@ -173,7 +177,8 @@ def create_app(
     hooks; ``preemptor``: GPU-aware preemption (``gpushare.extender.preemption``: the
     ``preempt`` verb, holds in filter, prioritize and bind, and its loop, run while the app
     serves); ``requeuer``: requeue the pods the filter refused everywhere when a node changes
-    (``gpushare.extender.requeue``; its loop runs while the app serves). The ``Scheduler`` is
+    (``gpushare.extender.requeue``; its loop runs while the app serves); ``dra``: score nodes
+    for DRA claim pods on ``P/dra/prioritize`` (``gpushare.extender.dra``). The ``Scheduler`` is
     ``app.state.scheduler``, the ``ExtenderMetrics`` ``app.state.metrics``.
     """
     limits = limits or RequestLimits()
@@ -242,6 +247,11 @@ def create_app(
 
     async def prioritize(body: bytes) -> object:
         return scheduler.prioritize(decode(body, ExtenderArgs, "prioritize"))
+
+    async def dra_prioritize(body: bytes) -> object:
+        args = decode(body, ExtenderArgs, "prioritize")
+        assert dra is not None
+        return dra.prioritize(args.pod, candidate_names(args))
 
     async def bind(body: bytes) -> object:
         return await scheduler.bind(decode(body, ExtenderBindingArgs, "bind"))
@@ -315,6 +325,17 @@ def create_app(
             methods=["POST"],
         ),
         Route(f"{base}/preempt", guarded("preempt", preempt, None), methods=["POST"]),
+        *(
+            [
+                Route(
+                    f"{base}/dra/prioritize",
+                    guarded(DRA_VERB, dra_prioritize, None),
+                    methods=["POST"],
+                )
+            ]
+            if dra is not None
+            else []
+        ),
         Route(f"{base}/inspect", inspect_all, methods=["GET"]),
         Route(f"{base}/inspect/{{node}}", inspect_node, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -62,6 +62,7 @@ from gpushare.extender.apiserver import (
     EventRate,
 )
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
+from gpushare.extender.dra import DraScorer
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.forward import (
     DEFAULT_PEER_PORT,
@@ -75,7 +76,7 @@ from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
 from gpushare.extender.preemption import PreemptionOptions, Preemptor
 from gpushare.extender.requeue import RequeueOptions, Requeuer
-from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
+from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY, extender_policy
 from gpushare.extender.state import (
     DEFAULT_ASSUME_TTL_S,
     DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -87,6 +88,8 @@ from gpushare.kube.binder import PodBinder
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.client import AsyncClient
 from gpushare.kube.codec import Json, pod_uid
+from gpushare.kube.codec.dra import DRIVER as DRA_DRIVER
+from gpushare.kube.dracache import DraCache
 from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
 from gpushare.kube.evictions import Evictor
 from gpushare.kube.holds import DEFAULT_HOLDS, HoldStore
@@ -129,6 +132,9 @@ class LiveOptions:
     ``preempt`` then keeps kube-scheduler's choice); ``holds_configmap``: where its holds are
     kept, ``(namespace, name)``. ``requeue``: how the pods the filter refused everywhere are
     requeued in kube-scheduler when a node changes (``gpushare.extender.requeue``).
+    ``dra_scoring``: score nodes for DRA claim pods on ``P/dra/prioritize`` from the slices of
+    ``dra_driver`` and every claim (``gpushare.extender.dra``; RBAC ``resourceslices`` and
+    ``resourceclaims`` ``list``/``watch``).
     """
 
     host: str = "0.0.0.0"
@@ -163,6 +169,8 @@ class LiveOptions:
     preemption: PreemptionOptions | None = field(default_factory=PreemptionOptions)
     holds_configmap: tuple[str, str] = DEFAULT_HOLDS
     requeue: RequeueOptions = field(default_factory=RequeueOptions)
+    dra_scoring: bool = False
+    dra_driver: str = DRA_DRIVER
 
 
 def tls_problems(cert: Path | None, key: Path | None, client_ca: Path | None) -> list[str]:
@@ -317,6 +325,19 @@ class LiveExtender:
                 options.gpu_unit, gpu_capacities=self.state.cluster.gpu_capacities
             )
             self.cache.on_pod(self.workload.on_pod)
+        self.dra_cache: DraCache | None = None
+        dra: DraScorer | None = None
+        if options.dra_scoring:
+            self.dra_cache = DraCache(
+                client, options.dra_driver, watch_timeout_s=options.watch_timeout_s
+            )
+            chosen = live_policy(options.policy, options.gpu_unit, self.workload)
+            dra = DraScorer(
+                self.dra_cache,
+                extender_policy(chosen, gpu_unit=options.gpu_unit or DEFAULT_GPU_UNIT)
+                if isinstance(chosen, str)
+                else chosen,
+            )
         self.app = create_app(
             self.state,
             prefix=options.prefix,
@@ -332,6 +353,7 @@ class LiveExtender:
             registry=self.registry,
             preemptor=self.preemptor,
             requeuer=self.requeuer,
+            dra=dra,
         )
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -406,6 +428,8 @@ class LiveExtender:
         """Serve until stopped; on already bound ``sockets`` when given (tests), else on
         ``options.host``/``port``. Raises the cache's error if it failed before syncing."""
         self.cache.start()
+        if self.dra_cache is not None:
+            self.dra_cache.start()
         sync = asyncio.create_task(self._sync(), name="gpushare-extender-sync")
         side = [asyncio.create_task(r.run(), name="gpushare-tls-reload") for r in self.reloaders]
         if self.peer_server is not None:
@@ -434,6 +458,8 @@ class LiveExtender:
                 finally:
                     await self.events.drain()  # each bounded by event_timeout_s
                     await self.cache.stop()
+                    if self.dra_cache is not None:
+                        await self.dra_cache.stop()
 
     def _deciding(self) -> bool:
         """Whether this replica may act (evict, write holds): always for a single replica,

@@ -7,7 +7,8 @@ series                                       type       labels             meani
 ===========================================  =========  =================  =========================
 gpushare_extender_requests_total             counter    verb, outcome      requests handled: verb
                                                                            filter / prioritize /
-                                                                           bind / preempt;
+                                                                           bind / preempt /
+                                                                           dra_prioritize;
                                                                            outcome ok, held
                                                                            (a filter waiting on the
                                                                            handshake rule), error
@@ -104,6 +105,7 @@ from gpushare.extender.state import ExtenderState
 from gpushare.kube.codec import MemoryUnit, NodeInfo
 
 __all__ = [
+    "DRA_VERB",
     "DURATION_BUCKETS",
     "OUTCOMES",
     "VERBS",
@@ -114,7 +116,9 @@ __all__ = [
     "unit_bytes",
 ]
 
-VERBS = ("filter", "prioritize", "bind", "preempt")
+DRA_VERB = "dra_prioritize"
+"""The verb label of ``P/dra/prioritize`` (``gpushare.extender.dra``)."""
+VERBS = ("filter", "prioritize", "bind", "preempt", DRA_VERB)
 OUTCOMES = ("ok", "error", "bad_request")
 # Handling is sub-millisecond to tens of milliseconds (1,000 nodes x 8 GPUs); bind waits on the
 # API server, hence the long tail.

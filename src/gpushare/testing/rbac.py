@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from lightkube.models.rbac_v1 import PolicyRule
 
-__all__ = ["DRA_DRIVER_RULES", "EXTENDER_RULES", "EXTENDER_RULES_BUT_NODES", "READ_NODES"]
+__all__ = [
+    "DRA_DRIVER_RULES",
+    "DRA_SCORING_RULES",
+    "EXTENDER_RULES",
+    "EXTENDER_RULES_BUT_NODES",
+    "READ_NODES",
+]
 
 READ_NODES = PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "list", "watch"])
 EXTENDER_RULES_BUT_NODES = [
@@ -28,6 +34,14 @@ EXTENDER_RULES_BUT_NODES = [
 ]
 """Everything but reading nodes (a test may leave that out on purpose)."""
 EXTENDER_RULES = [READ_NODES, *EXTENDER_RULES_BUT_NODES]
+DRA_SCORING_RULES = [
+    PolicyRule(
+        apiGroups=["resource.k8s.io"], resources=["resourceslices", "resourceclaims"],
+        verbs=["list", "watch"],
+    ),
+]  # fmt: skip
+"""What ``gpushare extender --dra-scoring`` needs beyond ``EXTENDER_RULES``
+(``gpushare.kube.dracache.RBAC_RULES``)."""
 
 DRA_DRIVER_RULES = [
     PolicyRule(

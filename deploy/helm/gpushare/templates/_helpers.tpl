@@ -173,7 +173,26 @@ It matches gpushare.testing.controlplane.gpushare_extender: tests/cluster/test_d
 {{- if $tlsConfig -}}
 {{- $_ := set $entry "tlsConfig" $tlsConfig -}}
 {{- end -}}
-{{- toYaml (list $entry) -}}
+{{- $entries := list $entry -}}
+{{- if and $ctx.Values.draDriver.enabled $ctx.Values.draDriver.scoreNodes -}}
+{{- /* DRA claim pods name no managed resource: a second entry without managedResources
+     (called for every pod), prioritize only, ignorable (docs/dra.md, "Placement"); it
+     matches gpushare.testing.controlplane.gpushare_dra_extender. */ -}}
+{{- $dra := dict
+  "urlPrefix" (index . 1)
+  "prioritizeVerb" "dra/prioritize"
+  "weight" (int $ctx.Values.scheduler.weight)
+  "enableHTTPS" $ctx.Values.extender.tls.enabled
+  "nodeCacheCapable" true
+  "httpTimeout" "5s"
+  "ignorable" true
+-}}
+{{- if $tlsConfig -}}
+{{- $_ := set $dra "tlsConfig" $tlsConfig -}}
+{{- end -}}
+{{- $entries = append $entries $dra -}}
+{{- end -}}
+{{- toYaml $entries -}}
 {{- end -}}
 
 {{- define "gpushare.scheduler.imageTag" -}}

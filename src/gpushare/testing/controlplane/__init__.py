@@ -53,6 +53,7 @@ from gpushare.testing.controlplane.processes import (
 )
 from gpushare.testing.controlplane.scheduler_config import (
     SCHEDULER_CONFIG_API_VERSION,
+    gpushare_dra_extender,
     gpushare_extender,
     scheduler_configuration,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "async_wait_until",
     "free_ports",
     "gpushare_argv",
+    "gpushare_dra_extender",
     "gpushare_extender",
     "http_ok",
     "scheduler_configuration",

@@ -46,6 +46,22 @@ def gpushare_extender(
     return entry
 
 
+def gpushare_dra_extender(url_prefix: str, *, weight: int = 10) -> dict[str, Any]:
+    """The second ``extenders`` entry, for DRA claim pods: ``dra/prioritize`` only, without
+    ``managedResources`` (so kube-scheduler calls it for every pod; the extender answers an
+    empty list for pods without gpushare's claims), ignorable (a failed call loses only the
+    score); as the chart's ``draDriver.scoreNodes`` writes it (docs/dra.md)."""
+    return {
+        "urlPrefix": url_prefix,
+        "prioritizeVerb": "dra/prioritize",
+        "weight": weight,
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "httpTimeout": "5s",
+        "ignorable": True,
+    }
+
+
 def scheduler_configuration(
     kubeconfig: Path,
     *,
