@@ -7,7 +7,8 @@ request through to kube-apiserver, except when a test asks for a fault:
   with ``httpx2.ReadError`` (as when the server or the network drops it), and every new
   request fails with ``httpx2.ConnectError`` until :meth:`~FaultyTransport.come_back`.
   :attr:`~FaultyTransport.refused` is set whenever a request is refused, so a test can wait
-  until the client has noticed and retried.
+  until the client has noticed and retried. A request whose caller is cancelled goes on to
+  its response, which is then closed (:meth:`~FaultyTransport.handle_async_request`).
 * :meth:`~FaultyTransport.expire_next_watch` answers the next watch request on a resource with
   410 Gone, in either of the two forms kube-apiserver uses: an ``ERROR`` watch event carrying
   an ``Expired`` ``Status`` in a 200 stream (``form="event"``), or an HTTP 410 reply
@@ -112,6 +113,7 @@ class FaultyTransport(httpx2.AsyncBaseTransport):
         """Set each time a request is refused while down; clear it to wait for the next."""
         self.expired_watches = 0
         """How many watch requests were answered with an injected 410."""
+        self._abandoned: set[asyncio.Future[httpx2.Response]] = set()
 
     @classmethod
     def for_control_plane(cls, plane: ControlPlane, *, client_certificate: bool = True) -> Self:
@@ -142,6 +144,20 @@ class FaultyTransport(httpx2.AsyncBaseTransport):
     # ---- transport ---------------------------------------------------------------------
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """The request through the faults, to kube-apiserver. A caller cancelled before the
+        response arrives (a cache stopped while it reconnects) does not cancel the request
+        under it: cancelled in its TLS handshake, httpcore2 would leave the new connection
+        open (its ``start_tls`` closes the stream on ``Exception``, not on cancellation), a
+        ``ResourceWarning`` at the next garbage collection. The request finishes on its own
+        and its response is closed (:meth:`aclose` waits for them)."""
+        answer = asyncio.ensure_future(self._handle(request))
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            self._abandoned.add(answer)
+            raise
+
+    async def _handle(self, request: httpx2.Request) -> httpx2.Response:
         if self._down:
             self.refused.set()
             raise httpx2.ConnectError("API server unreachable (cut by the test)", request=request)
@@ -171,4 +187,10 @@ class FaultyTransport(httpx2.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
+        abandoned, self._abandoned = self._abandoned, set()
+        if abandoned:
+            await asyncio.wait(abandoned, timeout=30)
+        for answer in abandoned:
+            if answer.done() and not answer.cancelled() and answer.exception() is None:
+                await answer.result().aclose()
         await self._inner.aclose()
