@@ -36,7 +36,7 @@ demo: $(STAMP) controlplane
 	$(BIN)/python -m gpushare.demo up
 
 # The same with a real kubelet + containerd node (fake GPUs) running the binpack example (root).
-demo-real-node: $(STAMP) controlplane node-runtime
+demo-real-node: $(STAMP) controlplane node-runtime containerd
 	$(BIN)/python -m gpushare.demo up --real-node
 
 demo-down: $(STAMP)
@@ -54,7 +54,7 @@ typecheck: $(STAMP)
 controlplane:
 	scripts/heartbeat.sh controlplane scripts/build-controlplane.sh
 
-# containerd, runc, CNI plugins, busybox-static, iptables for the real-node tier (tests/node).
+# runc, CNI plugins, busybox-static, iptables for the real-node tier (tests/node); containerd: below.
 node-runtime:
 	scripts/install-node-runtime.sh
 
@@ -76,7 +76,7 @@ image:
 manifests: helm
 	scripts/render-manifests.sh
 
-pytest: $(STAMP) controlplane node-runtime observe-tools helm image
+pytest: $(STAMP) controlplane node-runtime containerd observe-tools helm image
 	$(BIN)/pytest
 
 bench: $(STAMP)

@@ -1064,7 +1064,7 @@ def test_the_openssl_recipe_for_the_plain_manifests_makes_a_secret_they_can_use(
 
 DRA_RULES = (  # gpushare.testing.rbac.DRA_DRIVER_RULES, what the driver's tests run with
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-     "verbs": ["get", "create", "update"]},
+     "verbs": ["get", "create", "update", "list", "watch"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
 )  # fmt: skip
@@ -1105,6 +1105,10 @@ def test_a_node_serves_the_device_plugin_or_the_dra_driver(with_dra: list[Obj]) 
                       "/var/run/cdi"}  # fmt: skip
     role = find(with_dra, "ClusterRole", "gpushare-dra-driver")
     assert normalized(role["rules"]) == normalized(DRA_RULES)
+    assert "--unhealthy-configmap" in args  # Alibaba's health list, read in kube-system
+    marks = find(with_dra, "Role", "gpushare-dra-driver")
+    assert marks["metadata"]["namespace"] == "kube-system"
+    assert normalized(marks["rules"]) == normalized(unhealthy.RBAC_RULES)
     binding = find(with_dra, "ClusterRoleBinding", "gpushare-dra-driver")
     assert binding["subjects"][0]["name"] == spec["serviceAccountName"]
     device_class = find(with_dra, "DeviceClass", "gpushare-gpu")

@@ -421,7 +421,8 @@ def test_the_charts_dra_objects_are_accepted_by_the_api_server(kube: Client) -> 
         o for o in rendered if "dra-driver" in o["metadata"]["name"] or o["kind"] == "DeviceClass"
     ]
     assert sorted(o["kind"] for o in dra) == [
-        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass", "ServiceAccount",
+        "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass", "Role", "RoleBinding",
+        "ServiceAccount",
     ]  # fmt: skip
     for obj in dra:
         if obj["kind"] in ("DaemonSet", "ServiceAccount"):
@@ -432,9 +433,11 @@ def test_the_charts_dra_objects_are_accepted_by_the_api_server(kube: Client) -> 
 def test_the_driver_asks_the_api_server_again_only_when_its_slice_changed_or_is_due(
     control_plane: ControlPlane, kube: Client
 ) -> None:
-    """Every resync reads the inventory; a slice that says what the last published one said
-    is not asked about again before ``recheck_s``: deleted behind the driver's back, it stays
-    gone until then, and comes back (generation 1, a new slice) once the recheck is due."""
+    """``publish`` alone (the resync's part): every resync reads the inventory; a slice that
+    says what the last published one said is not asked about again before ``recheck_s``:
+    deleted behind ``publish``'s back, it stays gone until then, and comes back (generation 1,
+    a new slice) once the recheck is due. The running driver also watches its slice and
+    publishes it again at once (the next test)."""
     node = "dra-n7"
     name = f"{node}-gpu-gpushare-io"
 
@@ -459,6 +462,28 @@ def test_the_driver_asks_the_api_server_again_only_when_its_slice_changed_or_is_
     finally:
         with contextlib.suppress(ApiError):
             kube.delete(ResourceSlice, name)
+
+
+def test_a_slice_deleted_behind_the_running_drivers_back_is_published_again_at_once(
+    kube: Client, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """kubelet deletes every slice of its node when it starts; the driver (inventory resync
+    60 s, recheck 300 s) watches its own slice and publishes it again within seconds."""
+    node = "dra-n8"
+    name = slice_name(node)
+    argv = driver_argv(control_plane, node, tmp_path, "--resync", "60")
+    with contextlib.ExitStack() as stack:
+        create_nodes(kube, [plain_node(node)])
+        stack.callback(delete_nodes, kube, [node])
+        driver = ManagedProcess("dra-driver-watch", argv, tmp_path).start()
+        stack.callback(driver.stop)
+        stack.callback(lambda: kube.delete(ResourceSlice, name))
+        wait_until("the slice", lambda: _exists(kube, name), 30, processes=[driver])
+        kube.delete(ResourceSlice, name)
+        wait_until("the slice published again", lambda: _exists(kube, name), 20,
+                   processes=[driver])  # fmt: skip
+        assert kube.get(ResourceSlice, name).to_dict()["spec"]["pool"]["generation"] == 1
+        assert "publishing it again" in driver.log_tail(), driver.log_tail()
 
 
 @dataclass(frozen=True)

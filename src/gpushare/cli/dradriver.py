@@ -92,6 +92,14 @@ from gpushare.kube.errors import Failure, KubeError
     "must run an MPS control daemon.",
 )
 @click.option(
+    "--unhealthy-configmap/--no-unhealthy-configmap",
+    default=False,
+    show_default=True,
+    help="Also taint the GPUs listed in Alibaba's ConfigMap kube-system/unhealthy-gpu-<node> "
+    '(data.gpus, e.g. "0,2"), as the device plugin reads it (needs get/list/watch on '
+    "configmaps in kube-system).",
+)
+@click.option(
     "--placement",
     type=click.Choice(["best-fit", "index"]),
     default="best-fit",
@@ -114,6 +122,7 @@ def dra_driver(
     resync_s: float,
     mps: bool,
     placement: str,
+    unhealthy_configmap: bool,
     kubeconfig: Path | None,
     context: str | None,
     log_level: str,
@@ -125,7 +134,7 @@ def dra_driver(
     options = DriverOptions(
         node=node_name, unit=MemoryUnit(memory_unit), driver=driver_name, plugin_dir=plugin_dir,
         registry_dir=registry_dir, cdi_dir=cdi_dir, resync_s=resync_s, mps=mps,
-        best_fit=placement == "best-fit",
+        best_fit=placement == "best-fit", unhealthy_configmap=unhealthy_configmap,
     )  # fmt: skip
     client = connect_or_exit(kubeconfig, context)
     try:
@@ -135,8 +144,10 @@ def dra_driver(
         raise click.ClickException(str(error)) from None
     except KubeError as error:
         hint = (
-            " (the driver needs get/create/update on resourceslices, get on resourceclaims"
-            " and, with --placement best-fit, list/watch on pods)"
+            " (the driver needs get/create/update/list/watch on resourceslices, get on"
+            " resourceclaims"
+            ", with --placement best-fit list/watch on pods, with --unhealthy-configmap"
+            " get/list/watch on configmaps in kube-system)"
             if error.failure is Failure.FORBIDDEN
             else ""
         )

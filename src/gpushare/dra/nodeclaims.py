@@ -11,8 +11,7 @@ RBAC: ``pods`` ``list`` and ``watch``; ``resourceclaims`` ``get``
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lightkube import AsyncClient
@@ -54,17 +53,23 @@ def claim_names(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
 
 
 class NodeClaims:
-    """The claims of the pods bound to ``node`` (module doc); ``changed`` is set whenever the
-    node's pods change (the driver clears it)."""
+    """The claims of the pods bound to ``node`` (module doc); ``on_change`` is called whenever
+    the node's pods change."""
 
-    def __init__(self, client: AsyncClient, node: str, claims: ClaimSource) -> None:
-        self.changed = asyncio.Event()
+    def __init__(
+        self,
+        client: AsyncClient,
+        node: str,
+        claims: ClaimSource,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._notify = on_change
         self._source = claims
         self._pods = NodePods(client, node, keep=has_claims, on_change=self._on_change)
         self._known: dict[tuple[str, str], Mapping[str, Any]] = {}
 
     def _on_change(self, _change: Change) -> None:
-        self.changed.set()
+        self._notify()
 
     def start(self) -> None:
         """List and watch the node's pods in a background task."""

@@ -46,10 +46,10 @@ DRA_SCORING_RULES = [
 DRA_DRIVER_RULES = [
     PolicyRule(
         apiGroups=["resource.k8s.io"], resources=["resourceslices"],
-        verbs=["get", "create", "update"],
+        verbs=["get", "create", "update", "list", "watch"],
     ),
     PolicyRule(apiGroups=["resource.k8s.io"], resources=["resourceclaims"], verbs=["get"]),
     PolicyRule(apiGroups=[""], resources=["pods"], verbs=["list", "watch"]),
 ]  # fmt: skip
-"""What ``gpushare dra-driver`` needs: its node's ResourceSlice, the claims kubelet names and
-its node's pods (``--placement best-fit``)."""
+"""What ``gpushare dra-driver`` needs: its node's ResourceSlice (written and watched), the
+claims kubelet names and its node's pods (``--placement best-fit``)."""

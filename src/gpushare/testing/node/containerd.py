@@ -87,21 +87,80 @@ state = "{root / "state"}"
 """
 
 
-class Containerd:
-    """One containerd process over ``root`` (see :func:`containerd_config`)."""
+def containerd2_config(root: Path, bin_dir: Path) -> str:
+    """containerd 2.x configuration (version 4) with everything under ``root``, the runc shim of
+    ``bin_dir`` (not the first on ``PATH``, which may be another version's), and CDI specs read
+    from ``root/cdi`` (the DRA driver's ``--cdi-dir``; CDI is always on in 2.x). The settings of
+    :func:`containerd_config`, in 2.x's places: the CRI plugin is split into
+    ``io.containerd.cri.v1.images`` and ``io.containerd.cri.v1.runtime``, and the sockets are
+    the ``io.containerd.server.v1.grpc``/``ttrpc`` plugins' (a top-level ``[grpc]`` is ignored:
+    the daemon would listen on ``/run/containerd/containerd.sock``)."""
+    images, runtime = (
+        "plugins.'io.containerd.cri.v1.images'",
+        "plugins.'io.containerd.cri.v1.runtime'",
+    )
+    return f"""version = 4
+root = '{root / "root"}'
+state = '{root / "state"}'
+imports = []
+[plugins.'io.containerd.server.v1.grpc']
+  address = '{root / "containerd.sock"}'
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = '{root / "containerd.sock.ttrpc"}'
+[plugins.'io.containerd.internal.v1.opt']
+  path = '{root / "opt"}'
+[{images}]
+  snapshotter = 'overlayfs'
+[{images}.pinned_images]
+  sandbox = '{PAUSE_IMAGE}'
+[{runtime}]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  cdi_spec_dirs = ['{root / "cdi"}']
+[{runtime}.containerd]
+  default_runtime_name = 'runc'
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = 'io.containerd.runc.v2'
+  runtime_path = '{bin_dir / "containerd-shim-runc-v2"}'
+[{runtime}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = '{root / "runc"}'
+[{runtime}.cni]
+  bin_dirs = ['{CNI_BIN_DIR}']
+  conf_dir = '{root / "cni" / "net.d"}'
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+"""
 
-    def __init__(self, root: Path, *, startup_timeout_s: float = 60.0) -> None:
+
+class Containerd:
+    """One containerd process over ``root``: Debian's 1.6 (:func:`containerd_config`), or with
+    ``bin_dir`` the 2.x built by ``scripts/build-containerd.sh`` (:func:`containerd2_config`;
+    CDI specs in :attr:`cdi_dir`)."""
+
+    def __init__(
+        self, root: Path, *, bin_dir: Path | None = None, startup_timeout_s: float = 60.0
+    ) -> None:
         self.root = root
+        self.bin_dir = bin_dir
         self.socket = root / "containerd.sock"
+        self.cdi_dir = root / "cdi"
         self.startup_timeout_s = startup_timeout_s
         self.process: ManagedProcess | None = None
         conf_dir = root / "cni" / "net.d"
         conf_dir.mkdir(parents=True, exist_ok=True)
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
         (conf_dir / "10-gpushare-node.conflist").write_text(
             json.dumps(cni_conflist(root / "cni" / "ipam"), indent=2)
         )
         self.config = root / "config.toml"
-        self.config.write_text(containerd_config(root))
+        self.config.write_text(
+            containerd_config(root) if bin_dir is None else containerd2_config(root, bin_dir)
+        )
+
+    def _binary(self, name: str) -> str:
+        return name if self.bin_dir is None else str(self.bin_dir / name)
 
     @property
     def endpoint(self) -> str:
@@ -109,7 +168,8 @@ class Containerd:
         return f"unix://{self.socket}"
 
     def start(self) -> Containerd:
-        proc = ManagedProcess("containerd", ["containerd", "--config", str(self.config)], self.root)
+        argv = [self._binary("containerd"), "--config", str(self.config)]
+        proc = ManagedProcess("containerd", argv, self.root)
         self.process = proc.start()
         wait_until(
             "containerd answering `ctr version`",
@@ -125,7 +185,7 @@ class Containerd:
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``ctr --address <socket> -n k8s.io ARGS``."""
-        argv = ["ctr", "--address", str(self.socket), "-n", NAMESPACE, *args]
+        argv = [self._binary("ctr"), "--address", str(self.socket), "-n", NAMESPACE, *args]
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
         if check and done.returncode != 0:
             raise ControlPlaneError(f"{' '.join(argv)} failed: {done.stderr or done.stdout}")

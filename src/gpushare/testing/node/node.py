@@ -24,6 +24,7 @@ from gpushare.testing.node.config import kube_proxy_configuration, kubelet_confi
 from gpushare.testing.node.containerd import Containerd
 from gpushare.testing.node.host import GATEWAY, NodeHost
 from gpushare.testing.node.images import write_image_archive
+from gpushare.testing.node.prerequisites import containerd_dir
 
 NODE_LABELS = {"gpushare": "true"}
 
@@ -71,6 +72,12 @@ class RealNode:
     def root(self) -> Path:
         return self.host.root / "node"
 
+    @property
+    def kubelet_root(self) -> Path:
+        """kubelet's ``--root-dir``: DRA drivers put their sockets in ``plugins`` and
+        ``plugins_registry`` under it."""
+        return self.root / "kubelet" / "root"
+
     # ---- start / stop ----------------------------------------------------------------
 
     def start(self) -> RealNode:
@@ -78,7 +85,8 @@ class RealNode:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             archive = write_image_archive(self.root / "images.tar")
-            self.containerd = Containerd(self.root / "containerd").start()
+            self.containerd = Containerd(self.root / "containerd", bin_dir=containerd_dir())
+            self.containerd.start()
             self.containerd.import_images(archive)
             self._write_kubelet_config()
             self.start_kubelet()
@@ -145,7 +153,7 @@ class RealNode:
             str(self.plane.binaries.path("kubelet")),
             f"--config={workdir / 'config.json'}",
             f"--kubeconfig={self.plane.kubeconfig}",
-            f"--root-dir={workdir / 'root'}",
+            f"--root-dir={self.kubelet_root}",
             f"--cert-dir={workdir / 'pki'}",
             f"--node-ip={GATEWAY}",
             f"--hostname-override={self.name}",
@@ -208,7 +216,8 @@ class RealNode:
         shutil.rmtree(self.containerd.root / "state", ignore_errors=True)
         shutil.rmtree(self.containerd.root / "runc", ignore_errors=True)
         shutil.rmtree(self.containerd.root / "cni" / "ipam", ignore_errors=True)
-        self.containerd = Containerd(self.containerd.root).start()
+        self.containerd = Containerd(self.containerd.root, bin_dir=self.containerd.bin_dir)
+        self.containerd.start()
         return removed
 
     # ---- kube-proxy ------------------------------------------------------------------
