@@ -20,7 +20,11 @@ ResourceClaim asking 2 GiB of one GPU as consumable capacity (docs/dra.md; every
 publishes gpushare's ResourceSlice of its eight GPUs; kube-scheduler allocates the claims itself,
 the extender is not asked: it manages ``aliyun.com/gpu-mem`` only). Reports pods/s per round, the
 medians and the ratios gpu/plain (and claim/plain, claim/gpu), and the extender's own mean time
-per filter, prioritize and bind request (its ``/metrics``). Prints progress.
+per filter, prioritize and bind request (its ``/metrics``). ``--dra-scoring`` starts the
+extender with ``--dra-scoring`` and times plain pods (and with ``--dra`` claim pods) again with
+the second scheduler extender entry that scores claim pods (``dra/prioritize``, without
+``managedResources``: kube-scheduler calls it for every pod), so the cost of that call on pods
+that ask no GPU is measured against the same scheduler without it. Prints progress.
 ``--profile out/sched.txt`` samples the extender with py-spy (non-blocking, so it does not pause the
 process it measures; the ``bench`` extra) through the rounds and writes collapsed stacks there.
 kube-scheduler binds pods without GPU memory itself, through its client's rate limit (50/s, burst
@@ -61,6 +65,7 @@ from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
     free_ports,
+    gpushare_dra_extender,
     gpushare_extender,
     wait_until,
 )
@@ -152,9 +157,11 @@ def one_round(
     tag: str,
     *,
     qps: float | None = None,
+    scored: bool = False,
 ) -> float:
-    """Create ``what`` = (count, GiB or None) pods, start the scheduler, return pods/s from the
-    first to the last binding."""
+    """Create ``what`` = (count, GiB or None) pods, start the scheduler (``scored``: with the
+    extender's second entry for claim pods, ``dra/prioritize``, which kube-scheduler calls for
+    every pod), return pods/s from the first to the last binding."""
     count, gpu_mem = what
     namespace = f"bench-{tag}-{time.time_ns()}"
     kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
@@ -169,7 +176,8 @@ def one_round(
     with plane.scheduler(
         f"kube-scheduler-{tag}",
         profiles=[{"schedulerName": SCHEDULER}],
-        extenders=[gpushare_extender(url_prefix)],
+        extenders=[gpushare_extender(url_prefix)]
+        + ([gpushare_dra_extender(url_prefix)] if scored else []),
         clientConnection=client,
     ):
         times = bound_times(kube, namespace, count, timeout_s=600)
@@ -191,18 +199,27 @@ def measure(
     *,
     qps: float | None = None,
     dra: bool = False,
+    scored: bool = False,
 ) -> dict[str, list[float]]:
     """pods/s per round, for pods without GPU memory ("plain"), with 2 GiB ("gpu") and, with
-    ``dra``, with a claim of 2 GiB ("claim")."""
-    kinds: list[tuple[str, int | None]] = [("plain", None), ("gpu", 2)]
+    ``dra``, with a claim of 2 GiB ("claim"); with ``scored``, plain and claim pods again with
+    the extender's ``dra/prioritize`` entry ("plain+dra", "claim+dra")."""
+    kinds: list[tuple[str, int | None, bool]] = [("plain", None, False), ("gpu", 2, False)]
     if dra:
-        kinds.append(("claim", CLAIM))
-    rates: dict[str, list[float]] = {tag: [] for tag, _ in kinds}
+        kinds.append(("claim", CLAIM, False))
+    if scored:
+        kinds.append(("plain+dra", None, True))
+        if dra:
+            kinds.append(("claim+dra", CLAIM, True))
+    rates: dict[str, list[float]] = {tag: [] for tag, _, _ in kinds}
     for r in range(rounds):
-        for tag, gpu_mem in kinds:
-            rate = one_round(plane, kube, url_prefix, (count, gpu_mem), tag, qps=qps)
+        for tag, gpu_mem, with_dra in kinds:
+            rate = one_round(
+                plane, kube, url_prefix, (count, gpu_mem), tag.replace("+", "-"), qps=qps,
+                scored=with_dra,
+            )  # fmt: skip
             rates[tag].append(rate)
-            print(f"round {r + 1}/{rounds} {tag:<5} {rate:7.1f} pods/s", flush=True)
+            print(f"round {r + 1}/{rounds} {tag:<9} {rate:7.1f} pods/s", flush=True)
     return rates
 
 
@@ -237,6 +254,12 @@ def main() -> int:
         "--dra", action="store_true", help="also time pods with ResourceClaims (docs/dra.md)"
     )
     parser.add_argument(
+        "--dra-scoring",
+        action="store_true",
+        help="also time plain (and with --dra, claim) pods with the extender scoring claim pods "
+        "(--dra-scoring, a second scheduler extender called for every pod)",
+    )
+    parser.add_argument(
         "--scheduler-qps",
         type=float,
         help="kube-scheduler's client QPS (burst twice it); default its own, 50 (burst 100), "
@@ -262,7 +285,7 @@ def main() -> int:
         (port,) = free_ports(1)
         argv = [sys.executable, "-c", "from gpushare.cli.main import main; main()", "extender"]
         argv += ["--kubeconfig", str(plane.kubeconfig), "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--log-level", "warning"]
+        argv += ["--log-level", "warning"] + (["--dra-scoring"] if args.dra_scoring else [])
         url = f"http://127.0.0.1:{port}"
         with tempfile.TemporaryDirectory() as workdir:
             extender = ManagedProcess("gpushare-extender", argv, Path(workdir)).start()
@@ -279,7 +302,7 @@ def main() -> int:
                 prefix = f"{url}/gpushare-scheduler"
                 rates = measure(
                     plane, kube, prefix, args.pods, args.rounds, qps=args.scheduler_qps,
-                    dra=args.dra,
+                    dra=args.dra, scored=args.dra_scoring,
                 )  # fmt: skip
                 means = request_means_ms(url)
             finally:
@@ -296,6 +319,14 @@ def main() -> int:
             f"claim pods (DRA, consumable capacity) {claim:.1f} pods/s: "
             f"{claim / plain:.2f} x plain, {claim / gpu:.2f} x the extender path"
         )
+    if args.dra_scoring:
+        scored = statistics.median(rates["plain+dra"])
+        print(f"pods without GPU memory with dra/prioritize called for each: {scored:.1f} pods/s, "
+              f"{scored / plain:.2f} x without")  # fmt: skip
+        if args.dra:
+            claim_scored = statistics.median(rates["claim+dra"])
+            print(f"claim pods scored by the extender {claim_scored:.1f} pods/s: "
+                  f"{claim_scored / statistics.median(rates['claim']):.2f} x unscored")  # fmt: skip
     shown = ", ".join(f"{verb} {ms:.2f} ms" for verb, ms in sorted(means.items()))
     print(f"the extender's mean time per request (all rounds): {shown}")
     print(f"load averages at the end: {os.getloadavg()}")

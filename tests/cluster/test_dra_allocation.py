@@ -143,9 +143,12 @@ def allocated(kube: Client, namespace: str, name: str) -> dict[str, Any]:
 
 def test_the_slice_is_accepted_and_claims_share_one_gpu_within_its_memory(kube: Client) -> None:
     with dra_world(kube, {"dra-n1": gpus(16, 16)}) as namespace:
-        for name in ("a", "b"):
-            claim_pod(kube, namespace, name, "8Gi")
-        first, second = allocated(kube, namespace, "a"), allocated(kube, namespace, "b")
+        # one after the other: a claim kube-scheduler has in flight may keep a device from the
+        # next one (the cold CI of 2026-11-28 saw "b" on GPU 1 when both were made at once)
+        claim_pod(kube, namespace, "a", "8Gi")
+        first = allocated(kube, namespace, "a")
+        claim_pod(kube, namespace, "b", "8Gi")
+        second = allocated(kube, namespace, "b")
         for result in (first, second):
             assert (result["driver"], result["pool"]) == (DRIVER, "dra-n1")
             assert result["consumedCapacity"][MEMORY] == "8Gi"
@@ -227,7 +230,8 @@ async def _prepare_and_unprepare(
                     spec = json.loads(cdi_spec_path(tmp_path / "cdi", uid).read_text())
                     (cdi,) = spec["devices"]
                     env = dict(e.split("=", 1) for e in cdi["containerEdits"]["env"])
-                    assert env["NVIDIA_VISIBLE_DEVICES"] == node_gpus[0].uuid, name
+                    index = int(result["device"].removeprefix("gpu-"))
+                    assert env["NVIDIA_VISIBLE_DEVICES"] == node_gpus[index].uuid, name
                     assert (env["ALIYUN_COM_GPU_MEM_POD"], env["ALIYUN_COM_GPU_MEM_DEV"]) == (
                         "8", "16"
                     )  # fmt: skip
@@ -267,6 +271,7 @@ def test_the_kubelet_plugin_prepares_the_allocated_claims_and_unprepares_them(
     with dra_world(kube, {"dra-n4": node_gpus}) as namespace:
         for name in ("a", "b"):
             claim_pod(kube, namespace, name, "8Gi")
+            allocated(kube, namespace, name)  # one after the other (the test above says why)
         asyncio.run(_prepare_and_unprepare(control_plane, tmp_path, namespace, node_gpus))
 
 
@@ -387,16 +392,20 @@ def test_the_dra_example_is_placed_as_its_comment_says(tmp_path: Path) -> None:
             60,
         )
         example = (REPO_ROOT / "examples/dra/gpu-share.yaml").read_text()
-        for document in yaml.safe_load_all(example):
+        documents = list(yaml.safe_load_all(example))
+        for document in documents:
             if document["kind"] == "Pod":
                 document["spec"]["tolerations"] = [
                     {"key": "kwok.x-k8s.io/node", "operator": "Exists"}
                 ]  # kwok's taint; the example is for real nodes
             if document["kind"] != "DeviceClass":
                 document["metadata"]["namespace"] = "default"
-            kube.create(from_dict(document))
+            if document["kind"] != "Pod":
+                kube.create(from_dict(document))
+        pods = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Pod"}
         results = []
-        for pod in ("dra-inference-a", "dra-inference-b"):
+        for pod in ("dra-inference-a", "dra-inference-b"):  # one after the other, as it says
+            kube.create(from_dict(pods[pod]))
 
             def claimed(name: str = pod) -> dict[str, Any] | None:
                 found = kube.get(Pod, name, namespace="default")

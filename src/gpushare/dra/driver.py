@@ -136,9 +136,9 @@ class DraDriver:
             last, checked = self._published
             if last == body and now - checked < self.options.recheck_s:
                 return self.generation
+        self._digest = slice_digest(body)  # before: the watch may report the write first
         generation = await publish_slice(self.client, body)
         self._published = (body, now)
-        self._digest = slice_digest(body)
         if generation != self.generation:
             log.info(
                 "published ResourceSlice %s, pool generation %d (%d GPUs)",
