@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import Pod
 
 from gpushare.dra.plugin import ClaimSource
 from gpushare.kube.codec import pod_finished
+from gpushare.kube.codec.dra import pod_claim_names
 from gpushare.kube.errors import KubeError
 from gpushare.kube.nodepods import NodePods
 from gpushare.kube.watch import Change
@@ -37,19 +38,8 @@ def claim_names(pod: Mapping[str, Any]) -> set[tuple[str, str]]:
     none for a finished pod (its claims are being released)."""
     if pod_finished(pod):
         return set()
-    status = pod.get("status") or {}
     namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-    names = {
-        entry.get("resourceClaimName")
-        for entry in (pod.get("spec") or {}).get("resourceClaims") or []
-        if isinstance(entry, Mapping)
-    }
-    names |= {
-        entry.get("resourceClaimName")
-        for entry in status.get("resourceClaimStatuses") or []
-        if isinstance(entry, Mapping)
-    }
-    return {(namespace, name) for name in names if isinstance(name, str) and name}
+    return {(namespace, name) for name in pod_claim_names(pod) if name is not None}
 
 
 class NodeClaims:

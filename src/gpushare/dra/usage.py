@@ -17,7 +17,7 @@ from typing import Any
 from gpushare.core.fit import best_fit_order
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.kube.codec import MemoryUnit
-from gpushare.kube.codec.dra import ClaimError, allocated_devices
+from gpushare.kube.codec.dra import memory_in_use
 
 __all__ = ["device_order", "memory_used"]
 
@@ -31,27 +31,10 @@ def memory_used(
     unit: MemoryUnit,
 ) -> tuple[dict[int, int], list[str]]:
     """The memory (units of ``unit``) that ``claims`` (ResourceClaim JSON, allocated or not)
-    hold on each GPU index of ``node``, from their allocation results of ``driver``
-    (``gpushare.kube.codec.dra.allocated_devices``; a result without memory holds the whole
-    GPU), and one message per claim that could not be read (it is left out). Claims not
-    allocated count nothing."""
-    by_index = {gpu.index: gpu for gpu in gpus}
-    used: dict[int, int] = {}
-    errors: list[str] = []
-    for claim in claims:
-        status = claim.get("status")
-        if not isinstance(status, Mapping) or not status.get("allocation"):
-            continue
-        try:
-            found = allocated_devices(claim, driver=driver, node=node, indices=by_index, unit=unit)
-        except ClaimError as error:
-            errors.append(str(error))
-            continue
-        for device in found:
-            whole = by_index[device.index].units(unit)
-            share = whole if device.memory_units is None else device.memory_units
-            used[device.index] = used.get(device.index, 0) + share
-    return used, errors
+    hold on each of ``gpus`` on ``node``, and one message per claim that could not be read
+    (``gpushare.kube.codec.dra.memory_in_use``, as the extender reads them)."""
+    capacities = {gpu.index: gpu.units(unit) for gpu in gpus}
+    return memory_in_use(claims, driver=driver, node=node, capacities=capacities, unit=unit)
 
 
 def device_order(

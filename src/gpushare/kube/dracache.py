@@ -106,12 +106,6 @@ class DraCache:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def wait_synced(self, timeout_s: float) -> None:
-        """Return once both first lists are in; ``TimeoutError`` after ``timeout_s``."""
-        async with asyncio.timeout(timeout_s):
-            for reflector in self._reflectors:
-                await reflector.synced.wait()
-
     @property
     def synced(self) -> bool:
         """Both first lists are in."""

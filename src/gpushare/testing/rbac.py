@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from lightkube.models.rbac_v1 import PolicyRule
 
+from gpushare.kube import dracache
+
 __all__ = [
     "DRA_DRIVER_RULES",
     "DRA_SCORING_RULES",
@@ -36,12 +38,12 @@ EXTENDER_RULES_BUT_NODES = [
 EXTENDER_RULES = [READ_NODES, *EXTENDER_RULES_BUT_NODES]
 DRA_SCORING_RULES = [
     PolicyRule(
-        apiGroups=["resource.k8s.io"], resources=["resourceslices", "resourceclaims"],
-        verbs=["list", "watch"],
-    ),
-]  # fmt: skip
-"""What ``gpushare extender --dra-scoring`` needs beyond ``EXTENDER_RULES``
-(``gpushare.kube.dracache.RBAC_RULES``)."""
+        apiGroups=list(r["apiGroups"]), resources=list(r["resources"]), verbs=list(r["verbs"])
+    )
+    for r in dracache.RBAC_RULES
+]
+"""What ``gpushare extender --dra-scoring`` needs beyond ``EXTENDER_RULES``: the rules of
+``gpushare.kube.dracache``, which the chart's test holds the chart to."""
 
 DRA_DRIVER_RULES = [
     PolicyRule(

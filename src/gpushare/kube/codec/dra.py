@@ -47,7 +47,9 @@ __all__ = [
     "claim_asks",
     "claim_pod_request",
     "device_name",
+    "memory_in_use",
     "node_state",
+    "pod_claim_names",
     "slice_node",
     "text_field",
 ]
@@ -223,24 +225,49 @@ def slice_node(body: Json) -> tuple[Node, MemoryUnit]:
     return Node(str(spec.get("nodeName") or ""), tuple(gpus)), unit
 
 
-def node_state(
-    node: Node, unit: MemoryUnit, claims: Iterable[Json], *, driver: str
-) -> tuple[NodeState, list[str]]:
-    """``node``'s state with the memory ``claims`` (those allocated on it) hold on each GPU (a
-    result without memory: the whole GPU), and one message per claim that could not be read
-    (it is left out)."""
-    used = dict.fromkeys((gpu.index for gpu in node.gpus), 0)
+def memory_in_use(
+    claims: Iterable[Json],
+    *,
+    driver: str,
+    node: str,
+    capacities: Mapping[int, int],
+    unit: MemoryUnit,
+) -> tuple[dict[int, int], list[str]]:
+    """The memory (units of ``unit``) that ``claims`` hold on the GPUs of ``node`` that hold any
+    (by index;
+    ``capacities``: each GPU's whole memory, which a result without memory holds), from their
+    results of ``driver``, and one message per claim that could not be read (it is left out).
+    Claims not allocated hold nothing."""
+    used: dict[int, int] = {}
     errors: list[str] = []
     for claim in claims:
+        status = claim.get("status")
+        if not isinstance(status, Mapping) or not status.get("allocation"):
+            continue
         try:
-            found = allocated_devices(claim, driver=driver, node=node.name, indices=used, unit=unit)
+            found = allocated_devices(
+                claim, driver=driver, node=node, indices=capacities, unit=unit
+            )
         except ClaimError as error:
             errors.append(str(error))
             continue
         for device in found:
-            whole = node.by_index[device.index].capacity
-            used[device.index] += whole if device.memory_units is None else device.memory_units
-    state = NodeState(node, tuple(min(used[gpu.index], gpu.capacity) for gpu in node.gpus))
+            share = device.memory_units
+            held = capacities[device.index] if share is None else share
+            used[device.index] = used.get(device.index, 0) + held
+    return used, errors
+
+
+def node_state(
+    node: Node, unit: MemoryUnit, claims: Iterable[Json], *, driver: str
+) -> tuple[NodeState, list[str]]:
+    """``node``'s state with the memory ``claims`` (those allocated on it) hold on each GPU
+    (``memory_in_use``), and one message per claim that could not be read (left out)."""
+    capacities = {gpu.index: gpu.capacity for gpu in node.gpus}
+    used, errors = memory_in_use(
+        claims, driver=driver, node=node.name, capacities=capacities, unit=unit
+    )
+    state = NodeState(node, tuple(min(used.get(gpu.index, 0), gpu.capacity) for gpu in node.gpus))
     return state, errors
 
 
@@ -254,6 +281,24 @@ class ClaimAsk:
     memory_bytes: Fraction | None
 
 
+def pod_claim_names(pod: Json) -> list[str | None]:
+    """The name of each claim pod ``pod`` (JSON) lists in ``spec.resourceClaims``, in order:
+    the one its entry names, or the one the resourceclaim controller made from its template
+    (``status.resourceClaimStatuses``); ``None`` while that is not made yet (or unreadable)."""
+    made = {
+        e.get("name"): e.get("resourceClaimName")
+        for e in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        if isinstance(e, Mapping)
+    }
+    names: list[str | None] = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        name = entry.get("resourceClaimName") or made.get(entry.get("name"))
+        names.append(name if isinstance(name, str) and name else None)
+    return names
+
+
 def claim_asks(
     pod: Json, claims: Mapping[tuple[str, str], Json], device_class: str
 ) -> list[ClaimAsk] | None:
@@ -263,18 +308,9 @@ def claim_asks(
     cannot be read (the pod is not scored). Requests of other classes, and ``firstAvailable``
     ones, are left out."""
     namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    made = {
-        e.get("name"): e.get("resourceClaimName")
-        for e in status.get("resourceClaimStatuses") or []
-        if isinstance(e, Mapping)
-    }
     asks: list[ClaimAsk] = []
-    for entry in spec.get("resourceClaims") or []:
-        if not isinstance(entry, Mapping):
-            continue
-        name = entry.get("resourceClaimName") or made.get(entry.get("name"))
-        claim = claims.get((namespace, name)) if isinstance(name, str) else None
+    for name in pod_claim_names(pod):
+        claim = claims.get((namespace, name)) if name is not None else None
         if claim is None:
             return None
         for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
