@@ -316,6 +316,36 @@ def test_register_fails_when_plugin_does_not_answer(socket_dir: Path) -> None:
     _run(main())
 
 
+def test_register_reaches_a_kubelet_that_listens_where_a_dead_one_refused_issue26(
+    socket_dir: Path,
+) -> None:
+    """A node reboot: the dead kubelet's socket refuses, the new kubelet listens on the same path
+    a moment later. The next Register, with the refused attempt's error still held (the runner
+    keeps it as `last_error`), reaches the new kubelet at once: gRPC's process-wide subchannel
+    pool would answer it with the cached refusal for a reconnect backoff (about 1 s), and kubelet
+    admitted the node's GPU pods before the plugin's devices came (UnexpectedAdmissionError)."""
+
+    async def main() -> None:
+        kubelet = FakeKubelet(socket_dir)
+        with socket.socket(socket.AF_UNIX) as dead:
+            dead.bind(str(kubelet.socket_path))  # a socket file that nothing listens on
+        refused: list[RegistrationError] = []
+        for resource in ("aliyun.com/gpu-mem", "tencent.com/vcuda-memory"):
+            with pytest.raises(RegistrationError) as err:
+                await register(kubelet.socket_path, DEFAULT_SOCKET_NAME, resource, 5.0)
+            assert "Connection refused" in str(err.value)
+            refused.append(err.value)
+        server = await serve(_service(), socket_dir)
+        try:
+            async with kubelet:
+                await register(kubelet.socket_path, DEFAULT_SOCKET_NAME, GPU_MEM, 5.0)
+                await kubelet.wait_for_devices(GPU_MEM, _all_healthy, WAIT_S)
+        finally:
+            await server.stop()
+
+    _run(main())
+
+
 def test_runner_keeps_retrying_a_rejected_register(socket_dir: Path) -> None:
     async def main() -> None:
         async with (

@@ -111,7 +111,10 @@ async def register(
         )
     request = register_request(endpoint, resource_name)
     address = f"unix://{os.path.abspath(kubelet_socket)}"
-    async with aio.insecure_channel(address) as channel:
+    # A subchannel of its own, so that a refused dial of a dead kubelet's socket is not answered
+    # again from gRPC's shared pool once the new kubelet listens (docs/interfaces.md, Pitfalls: 29).
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with aio.insecure_channel(address, options=options) as channel:
         stub = api_pb2_grpc.RegistrationStub(channel)
         try:
             await stub.Register(request, timeout=timeout_s)
