@@ -233,11 +233,12 @@ def memory_in_use(
     capacities: Mapping[int, int],
     unit: MemoryUnit,
 ) -> tuple[dict[int, int], list[str]]:
-    """The memory (units of ``unit``) that ``claims`` hold on the GPUs of ``node`` that hold any
-    (by index;
-    ``capacities``: each GPU's whole memory, which a result without memory holds), from their
-    results of ``driver``, and one message per claim that could not be read (it is left out).
-    Claims not allocated hold nothing."""
+    """The memory (units of ``unit``) that ``claims`` hold on each GPU of ``node`` that holds
+    any, by GPU index, from their results of ``driver``; and one message per claim that could
+    not be read (it is left out of the sum).
+
+    ``capacities`` maps each GPU's index to its whole memory, which a result without a memory
+    amount holds (a whole-GPU claim). Claims not allocated hold nothing."""
     used: dict[int, int] = {}
     errors: list[str] = []
     for claim in claims:
