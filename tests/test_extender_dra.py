@@ -1,9 +1,12 @@
 """The extender's ``dra/prioritize`` route (``gpushare extender --dra-scoring``): served only with
 it, bounded and decoded like every verb, an empty answer for pods without gpushare's claims and
-before the cache has listed. Its scores on the real scheduler: tests/cluster/test_dra_scoring.py."""
+when the cache has not listed within the wait. Its scores on the real scheduler, and its wait
+for claims its watch has not delivered yet: tests/cluster/test_dra_scoring.py."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import cast
 
 import pytest
@@ -22,8 +25,10 @@ PLAIN_POD = {"metadata": {"namespace": "ns", "name": "p"}, "spec": {"containers"
 
 
 def scorer() -> DraScorer:
-    """A scorer on a cache that has not listed (no API server behind it: never started)."""
-    return DraScorer(DraCache(cast(AsyncClient, None), DRIVER), extender_policy("bestfit"))
+    """A scorer on a cache that has not listed (no API server behind it: never started), that
+    waits 0.05 s for it."""
+    cache = DraCache(cast(AsyncClient, None), DRIVER)
+    return DraScorer(cache, extender_policy("bestfit"), claim_wait_s=0.05)
 
 
 def test_the_route_is_served_only_with_dra_scoring() -> None:
@@ -53,6 +58,12 @@ def test_the_candidates_are_the_requests_nodes_each_once(
     assert candidate_names(args) == names
 
 
-def test_a_claim_pod_before_the_cache_has_listed_gets_an_empty_answer() -> None:
+def test_a_claim_pod_the_cache_has_not_listed_within_the_wait_gets_an_empty_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     pod = {**PLAIN_POD, "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}}
-    assert scorer().prioritize(pod, ["n1"]) == []
+    with caplog.at_level(logging.WARNING, logger="gpushare.extender.dra"):
+        assert asyncio.run(scorer().prioritize(pod, ["n1"])) == []
+    assert "pod ns/p not scored after 0.05 s: ResourceSlices and ResourceClaims are not listed" in (
+        caplog.text
+    )

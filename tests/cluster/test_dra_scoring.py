@@ -1,16 +1,23 @@
 """The extender scoring nodes for DRA claim pods (``gpushare extender --dra-scoring``,
 ``dra/prioritize``; docs/dra.md, "Placement") on the real API server and kube-scheduler v1.37.1
-with kwok nodes carrying gpushare's slices (issue 29, item 3)."""
+with kwok nodes carrying gpushare's slices (issue 29, item 3); and its answer when its watch of
+claims lags kube-scheduler's (issue 26: the soak at c03ee7f, run 18)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import time
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import httpx2
 import pytest
-from lightkube import Client
+from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
@@ -18,8 +25,12 @@ from lightkube.resources.resource_v1 import ResourceSlice
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.dra.slices import device_class, resource_slice
+from gpushare.extender import ExtenderState, create_app
+from gpushare.extender.dra import DraScorer
+from gpushare.extender.scoring import extender_policy
 from gpushare.kube.codec import MemoryUnit
-from gpushare.kube.codec.dra import DEVICE_CLASS, MEMORY
+from gpushare.kube.codec.dra import DEVICE_CLASS, DRIVER, MEMORY
+from gpushare.kube.dracache import DraCache
 from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
@@ -30,6 +41,7 @@ from gpushare.testing.controlplane import (
     wait_for,
     wait_until,
 )
+from gpushare.testing.faults import FaultyTransport
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 from gpushare.testing.pods import delete_namespace
 from gpushare.testing.rbac import DRA_SCORING_RULES, EXTENDER_RULES
@@ -39,15 +51,20 @@ pytestmark = pytest.mark.cluster
 SCHEDULER = "gpushare-dra-scored"
 
 
-def claim_pod(kube: Client, namespace: str, name: str, memory: str, pin: str = "") -> None:
-    """A claim of ``memory`` of one GPU and a pod of one CPU using it, for the scheduler whose
-    nodes gpushare's extender scores, or with ``pin``, for the default one and that node."""
-    kube.create(from_dict({
+def claim_body(namespace: str, name: str, memory: str) -> dict[str, Any]:
+    """A ResourceClaim of ``memory`` of one GPU of gpushare's DeviceClass."""
+    return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": DEVICE_CLASS, "capacity": {"requests": {MEMORY: memory}}}}]}},
-    }))  # fmt: skip
+    }  # fmt: skip
+
+
+def claim_pod(kube: Client, namespace: str, name: str, memory: str, pin: str = "") -> None:
+    """A claim of ``memory`` of one GPU and a pod of one CPU using it, for the scheduler whose
+    nodes gpushare's extender scores, or with ``pin``, for the default one and that node."""
+    kube.create(from_dict(claim_body(namespace, name, memory)))
     kube.create(from_dict({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
         "spec": {
@@ -124,3 +141,93 @@ def test_claim_pods_go_where_gpushares_policy_scores_them_not_where_the_plugins_
             placed.append(wait_for(f"{name} bound", bound, 60, processes=[extender]))
         assert placed == [full, full, empty], extender.log_tail()
         assert extender.running()
+
+
+@dataclass(frozen=True)
+class Lag:
+    """The extender's watch of ResourceClaims held back from just before a pod's claim is made
+    until ``release_after_s`` after kube-scheduler asks about the pod (``None``: never); whether
+    the pod is scored, and the warning the extender logs when it is not."""
+
+    name: str
+    release_after_s: float | None
+    scored: bool
+    warning: str = ""
+
+
+LAGS = [
+    Lag("the claim arrives within the wait: scored as if the watch had kept up", 0.3, True),
+    Lag(
+        "the claim never arrives: an empty answer after the wait, and the log says why",
+        None,
+        False,
+        "not scored after 1 s: its claims {claim} are not in the extender's cache",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LAGS, ids=[c.name for c in LAGS])
+def test_a_claim_pod_is_scored_though_the_extenders_watch_of_its_claim_lags_issue26(
+    kube: Client, control_plane: ControlPlane, case: Lag, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kube-scheduler asks once its own informer has the pod's claim; the extender's watch of
+    claims may not have it yet (a busy machine). The extender waits for it (at most 1 s) rather
+    than answering ``[]``, which left the node to kube-scheduler's spreading plugins."""
+    node = f"dra-lag-{uuid.uuid4().hex[:6]}"
+    namespace = f"dra-{uuid.uuid4().hex[:6]}"
+    gpus = [PhysicalGpu(0, f"GPU-{uuid.uuid4()}", 0, "Tesla-T4", 16384)]
+    body = resource_slice(node, gpus, unit=MemoryUnit.GIB, generation=1)
+    pod = {
+        "metadata": {"name": "p", "namespace": namespace},
+        "spec": {"containers": [{"name": "main", "image": "registry.invalid/none:0"}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
+    }  # fmt: skip
+    request = {"Pod": pod, "NodeNames": [node, "no-slice"]}
+
+    async def scenario() -> httpx2.Response:
+        transport = FaultyTransport.for_control_plane(control_plane)
+        client = AsyncClient(
+            KubeConfig.from_file(control_plane.kubeconfig), trust_env=False, transport=transport
+        )
+        cache = DraCache(client, DRIVER)
+        app = create_app(
+            ExtenderState(),
+            expire_interval_s=None,
+            dra=DraScorer(cache, extender_policy("bestfit"), claim_wait_s=1.0),
+        )
+        extender = httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url="http://extender"
+        )
+        cache.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not (cache.synced and node in cache.slices):
+                assert time.monotonic() < deadline, "the cache never listed the slice"
+                await asyncio.sleep(0.05)
+            transport.hold_watches("resourceclaims")
+            await client.create(from_dict(claim_body(namespace, "c", "4Gi")))
+            if case.release_after_s is not None:
+                asyncio.get_running_loop().call_later(
+                    case.release_after_s, transport.release_watches, "resourceclaims"
+                )
+            return await extender.post("/gpushare-scheduler/dra/prioritize", json=request)
+        finally:
+            transport.release_watches("resourceclaims")
+            await extender.aclose()
+            await cache.stop()
+            await client.close()
+
+    with contextlib.ExitStack() as stack:
+        kube.create(from_dict(body))
+        stack.callback(kube.delete, ResourceSlice, body["metadata"]["name"])
+        kube.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": namespace}}))  # fmt: skip
+        stack.callback(delete_namespace, kube, namespace)
+        with caplog.at_level(logging.WARNING, logger="gpushare.extender.dra"):
+            answer = asyncio.run(scenario())
+    assert answer.status_code == 200, answer.text
+    if case.scored:
+        assert answer.json() == [{"Host": node, "Score": 10}, {"Host": "no-slice", "Score": 0}]
+    else:
+        assert answer.json() == []
+        assert case.warning.format(claim=f"{namespace}/c") in caplog.text, caplog.text

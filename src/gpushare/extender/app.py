@@ -251,7 +251,7 @@ def create_app(
     async def dra_prioritize(body: bytes) -> object:
         args = decode(body, ExtenderArgs, "prioritize")
         assert dra is not None
-        return dra.prioritize(args.pod, candidate_names(args))
+        return await dra.prioritize(args.pod, candidate_names(args))
 
     async def bind(body: bytes) -> object:
         return await scheduler.bind(decode(body, ExtenderBindingArgs, "bind"))

@@ -8,8 +8,14 @@ extender answers it for an ``aliyun.com/gpu-mem`` pod: each candidate node's sta
 slice and the claims allocated on it (``gpushare.kube.dracache``, ``gpushare.kube.codec.dra``),
 the pod's request from its claims, ``check_fit``, the policy's node half and its tie-break,
 mapped to 0–10 (``gpushare.extender.scoring``). Nodes without gpushare's slice, or that the pod
-does not fit, score 0; a pod without such claims (or whose claims are not known yet) gets an
-empty answer, which changes nothing. Memory only (``gpushare.kube.codec.dra``).
+does not fit, score 0; a pod without such claims gets an empty answer, which changes nothing.
+Memory only (``gpushare.kube.codec.dra``).
+
+kube-scheduler asks once its own informer has the pod's claims; the extender's watch of claims
+can be behind it (tens of milliseconds on a busy machine). A pod whose claims the cache does not
+know yet is answered once they arrive (``DraCache.wait_for_claims``), at most ``claim_wait_s``
+(default 1 s, within the 5 s ``httpTimeout`` of the extender entry); after that it gets an empty
+answer and a warning in the log (kube-scheduler's own plugins then choose the node).
 
 kube-scheduler calls an extender for a pod only when the pod names one of the extender's
 ``managedResources``, or for every pod when it lists none: this verb is a second extender entry
@@ -25,13 +31,23 @@ from typing import Any
 from gpushare.core.fit import FitStatus, check_fit
 from gpushare.core.model import NodeState, PodRequest
 from gpushare.core.policies import Policy, tie_break_of
+from gpushare.core.text import shown_names
 from gpushare.extender.scoring import policy_value, to_priorities
 from gpushare.extender.wire import ExtenderArgs, HostPriority
 from gpushare.kube.codec.common import MemoryUnit
-from gpushare.kube.codec.dra import DEVICE_CLASS, claim_asks, claim_pod_request, node_state
+from gpushare.kube.codec.dra import (
+    DEVICE_CLASS,
+    claim_asks,
+    claim_pod_request,
+    node_state,
+    pod_claim_names,
+)
 from gpushare.kube.dracache import DraCache
 
-__all__ = ["DraScorer", "candidate_names"]
+__all__ = ["CLAIM_WAIT_S", "DraScorer", "candidate_names"]
+
+CLAIM_WAIT_S = 1.0
+"""How long a prioritize call waits for claims the cache does not know yet (seconds)."""
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +66,18 @@ class DraScorer:
     """``dra/prioritize`` over ``cache`` with ``policy`` for claims of ``device_class``
     (module doc)."""
 
-    def __init__(self, cache: DraCache, policy: Policy, device_class: str = DEVICE_CLASS) -> None:
+    def __init__(
+        self,
+        cache: DraCache,
+        policy: Policy,
+        device_class: str = DEVICE_CLASS,
+        *,
+        claim_wait_s: float = CLAIM_WAIT_S,
+    ) -> None:
         self.cache = cache
         self.policy = policy
         self.device_class = device_class
+        self.claim_wait_s = claim_wait_s
         self._tie_break = tie_break_of(policy)
         self._states: dict[str, tuple[int, NodeState]] = {}
 
@@ -75,16 +99,30 @@ class DraScorer:
         self._states[node] = (version, state)
         return state
 
-    def prioritize(self, pod: Mapping[str, Any], names: list[str]) -> list[HostPriority]:
+    async def prioritize(self, pod: Mapping[str, Any], names: list[str]) -> list[HostPriority]:
         """Scores 0–10 for ``names`` (module doc); ``[]`` for a pod without claims of the
-        DeviceClass, or before the cache has listed."""
-        if not self.cache.synced or not (pod.get("spec") or {}).get("resourceClaims"):
+        DeviceClass, or whose claims the cache has not listed or watched within
+        ``claim_wait_s``."""
+        if not (pod.get("spec") or {}).get("resourceClaims"):
+            return []
+        meta = pod.get("metadata") or {}
+        namespace = str(meta.get("namespace", ""))
+        key = f"{namespace}/{meta.get('name', '')}"
+        wanted = [(namespace, name) for name in pod_claim_names(pod) if name is not None]
+        if not await self.cache.wait_for_claims(wanted, self.claim_wait_s):
+            if not self.cache.synced:
+                why = "ResourceSlices and ResourceClaims are not listed yet"
+            else:
+                missing = [f"{ns}/{n}" for ns, n in wanted if (ns, n) not in self.cache.claims]
+                why = (
+                    f"its claims {shown_names(missing)} are not in the extender's cache (the "
+                    "watch of ResourceClaims lags, or they are deleted)"
+                )
+            log.warning("pod %s not scored after %g s: %s", key, self.claim_wait_s, why)
             return []
         asks = claim_asks(pod, self.cache.claims, self.device_class)
         if not asks:
             return []
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         values: dict[str, float] = {}
         requests: dict[MemoryUnit, PodRequest] = {}
         for name in names:

@@ -4,6 +4,11 @@
 allocation results of that driver name. Each node has a version that grows whenever its slice
 or the claims on it change, so that a reader can keep what it computed from them until then.
 
+The watch lags the API server: kube-scheduler can ask about a pod whose claims its own informer
+has and this cache not yet. ``wait_for_claims`` waits, bounded, until they are here; claims come
+on one watch in resourceVersion order, so by then every claim change made before them (another
+pod's allocation written before this pod's claim was made) is here too.
+
 RBAC: ``resourceslices`` and ``resourceclaims`` ``list`` and ``watch`` (cluster-wide).
 """
 
@@ -13,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from lightkube import AsyncClient
@@ -60,6 +65,7 @@ class DraCache:
         self.on_node: dict[str, dict[tuple[str, str], Json]] = {}
         """The claims allocated on each node (by its results of ``driver``)."""
         self._versions: dict[str, int] = {}
+        self._claims_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         rng = random.Random()
         self._reflectors = [
@@ -111,6 +117,21 @@ class DraCache:
         """Both first lists are in."""
         return all(r.synced.is_set() for r in self._reflectors)
 
+    async def wait_for_claims(self, keys: Collection[tuple[str, str]], timeout_s: float) -> bool:
+        """Wait until both first lists are in and every claim of ``keys`` (namespace, name) is
+        known, at most ``timeout_s`` seconds; whether they are (module doc)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    if not self.synced:
+                        await asyncio.gather(*(r.synced.wait() for r in self._reflectors))
+                    elif all(key in self.claims for key in keys):
+                        return True
+                    else:
+                        await self._claims_changed.wait()
+        except TimeoutError:
+            return False
+
     def version(self, node: str) -> int:
         """Grows whenever node ``node``'s slice or the claims on it change."""
         return self._versions.get(node, 0)
@@ -143,7 +164,9 @@ class DraCache:
             self.on_node.get(node, {}).pop(key, None)
         if change.action is Action.DELETE:
             self.claims.pop(key, None)
-            return
-        self.claims[key] = change.obj
-        for node in after:
-            self.on_node.setdefault(node, {})[key] = change.obj
+        else:
+            self.claims[key] = change.obj
+            for node in after:
+                self.on_node.setdefault(node, {})[key] = change.obj
+        changed, self._claims_changed = self._claims_changed, asyncio.Event()
+        changed.set()  # wakes wait_for_claims

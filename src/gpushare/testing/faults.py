@@ -14,6 +14,9 @@ request through to kube-apiserver, except when a test asks for a fault:
   an ``Expired`` ``Status`` in a 200 stream (``form="event"``), or an HTTP 410 reply
   (``form="status"``). A young test cluster serves any old resourceVersion from its watch
   cache, so a real 410 cannot be provoked quickly; this one has the server's exact shape.
+* :meth:`~FaultyTransport.hold_watches` holds back what the watches of a resource receive
+  until :meth:`~FaultyTransport.release_watches`, then delivers it in order: a watch that lags
+  the API server (and the other clients' informers), as a busy client's does.
 
 Test-only (asyncio; one event loop).
 """
@@ -54,16 +57,20 @@ def _retrieve(task: asyncio.Future[bytes | None]) -> None:
 
 
 class _BreakableStream(httpx2.AsyncByteStream):
-    """A response body that fails with ``ReadError`` as soon as ``broken`` is set.
+    """A response body that fails with ``ReadError`` as soon as ``broken`` is set, and holds
+    back each chunk while ``flowing`` is clear.
 
     The read in flight when it breaks is not cancelled (a cancelled read could leave its
     socket half closed, found unclosed by a later test's garbage collection): it is left to
     end when the consumer closes the response (:meth:`aclose` closes the connection under it,
     then waits for it), as a cut connection ends for a real client."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, broken: asyncio.Event) -> None:
+    def __init__(
+        self, inner: httpx2.AsyncByteStream, broken: asyncio.Event, flowing: asyncio.Event
+    ) -> None:
         self._inner = inner
         self._broken = broken
+        self._flowing = flowing
         self._abandoned: asyncio.Future[bytes | None] | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -88,6 +95,7 @@ class _BreakableStream(httpx2.AsyncByteStream):
                 data = chunk.result()
                 if data is None:
                     return
+                await self._flowing.wait()  # held back (hold_watches) until released
                 yield data
         finally:
             broken.cancel()
@@ -109,6 +117,7 @@ class FaultyTransport(httpx2.AsyncBaseTransport):
         self._down = False
         self._broken = asyncio.Event()
         self._expire: dict[str, ExpiryForm] = {}
+        self._flowing: dict[str, asyncio.Event] = {}
         self.refused = asyncio.Event()
         """Set each time a request is refused while down; clear it to wait for the next."""
         self.expired_watches = 0
@@ -140,6 +149,22 @@ class FaultyTransport(httpx2.AsyncBaseTransport):
     def expire_next_watch(self, resource: str, form: ExpiryForm = "event") -> None:
         """Answer the next watch of ``resource`` (plural, e.g. ``"pods"``) with 410 Gone."""
         self._expire[resource] = form
+
+    def hold_watches(self, resource: str) -> None:
+        """Hold back what every watch of ``resource`` (plural) receives, open or opened later,
+        until :meth:`release_watches`."""
+        self._flowing_of(resource).clear()
+
+    def release_watches(self, resource: str) -> None:
+        """Deliver what the watches of ``resource`` received meanwhile, and go on."""
+        self._flowing_of(resource).set()
+
+    def _flowing_of(self, resource: str) -> asyncio.Event:
+        flowing = self._flowing.get(resource)
+        if flowing is None:
+            flowing = self._flowing[resource] = asyncio.Event()
+            flowing.set()
+        return flowing
 
     # ---- transport ---------------------------------------------------------------------
 
@@ -181,7 +206,7 @@ class FaultyTransport(httpx2.AsyncBaseTransport):
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
-            stream=_BreakableStream(stream, self._broken),
+            stream=_BreakableStream(stream, self._broken, self._flowing_of(resource)),
             extensions=response.extensions,
             request=request,
         )
