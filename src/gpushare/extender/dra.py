@@ -12,7 +12,7 @@ does not fit, score 0; a pod without such claims gets an empty answer, which cha
 Memory only (``gpushare.kube.codec.dra``).
 
 kube-scheduler asks once its own informer has the pod's claims; the extender's watch of claims
-can be behind it (tens of milliseconds on a busy machine). A pod whose claims the cache does not
+can be behind it (docs/interfaces.md, Pitfalls: 30). A pod whose claims the cache does not
 know yet is answered once they arrive (``DraCache.wait_for_claims``), at most ``claim_wait_s``
 (default 1 s, within the 5 s ``httpTimeout`` of the extender entry); after that it gets an empty
 answer and a warning in the log (kube-scheduler's own plugins then choose the node).
