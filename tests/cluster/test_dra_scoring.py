@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +33,7 @@ from gpushare.kube.dracache import DraCache
 from gpushare.testing.controlplane import (
     ControlPlane,
     ManagedProcess,
+    async_wait_until,
     free_ports,
     gpushare_argv,
     gpushare_dra_extender,
@@ -146,13 +146,15 @@ def test_claim_pods_go_where_gpushares_policy_scores_them_not_where_the_plugins_
 @dataclass(frozen=True)
 class Lag:
     """The extender's watch of ResourceClaims held back from just before a pod's claim is made
-    until ``release_after_s`` after kube-scheduler asks about the pod (``None``: never); whether
-    the pod is scored, and the warning the extender logs when it is not."""
+    until ``release_after_s`` after kube-scheduler asks about the pod (``None``: never), or,
+    with ``fails``, cut (the API server unreachable for the extender) until it is failing;
+    whether the pod is scored, and the warning the extender logs when it is not."""
 
     name: str
     release_after_s: float | None
     scored: bool
     warning: str = ""
+    fails: bool = False
 
 
 LAGS = [
@@ -162,6 +164,14 @@ LAGS = [
         None,
         False,
         "not scored after 1 s: its claims {claim} are not in the extender's cache",
+    ),
+    Lag(
+        "the watch of claims is failing: an empty answer at once, and the log says so",
+        None,
+        False,
+        "not scored at once: its claims {claim} are not in the extender's cache and its watch "
+        "of ResourceClaims is failing",
+        fails=True,
     ),
 ]
 
@@ -200,12 +210,17 @@ def test_a_claim_pod_is_scored_though_the_extenders_watch_of_its_claim_lags_issu
         )
         cache.start()
         try:
-            deadline = time.monotonic() + 30
-            while not (cache.synced and node in cache.slices):
-                assert time.monotonic() < deadline, "the cache never listed the slice"
-                await asyncio.sleep(0.05)
-            transport.hold_watches("resourceclaims")
-            await client.create(from_dict(claim_body(namespace, "c", "4Gi")))
+            await async_wait_until(
+                "the cache lists the slice", lambda: cache.synced and node in cache.slices, 30
+            )
+            claim = from_dict(claim_body(namespace, "c", "4Gi"))
+            if case.fails:
+                transport.go_down()
+                await async_wait_until("claims failing", lambda: cache.claims_failing, 30)
+                await asyncio.to_thread(lambda: kube.create(claim))
+            else:
+                transport.hold_watches("resourceclaims")
+                await client.create(claim)
             if case.release_after_s is not None:
                 asyncio.get_running_loop().call_later(
                     case.release_after_s, transport.release_watches, "resourceclaims"

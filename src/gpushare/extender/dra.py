@@ -15,7 +15,8 @@ kube-scheduler asks once its own informer has the pod's claims; the extender's w
 can be behind it (docs/interfaces.md, Pitfalls: 30). A pod whose claims the cache does not
 know yet is answered once they arrive (``DraCache.wait_for_claims``), at most ``claim_wait_s``
 (default 1 s, within the 5 s ``httpTimeout`` of the extender entry); after that it gets an empty
-answer and a warning in the log (kube-scheduler's own plugins then choose the node).
+answer and a warning in the log (kube-scheduler's own plugins then choose the node). While the
+extender's watch of claims is failing it does not wait (``DraCache.claims_failing``).
 
 kube-scheduler calls an extender for a pod only when the pod names one of the extender's
 ``managedResources``, or for every pod when it lists none: this verb is a second extender entry
@@ -102,23 +103,33 @@ class DraScorer:
     async def prioritize(self, pod: Mapping[str, Any], names: list[str]) -> list[HostPriority]:
         """Scores 0–10 for ``names`` (module doc); ``[]`` for a pod without claims of the
         DeviceClass, or whose claims the cache has not listed or watched within
-        ``claim_wait_s``."""
+        ``claim_wait_s`` (at once while its watch of claims is failing)."""
         if not (pod.get("spec") or {}).get("resourceClaims"):
             return []
         meta = pod.get("metadata") or {}
         namespace = str(meta.get("namespace", ""))
         key = f"{namespace}/{meta.get('name', '')}"
         wanted = [(namespace, name) for name in pod_claim_names(pod) if name is not None]
+        failing = self.cache.claims_failing  # then not waited for
         if not await self.cache.wait_for_claims(wanted, self.claim_wait_s):
-            if not self.cache.synced:
+            missing = [f"{ns}/{n}" for ns, n in wanted if (ns, n) not in self.cache.claims]
+            if failing:
+                after = "at once"
+                why = (
+                    f"its claims {shown_names(missing)} are not in the extender's cache and its "
+                    "watch of ResourceClaims is failing (see the 'ResourceClaim list+watch' "
+                    "warnings)"
+                )
+            elif not self.cache.synced:
+                after = f"after {self.claim_wait_s:g} s"
                 why = "ResourceSlices and ResourceClaims are not listed yet"
             else:
-                missing = [f"{ns}/{n}" for ns, n in wanted if (ns, n) not in self.cache.claims]
+                after = f"after {self.claim_wait_s:g} s"
                 why = (
                     f"its claims {shown_names(missing)} are not in the extender's cache (the "
                     "watch of ResourceClaims lags, or they are deleted)"
                 )
-            log.warning("pod %s not scored after %g s: %s", key, self.claim_wait_s, why)
+            log.warning("pod %s not scored %s: %s", key, after, why)
             return []
         asks = claim_asks(pod, self.cache.claims, self.device_class)
         if not asks:

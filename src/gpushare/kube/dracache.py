@@ -7,7 +7,9 @@ or the claims on it change, so that a reader can keep what it computed from them
 The watch lags the API server: kube-scheduler can ask about a pod whose claims its own informer
 has and this cache not yet. ``wait_for_claims`` waits, bounded, until they are here; claims come
 on one watch in resourceVersion order, so by then every claim change made before them (another
-pod's allocation written before this pod's claim was made) is here too.
+pod's allocation written before this pod's claim was made) is here too. It does not wait while
+the watch of claims is failing (its reflector stale, ``gpushare.kube.watch``): what is missing
+then would not come within the wait, and each wait holds kube-scheduler's cycle.
 
 RBAC: ``resourceslices`` and ``resourceclaims`` ``list`` and ``watch`` (cluster-wide).
 """
@@ -68,6 +70,18 @@ class DraCache:
         self._claims_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         rng = random.Random()
+        self._claim_reflector = Reflector(
+            kind="ResourceClaim",
+            list_fn=lambda: client.list(ResourceClaim, namespace="*"),
+            watch_fn=lambda rv, timeout_s: client.watch(
+                ResourceClaim, namespace="*", resource_version=rv, server_timeout=timeout_s
+            ),
+            key=namespaced_key,
+            sink=self._claim_changed,
+            backoff=Backoff(),
+            watch_timeout_s=watch_timeout_s,
+            rng=rng,
+        )
         self._reflectors = [
             Reflector(
                 kind="ResourceSlice",
@@ -82,18 +96,7 @@ class DraCache:
                 watch_timeout_s=watch_timeout_s,
                 rng=rng,
             ),
-            Reflector(
-                kind="ResourceClaim",
-                list_fn=lambda: client.list(ResourceClaim, namespace="*"),
-                watch_fn=lambda rv, timeout_s: client.watch(
-                    ResourceClaim, namespace="*", resource_version=rv, server_timeout=timeout_s
-                ),
-                key=namespaced_key,
-                sink=self._claim_changed,
-                backoff=Backoff(),
-                watch_timeout_s=watch_timeout_s,
-                rng=rng,
-            ),
+            self._claim_reflector,
         ]
 
     def start(self) -> None:
@@ -117,20 +120,31 @@ class DraCache:
         """Both first lists are in."""
         return all(r.synced.is_set() for r in self._reflectors)
 
+    @property
+    def claims_failing(self) -> bool:
+        """The watch of claims is failing: two failures in a row without an event between
+        (``Reflector.stale``); true until a list of claims succeeds."""
+        return self._claim_reflector.stale
+
     async def wait_for_claims(self, keys: Collection[tuple[str, str]], timeout_s: float) -> bool:
         """Wait until both first lists are in and every claim of ``keys`` (namespace, name) is
-        known, at most ``timeout_s`` seconds; whether they are (module doc)."""
+        known, at most ``timeout_s`` seconds, and not at all while :attr:`claims_failing`;
+        whether they are (module doc)."""
+        if self.synced and self._knows(keys):
+            return True
+        if self.claims_failing:
+            return False
         try:
             async with asyncio.timeout(timeout_s):
-                while True:
-                    if not self.synced:
-                        await asyncio.gather(*(r.synced.wait() for r in self._reflectors))
-                    elif all(key in self.claims for key in keys):
-                        return True
-                    else:
-                        await self._claims_changed.wait()
+                await asyncio.gather(*(r.synced.wait() for r in self._reflectors))
+                while not self._knows(keys):
+                    await self._claims_changed.wait()  # a new Event after each claim change
         except TimeoutError:
             return False
+        return True
+
+    def _knows(self, keys: Collection[tuple[str, str]]) -> bool:
+        return all(key in self.claims for key in keys)
 
     def version(self, node: str) -> int:
         """Grows whenever node ``node``'s slice or the claims on it change."""
