@@ -126,6 +126,50 @@ def claim_pod(
     kube.create(from_dict(pod))
 
 
+BARRIER_DRIVER = "barrier.test.gpushare.io"
+BARRIER_SELECTOR = f'device.driver == "{BARRIER_DRIVER}"'
+
+
+def scheduler_has_slices(
+    kube: Client, namespace: str, node: str, stack: contextlib.ExitStack
+) -> None:
+    """Return once kube-scheduler's informer has every ResourceSlice change made before this
+    call: a slice of a barrier driver is published on ``node`` after them and a pod claims its
+    one device. kube-scheduler can allocate that only once its informer has the slice, and one
+    watch delivers slices in resourceVersion order. (Reading the API server says nothing about
+    kube-scheduler's informer, which may still hold the slice before the change.)"""
+    tag = f"barrier-{uuid.uuid4().hex[:6]}"
+    with contextlib.suppress(ApiError):  # 409: made by an earlier call
+        kube.create(from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": BARRIER_DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": BARRIER_SELECTOR}}]},
+        }))  # fmt: skip
+    kube.create(from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": tag},
+        "spec": {"driver": BARRIER_DRIVER, "nodeName": node, "devices": [{"name": "d0"}],
+                 "pool": {"name": tag, "generation": 1, "resourceSliceCount": 1}},
+    }))  # fmt: skip
+    stack.callback(kube.delete, ResourceSlice, tag)
+    kube.create(from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": tag, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "d", "exactly": {
+            "deviceClassName": BARRIER_DRIVER}}]}},
+    }))  # fmt: skip
+    kube.create(from_dict({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": tag, "namespace": namespace},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.invalid/none:0",
+                            "resources": {"claims": [{"name": "d"}]}}],
+            "resourceClaims": [{"name": "d", "resourceClaimName": tag}],
+            "nodeSelector": {"gpushare.io/test-node": node},
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+        },
+    }))  # fmt: skip
+    allocated(kube, namespace, tag)
+
+
 def allocation(kube: Client, namespace: str, name: str) -> dict[str, Any] | None:
     """The claim's single allocation result (``status.allocation.devices.results[0]``), or
     ``None`` while it is not allocated."""
@@ -534,6 +578,7 @@ def test_the_driver_lists_its_gpus_least_free_first_so_that_first_fit_is_best_fi
 
     def listed(expected: list[str]) -> None:
         wait_until(f"devices listed {expected}", lambda: order() == expected, 30)
+        scheduler_has_slices(kube, namespace, node, stack)  # and kube-scheduler has that order
 
     with contextlib.ExitStack() as stack:
         create_nodes(kube, [plain_node(node, labels={"gpushare.io/test-node": node})])
