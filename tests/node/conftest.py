@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import logging
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -27,6 +28,7 @@ from gpushare.testing.node import RealNode, node_cluster
 from gpushare.testing.node.gpu import GpuStack, delete_pods
 
 _names = itertools.count()
+log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +52,12 @@ def gpu_stack(real_node: tuple[ControlPlane, RealNode]) -> Iterator[GpuStack]:
 
 @pytest.fixture
 def kube(real_node: tuple[ControlPlane, RealNode]) -> Iterator[Client]:
-    plane, _ = real_node
+    """A client of the control plane, whose processes must be running; containerd and kubelet
+    are started again first if an earlier test failed while they were stopped."""
+    plane, node = real_node
     plane.check_running()
+    if started := node.revive():
+        log.warning("started again for this test (an earlier one left them stopped): %s", started)
     with plane.client() as client:
         yield client
 

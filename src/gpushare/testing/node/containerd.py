@@ -5,6 +5,13 @@ The settings come from a trial on this kind of machine (docs/testing.md, "The re
 ``oom_score_adj: -998``: every sandbox would fail with "can't get final child's PID from pipe"),
 the locally imported pause image as ``sandbox_image``, cgroupfs (no systemd), overlayfs,
 no AppArmor, and the CNI configuration of :func:`cni_conflist`.
+
+**Started means CRI answers.** containerd serves its socket (``ctr version`` answers) before its
+CRI plugin has recovered the state of the sandboxes and containers it knows (a node that ran
+pods, then lost power: 175 ms for a few dozen); until then every CRI call fails with
+"server is not initialized yet", and kubelet, started in that window, exits at once ("validate
+CRI v1 runtime API"). A real node's systemd restarts kubelet; :meth:`Containerd.start` returns
+only once the CRI runtime service answers (:meth:`Containerd.serves_cri`).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 from gpushare.testing.controlplane import ControlPlaneError, ManagedProcess, wait_until
 from gpushare.testing.node.host import BRIDGE, GATEWAY, POD_SUBNET
@@ -172,12 +181,27 @@ class Containerd:
         proc = ManagedProcess("containerd", argv, self.root)
         self.process = proc.start()
         wait_until(
-            "containerd answering `ctr version`",
-            lambda: self.ctr("version", check=False).returncode == 0,
+            "containerd's CRI runtime service answering",
+            self.serves_cri,
             self.startup_timeout_s,
             processes=[proc],
         )
         return self
+
+    def serves_cri(self) -> bool:
+        """Whether the CRI runtime service answers ``Version`` (kubelet's first call; module
+        doc). The request is sent as its empty encoding: an empty ``VersionRequest``."""
+        with grpc.insecure_channel(f"unix://{self.socket}") as channel:
+            version = channel.unary_unary(
+                "/runtime.v1.RuntimeService/Version",
+                request_serializer=bytes,
+                response_deserializer=bytes,
+            )
+            try:
+                version(b"", timeout=5)
+            except grpc.RpcError:
+                return False
+        return True
 
     def stop(self) -> None:
         if self.process is not None:

@@ -201,6 +201,20 @@ class RealNode:
             what = f"node {self.name} Ready"
             return wait_for(what, ready, self.startup_timeout_s, processes=procs)
 
+    def revive(self) -> list[str]:
+        """Start containerd and kubelet again where a test left them stopped (it failed between
+        :meth:`power_cut` and :meth:`start_kubelet`), so that one failure does not fail every
+        later test on the node; the names of those started."""
+        started = []
+        if self.containerd.process is None or not self.containerd.process.running():
+            self.containerd = Containerd(self.containerd.root, bin_dir=self.containerd.bin_dir)
+            self.containerd.start()
+            started.append("containerd")
+        if self.kubelet is None or not self.kubelet.running():
+            self.start_kubelet()
+            started.append("kubelet")
+        return started
+
     def power_cut(self) -> int:
         """What a reboot leaves: kubelet stopped, no container, no pod network namespace, no
         pod IP reserved, containerd restarted with empty runtime state; kubelet's own state
