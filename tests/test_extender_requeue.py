@@ -9,6 +9,7 @@ it once (the real patch is proved in ``tests/cluster/test_extender_requeue.py``)
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -248,29 +249,45 @@ def _filter(state: ExtenderState, requeuer: Requeuer, pod: Json, nodes: list[str
     app.state.scheduler.filter(ExtenderArgs(pod=dict(pod), node_names=nodes))
 
 
+REFUSED_LINE = "filter: pod default/p: refused on every node (no backoff retry): "
 FILTER_CASES = [
-    ("a GPU pod that fits nowhere is remembered", 24, ["n1"], ["default/p"]),
-    ("a GPU pod that fits somewhere is not", 4, ["n1"], []),
-    ("a pod asking no GPU is not", None, ["n1"], []),
-    ("a GPU pod on unknown nodes only is remembered", 4, ["nowhere"], ["default/p"]),
-]
+    ("a GPU pod that fits nowhere is remembered", 24, ["n1"], ["default/p"],
+     REFUSED_LINE + "n1: gpushare: request is larger than any GPU; container main"),
+    ("a GPU pod that fits somewhere is not", 4, ["n1"], [], ""),
+    ("a pod asking no GPU is not", None, ["n1"], [], ""),
+    ("a GPU pod on unknown nodes only is remembered", 4, ["nowhere"], ["default/p"],
+     REFUSED_LINE + "nowhere: gpushare: node unknown to the extender"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("gpu_mem", "nodes", "remembered"),
+    ("gpu_mem", "nodes", "remembered", "debug_line"),
     [c[1:] for c in FILTER_CASES],
     ids=[c[0] for c in FILTER_CASES],
 )
 def test_the_filter_reports_pods_it_refused_everywhere(
-    gpu_mem: int | None, nodes: list[str], remembered: list[str]
+    gpu_mem: int | None,
+    nodes: list[str],
+    remembered: list[str],
+    debug_line: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Remembered for a requeue, and one debug line with the reasons (issue 26: a pod parked
+    by kube-scheduler must say why in the extender's log)."""
     state = ExtenderState()
     state.upsert_node(node_json("n1", [16, 16]))
     state.cluster.mark_synced()
     rig = Rig()
-    _filter(state, rig.requeuer, pod_json("p", gpu_mem), nodes)
+    with caplog.at_level(logging.DEBUG, logger="gpushare.extender.scheduler"):
+        _filter(state, rig.requeuer, pod_json("p", gpu_mem), nodes)
     rig.requeuer.changed("n1")
     assert rig.requeuer.due() == remembered
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpushare.extender.scheduler"]
+    if debug_line:
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(debug_line), lines
+    else:
+        assert lines == []
 
 
 def test_the_feed_reports_gpu_view_changes_and_releases_not_heartbeats() -> None:

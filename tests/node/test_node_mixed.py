@@ -82,6 +82,22 @@ def settled(kube: Client, namespace: str) -> Mapping[str, Pod] | None:
     return pods if len(pods) == len(SPECS) and len(unbound) <= 1 else None
 
 
+def pod_states(kube: Client, namespace: str) -> list[str]:
+    """Each pod's phase, node and PodScheduled condition: what a timed-out wait reports."""
+    states = []
+    for pod in kube.list(Pod, namespace=namespace):
+        status, spec = pod.status, pod.spec
+        conditions = [
+            f"{c.status} {c.reason or ''} {c.message or ''}".strip()
+            for c in (status.conditions or [] if status else [])
+            if c.type == "PodScheduled"
+        ]
+        name = pod.metadata.name if pod.metadata else "?"
+        node = spec.nodeName if spec else None
+        states.append(f"{name}: {status.phase if status else None} on {node}; {conditions}")
+    return states
+
+
 def test_every_dialect_at_once_starts_with_its_own_gpus_and_no_overcommit(
     gpu_stack: GpuStack, kube: Client, namespace: str
 ) -> None:
@@ -90,7 +106,12 @@ def test_every_dialect_at_once_starts_with_its_own_gpus_and_no_overcommit(
             spec.name, spec.limits, scheduler=SCHEDULER_NAME, annotations=spec.annotations or None
         )
         kube.create(runnable(body, namespace))
-    pods = wait_for("the burst settled", lambda: settled(kube, namespace), WAIT_S)
+    pods = wait_for(
+        "the burst settled",
+        lambda: settled(kube, namespace),
+        WAIT_S,
+        detail=lambda: pod_states(kube, namespace),
+    )
     node = gpu_stack.node.name
     running = sorted(name for name, pod in pods.items() if pod.spec and pod.spec.nodeName)
     pending = sorted(set(pods) - set(running))

@@ -59,6 +59,7 @@ per node changed since. Expected failures are values (result fields); exceptions
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,6 +114,8 @@ __all__ = [
     "describe_fit",
     "not_gpushare",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -279,6 +282,8 @@ class Scheduler:
         refused = pod is not None and pod.gpu_containers and not passed and not error
         if refused and self.on_refused is not None:
             self.on_refused(args.pod)
+        if (refused or error) and log.isEnabledFor(logging.DEBUG):
+            log.debug("filter: %s", _no_node_passed(args.pod, failed, unresolvable, error))
         if names_mode or args.nodes is None:
             return ExtenderFilterResult(None, passed, failed, unresolvable, error)
         keep = set(passed)
@@ -376,3 +381,23 @@ class Scheduler:
 def _item_name(item: dict[str, Any]) -> str | None:
     """``metadata.name`` of a node in a ``Nodes`` request, or ``None``."""
     return object_name(item) or None
+
+
+def _no_node_passed(
+    pod: Json, failed: dict[str, str], unresolvable: dict[str, str], error: str
+) -> str:
+    """One debug line for a filter that passed no node: the pod, its ``Error`` (``held``: the
+    handshake rule; kube-scheduler retries with backoff) or the first ``FAILED_SHOWN`` nodes'
+    reasons (kube-scheduler parks it until a cluster event or a requeue)."""
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    key = f"{(meta or {}).get('namespace', '')}/{(meta or {}).get('name', '')}"
+    if error:
+        return f"pod {key}: error {error[:500]}"
+    reasons = {**failed, **unresolvable}
+    shown = "; ".join(f"{n}: {r[:300]}" for n, r in list(reasons.items())[:FAILED_SHOWN])
+    more = f"; and {len(reasons) - FAILED_SHOWN} more nodes" if len(reasons) > FAILED_SHOWN else ""
+    return f"pod {key}: refused on every node (no backoff retry): {shown}{more}"
+
+
+FAILED_SHOWN = 3
+"""How many nodes' reasons the filter's debug line for a refused pod names."""
