@@ -26,6 +26,7 @@ from lightkube.models.rbac_v1 import PolicyRule
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpushare.deviceplugin.dialects import resources_for
 from gpushare.deviceplugin.inventory import parse_fake_gpus
 from gpushare.kube import nodepods, nodes, unhealthy
 from gpushare.kube.codec import (
@@ -311,18 +312,39 @@ class GpuStack:
         """The ``aliyun.com/gpu-mem`` devices the plugin advertises (its default unit, GiB)."""
         return sum(gpu.units(MemoryUnit.GIB) for gpu in parse_fake_gpus(self.fake_gpus))
 
+    def advertised(self) -> dict[str, str]:
+        """What the node's allocatable must say once kubelet has every resource the plugin
+        serves: ``aliyun.com/gpu-mem`` and the dialects' resources, their device counts."""
+        gpus = parse_fake_gpus(self.fake_gpus)
+        want = {GPU_MEM: str(self.total_units())}
+        for served in resources_for(self.dialects):
+            if served.per_gpu is not None:
+                want[served.resource] = str(sum(served.per_gpu(gpu) for gpu in gpus))
+        return want
+
     def wait_capacity(self, timeout_s: float = 60.0) -> None:
-        want = str(self.total_units())
+        """Wait until the running kubelet has reported every resource the plugin serves
+        (:meth:`advertised`): a Node status it posted after it started (the Ready condition's
+        heartbeat), not the one a kubelet before it left, which a restarted kubelet then
+        replaces with zeros for the resources whose plugin has not registered again yet."""
+        want = self.advertised()
+        started = self.node.kubelet_started_s
 
         procs = [p for p in (self.plugin, self.node.kubelet) if p is not None]
         with self.plane.client() as client:
 
             def advertised() -> bool | None:
                 node = client.get(Node, self.node.name)
-                allocatable = (node.status.allocatable if node.status else None) or {}
-                return allocatable.get(GPU_MEM) == want or None
+                status = node.status
+                allocatable = (status.allocatable if status else None) or {}
+                ready = [c for c in (status.conditions if status else None) or []
+                         if c.type == "Ready"]  # fmt: skip
+                beat = ready[0].lastHeartbeatTime if ready else None
+                fresh = beat is not None and beat.timestamp() > started
+                return (fresh and all(allocatable.get(k) == v for k, v in want.items())) or None
 
-            wait_for(f"node allocatable {GPU_MEM}={want}", advertised, timeout_s, processes=procs)
+            what = f"node allocatable {want} reported by the running kubelet"
+            wait_for(what, advertised, timeout_s, processes=procs)
 
     def allocate_calls(self) -> int:
         """Successful Allocate calls the current plugin process served (its ``/metrics``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class RealNode:
     kubelet: ManagedProcess | None = field(init=False, default=None)
     proxy: ManagedProcess | None = field(init=False, default=None)
     kubelet_port: int = field(init=False, default=0)
+    kubelet_started_s: float = field(init=False, default=0.0)
+    """When the running kubelet was started (Unix time, whole seconds)."""
     _kubelet_healthz: int = field(init=False, default=0)
     _kubelet_argv: list[str] = field(init=False, default_factory=list)
     _started: bool = field(init=False, default=False)
@@ -166,6 +169,8 @@ class RealNode:
         if self.kubelet is not None and self.kubelet.running():
             raise ControlPlaneError("kubelet is already running")
         self.kubelet = ManagedProcess("kubelet", self._kubelet_argv, self.root / "kubelet")
+        # whole seconds: the Node's heartbeat times have no finer resolution
+        self.kubelet_started_s = float(int(time.time()))
         self.kubelet.start()
         wait_until(
             "kubelet /healthz",
