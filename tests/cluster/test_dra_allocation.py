@@ -98,18 +98,28 @@ def _device_class(kube: Client) -> None:
 
 
 def claim_pod(
-    kube: Client, namespace: str, name: str, memory: str, cores: int = 0, *, node: str = ""
+    kube: Client,
+    namespace: str,
+    name: str,
+    memory: str | None,
+    cores: int = 0,
+    *,
+    node: str = "",
+    device_class: str = CLASS,
 ) -> None:
-    """A ResourceClaim ``name`` asking ``memory`` (and ``cores`` percent) of one GPU, and a pod
-    ``name`` that uses it, for the default kube-scheduler (to ``node`` only, when given)."""
-    requests: dict[str, str] = {MEMORY: memory}
+    """A ResourceClaim ``name`` asking ``memory`` (and ``cores`` percent; neither: the device
+    whole) of one device of ``device_class``, and a pod ``name`` that uses it, for the default
+    kube-scheduler (to ``node`` only, when given)."""
+    requests: dict[str, str] = {MEMORY: memory} if memory is not None else {}
     if cores:
         requests[CORES] = str(cores)
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if requests:
+        exactly["capacity"] = {"requests": requests}
     claim = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": CLASS, "capacity": {"requests": requests}}}]}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
     }  # fmt: skip
     kube.create(from_dict(claim))
     pod: dict[str, Any] = {
@@ -127,7 +137,7 @@ def claim_pod(
 
 
 BARRIER_DRIVER = "barrier.test.gpushare.io"
-BARRIER_SELECTOR = f'device.driver == "{BARRIER_DRIVER}"'
+"""A driver of one device per node, and the DeviceClass that selects it (the same name)."""
 
 
 def scheduler_has_slices(
@@ -140,33 +150,14 @@ def scheduler_has_slices(
     kube-scheduler's informer, which may still hold the slice before the change.)"""
     tag = f"barrier-{uuid.uuid4().hex[:6]}"
     with contextlib.suppress(ApiError):  # 409: made by an earlier call
-        kube.create(from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": BARRIER_DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": BARRIER_SELECTOR}}]},
-        }))  # fmt: skip
+        kube.create(from_dict(device_class(BARRIER_DRIVER, BARRIER_DRIVER)))
     kube.create(from_dict({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": tag},
         "spec": {"driver": BARRIER_DRIVER, "nodeName": node, "devices": [{"name": "d0"}],
                  "pool": {"name": tag, "generation": 1, "resourceSliceCount": 1}},
     }))  # fmt: skip
     stack.callback(kube.delete, ResourceSlice, tag)
-    kube.create(from_dict({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": tag, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "d", "exactly": {
-            "deviceClassName": BARRIER_DRIVER}}]}},
-    }))  # fmt: skip
-    kube.create(from_dict({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": tag, "namespace": namespace},
-        "spec": {
-            "containers": [{"name": "main", "image": "registry.invalid/none:0",
-                            "resources": {"claims": [{"name": "d"}]}}],
-            "resourceClaims": [{"name": "d", "resourceClaimName": tag}],
-            "nodeSelector": {"gpushare.io/test-node": node},
-            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
-        },
-    }))  # fmt: skip
+    claim_pod(kube, namespace, tag, None, node=node, device_class=BARRIER_DRIVER)
     allocated(kube, namespace, tag)
 
 

@@ -35,6 +35,7 @@ from gpushare.testing.outcome2d import (
     judge_dialects,
     read_dialect_outcome,
 )
+from gpushare.testing.pods import pod_states
 
 pytestmark = pytest.mark.node
 
@@ -80,22 +81,6 @@ def settled(kube: Client, namespace: str) -> Mapping[str, Pod] | None:
             return None
     unbound = [p for p in pods.values() if not (p.spec and p.spec.nodeName)]
     return pods if len(pods) == len(SPECS) and len(unbound) <= 1 else None
-
-
-def pod_states(kube: Client, namespace: str) -> list[str]:
-    """Each pod's phase, node and PodScheduled condition: what a timed-out wait reports."""
-    states = []
-    for pod in kube.list(Pod, namespace=namespace):
-        status, spec = pod.status, pod.spec
-        conditions = [
-            f"{c.status} {c.reason or ''} {c.message or ''}".strip()
-            for c in (status.conditions or [] if status else [])
-            if c.type == "PodScheduled"
-        ]
-        name = pod.metadata.name if pod.metadata else "?"
-        node = spec.nodeName if spec else None
-        states.append(f"{name}: {status.phase if status else None} on {node}; {conditions}")
-    return states
 
 
 def test_every_dialect_at_once_starts_with_its_own_gpus_and_no_overcommit(

@@ -113,18 +113,16 @@ class DraScorer:
         failing = self.cache.claims_failing  # then not waited for
         if not await self.cache.wait_for_claims(wanted, self.claim_wait_s):
             missing = [f"{ns}/{n}" for ns, n in wanted if (ns, n) not in self.cache.claims]
+            after = "at once" if failing else f"after {self.claim_wait_s:g} s"
             if failing:
-                after = "at once"
                 why = (
                     f"its claims {shown_names(missing)} are not in the extender's cache and its "
                     "watch of ResourceClaims is failing (see the 'ResourceClaim list+watch' "
                     "warnings)"
                 )
             elif not self.cache.synced:
-                after = f"after {self.claim_wait_s:g} s"
                 why = "ResourceSlices and ResourceClaims are not listed yet"
             else:
-                after = f"after {self.claim_wait_s:g} s"
                 why = (
                     f"its claims {shown_names(missing)} are not in the extender's cache (the "
                     "watch of ResourceClaims lags, or they are deleted)"

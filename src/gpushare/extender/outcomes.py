@@ -86,10 +86,16 @@ def held_error(passed: Sequence[str], held: Mapping[str, str]) -> str:
     """
     if passed or not held:
         return ""
-    shown = "; ".join(f"{name}: {why}" for name, why in list(held.items())[:HELD_SHOWN])
-    more = f"; and {len(held) - HELD_SHOWN} more nodes" if len(held) > HELD_SHOWN else ""
-    return f"{HELD}: {shown}{more}"
+    return f"{HELD}: {node_reasons(held)}"
+
+
+def node_reasons(reasons: Mapping[str, str]) -> str:
+    """``n1: <why>; n2: <why>; n3: <why>; and 997 more nodes``: the first ``HELD_SHOWN``
+    nodes' reasons (node → reason) and how many are left out."""
+    shown = "; ".join(f"{name}: {why}" for name, why in list(reasons.items())[:HELD_SHOWN])
+    more = len(reasons) - HELD_SHOWN
+    return shown + (f"; and {more} more nodes" if more > 0 else "")
 
 
 HELD_SHOWN = 3
-"""How many held nodes ``held_error`` names before it counts the rest."""
+"""How many nodes ``node_reasons`` names before it counts the rest."""

@@ -81,6 +81,7 @@ from gpushare.extender.outcomes import (
     describe_fit,
     held_error,
     hold_note,
+    node_reasons,
     not_gpushare,
     skipped_note,
 )
@@ -101,6 +102,7 @@ from gpushare.kube.codec import (
     Json,
     node_info,
     object_name,
+    object_namespace,
     pod_priority,
     pod_request,
 )
@@ -283,7 +285,8 @@ class Scheduler:
         if refused and self.on_refused is not None:
             self.on_refused(args.pod)
         if (refused or error) and log.isEnabledFor(logging.DEBUG):
-            log.debug("filter: %s", _no_node_passed(args.pod, failed, unresolvable, error))
+            reasons = {**failed, **unresolvable}
+            log.debug("filter: %s", _no_node_passed(args.pod, reasons, error))
         if names_mode or args.nodes is None:
             return ExtenderFilterResult(None, passed, failed, unresolvable, error)
         keep = set(passed)
@@ -383,21 +386,11 @@ def _item_name(item: dict[str, Any]) -> str | None:
     return object_name(item) or None
 
 
-def _no_node_passed(
-    pod: Json, failed: dict[str, str], unresolvable: dict[str, str], error: str
-) -> str:
-    """One debug line for a filter that passed no node: the pod, its ``Error`` (``held``: the
-    handshake rule; kube-scheduler retries with backoff) or the first ``FAILED_SHOWN`` nodes'
-    reasons (kube-scheduler parks it until a cluster event or a requeue)."""
-    meta = pod.get("metadata") if isinstance(pod, dict) else None
-    key = f"{(meta or {}).get('namespace', '')}/{(meta or {}).get('name', '')}"
+def _no_node_passed(pod: Json, reasons: dict[str, str], error: str) -> str:
+    """One debug line for a filter that passed no node: the pod and its ``Error`` (``held``:
+    the handshake rule; kube-scheduler retries with backoff) or its nodes' ``reasons``
+    (kube-scheduler parks it until a cluster event or a requeue)."""
+    key = f"{object_namespace(pod)}/{object_name(pod)}"
     if error:
-        return f"pod {key}: error {error[:500]}"
-    reasons = {**failed, **unresolvable}
-    shown = "; ".join(f"{n}: {r[:300]}" for n, r in list(reasons.items())[:FAILED_SHOWN])
-    more = f"; and {len(reasons) - FAILED_SHOWN} more nodes" if len(reasons) > FAILED_SHOWN else ""
-    return f"pod {key}: refused on every node (no backoff retry): {shown}{more}"
-
-
-FAILED_SHOWN = 3
-"""How many nodes' reasons the filter's debug line for a refused pod names."""
+        return f"pod {key}: error {error}"
+    return f"pod {key}: refused on every node (no backoff retry): {node_reasons(reasons)}"

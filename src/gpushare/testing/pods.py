@@ -3,7 +3,8 @@ allocation annotations the extender writes at bind (``gpushare.kube.codec``), so
 plugin's Allocate has something to resolve without a scheduler in the loop; and
 :func:`delete_namespace`, a test namespace's clean-up on a control plane without
 kube-controller-manager; :func:`placed_pod_json`, such a pod as the JSON a pods cache holds;
-:func:`unschedulable`, the scheduler's reason a pod waits."""
+:func:`unschedulable`, the scheduler's reason a pod waits; :func:`pod_states`, what a timed-out
+wait on a namespace's pods reports."""
 
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from gpushare.core.model import Allocation, ContainerAllocation, Node
 from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, MemoryUnit, allocation_annotations
 
-__all__ = ["bound_gpu_pod", "delete_namespace", "placed_pod_json", "unschedulable"]
+__all__ = [
+    "bound_gpu_pod",
+    "delete_namespace",
+    "placed_pod_json",
+    "pod_states",
+    "unschedulable",
+]
 
 IMAGE = "registry.invalid/gpushare/test:0"
 
@@ -115,3 +122,20 @@ def unschedulable(kube: Client, namespace: str, name: str) -> str | None:
         if condition.type == "PodScheduled" and condition.status == "False":
             return condition.message or ""
     return None
+
+
+def pod_states(kube: Client, namespace: str) -> list[str]:
+    """Each pod of ``namespace``: ``name: <phase> on <node>; [<PodScheduled status reason
+    message>]``, what a timed-out wait on them reports (``wait_for``'s ``detail``)."""
+    states = []
+    for pod in kube.list(Pod, namespace=namespace):
+        status, spec = pod.status, pod.spec
+        conditions = [
+            f"{c.status} {c.reason or ''} {c.message or ''}".strip()
+            for c in ((status.conditions or []) if status else [])
+            if c.type == "PodScheduled"
+        ]
+        name = pod.metadata.name if pod.metadata else "?"
+        node = spec.nodeName if spec else None
+        states.append(f"{name}: {status.phase if status else None} on {node}; {conditions}")
+    return states

@@ -333,7 +333,7 @@ class GpuStack:
         procs = [p for p in (self.plugin, self.node.kubelet) if p is not None]
         with self.plane.client() as client:
 
-            def advertised() -> bool | None:
+            def reported() -> bool | None:
                 node = client.get(Node, self.node.name)
                 status = node.status
                 allocatable = (status.allocatable if status else None) or {}
@@ -344,7 +344,7 @@ class GpuStack:
                 return (fresh and all(allocatable.get(k) == v for k, v in want.items())) or None
 
             what = f"node allocatable {want} reported by the running kubelet"
-            wait_for(what, advertised, timeout_s, processes=procs)
+            wait_for(what, reported, timeout_s, processes=procs)
 
     def allocate_calls(self) -> int:
         """Successful Allocate calls the current plugin process served (its ``/metrics``)."""

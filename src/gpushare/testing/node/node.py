@@ -212,8 +212,7 @@ class RealNode:
         later test on the node; the names of those started."""
         started = []
         if self.containerd.process is None or not self.containerd.process.running():
-            self.containerd = Containerd(self.containerd.root, bin_dir=self.containerd.bin_dir)
-            self.containerd.start()
+            self._start_containerd_again()
             started.append("containerd")
         if self.kubelet is None or not self.kubelet.running():
             self.start_kubelet()
@@ -235,9 +234,13 @@ class RealNode:
         shutil.rmtree(self.containerd.root / "state", ignore_errors=True)
         shutil.rmtree(self.containerd.root / "runc", ignore_errors=True)
         shutil.rmtree(self.containerd.root / "cni" / "ipam", ignore_errors=True)
+        self._start_containerd_again()
+        return removed
+
+    def _start_containerd_again(self) -> None:
+        """A new containerd process over the same root and binaries."""
         self.containerd = Containerd(self.containerd.root, bin_dir=self.containerd.bin_dir)
         self.containerd.start()
-        return removed
 
     # ---- kube-proxy ------------------------------------------------------------------
 
