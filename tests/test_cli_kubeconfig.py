@@ -108,6 +108,10 @@ BAD = {
     "context naming a missing cluster": BadKubeconfig(
         _write(GOOD), r"context 'lost' names cluster 'gone', which the file lacks", context="lost"
     ),
+    "context naming no user": BadKubeconfig(
+        _write(GOOD.replace("context: {cluster: c, user: u}", "context: {cluster: c}")),
+        r"context 'test' names no user",
+    ),
     "no current context": BadKubeconfig(
         _write(GOOD.replace("current-context: test\n", "")),
         r"no current-context; choose one with --context",

@@ -53,6 +53,7 @@ from starlette.responses import Response
 
 from gpushare.extender.app import Diverted, error_response
 from gpushare.extender.leadership import Leadership
+from gpushare.kube.transport import closing_transport
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +163,10 @@ class LeaderForwarder:
         self._client = self._make_client()
 
     def _make_client(self) -> httpx2.AsyncClient:
+        verify = self.tls.client_context() if self.tls is not None else True
         return httpx2.AsyncClient(
             timeout=httpx2.Timeout(self._timeout_s, connect=min(self._timeout_s, 2.0)),
-            verify=self.tls.client_context() if self.tls is not None else True,
+            transport=closing_transport(verify),
             trust_env=False,
         )
 

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import httpx2
 from lightkube import AsyncClient, KubeConfig
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
 from lightkube.core.exceptions import ConfigError
 
 from gpushare.kube.kubeconfig import KubeconfigError, load_kubeconfig, select_context
+from gpushare.kube.transport import closing_transport
 
 __all__ = ["FIELD_MANAGER", "AsyncClient", "ConfigError", "KubeconfigError", "connect"]
 
@@ -33,26 +35,32 @@ def connect(
     """An ``AsyncClient`` for ``kubeconfig`` (and its ``context``, default: current), or, with
     no file, the pod's in-cluster service account, else ``$KUBECONFIG``, else
     ``~/.kube/config``. ``timeout_s`` bounds each request (seconds; watches are exempt from the
-    read timeout). ``trust_env`` honours ``HTTPS_PROXY``/``NO_PROXY``-style variables.
+    read timeout). ``trust_env`` honours ``HTTPS_PROXY``/``NO_PROXY``-style variables. Its
+    transport closes a connection whose TLS handshake a cancellation interrupted
+    (``gpushare.kube.transport``).
 
     Raises lightkube's ``ConfigError`` (re-exported here) when no configuration is found, and
     its subclass ``KubeconfigError`` (one line: ``kubeconfig <path>: <problem>``) when the file
-    is missing, unreadable, not a kubeconfig, or has no such context
-    (``gpushare.kube.kubeconfig``).
+    is missing, unreadable, not a kubeconfig, or has no such context or its context names no
+    user (``gpushare.kube.kubeconfig``).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     config = _config(kubeconfig)
     single = select_context(config, context)
+    where = config.fname or "(in-cluster)"
+    if single.user is None:  # lightkube would stop at an assertion
+        raise KubeconfigError(where, f"context {single.context_name!r} names no user")
     try:
+        verify = verify_cluster(single.cluster, single.user, single.abs_file, trust_env=trust_env)
         return AsyncClient(
             single,
             timeout=httpx2.Timeout(timeout_s),
             field_manager=FIELD_MANAGER,
             trust_env=trust_env,
+            transport=closing_transport(verify, trust_env=trust_env),
         )
     except (OSError, ValueError, TypeError, ConfigError) as error:  # certificates, server URL
-        where = config.fname or "(in-cluster)"
         raise KubeconfigError(where, f"{type(error).__name__}: {error}") from error
 
 

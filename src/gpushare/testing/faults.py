@@ -31,6 +31,7 @@ from typing import Literal, Self
 
 import httpx2
 
+from gpushare.kube.transport import closing_transport
 from gpushare.testing.controlplane import ControlPlane
 
 __all__ = ["FaultyTransport"]
@@ -132,7 +133,7 @@ class FaultyTransport(httpx2.AsyncBaseTransport):
             context = plane.credentials.admin_ssl_context()
         else:
             context = ssl.create_default_context(cafile=str(plane.credentials.ca_cert))
-        return cls(httpx2.AsyncHTTPTransport(verify=context))
+        return cls(closing_transport(context))
 
     # ---- faults ------------------------------------------------------------------------
 
