@@ -16,18 +16,21 @@ import gpushare
 from gpushare.kube.codec import (
     GPUSHARE_LABEL,
     TERMINAL_PHASES,
+    PodCondition,
     is_gpushare_node,
     node_internal_ip,
     node_labels,
     object_name,
     object_namespace,
     pod_annotation,
+    pod_condition,
     pod_container_names,
     pod_deleting,
     pod_deletion_timestamp,
     pod_finished,
     pod_node_name,
     pod_phase,
+    pod_resource_names,
     pod_uid,
 )
 from gpushare.kube.watch import Action, Change
@@ -157,6 +160,56 @@ ANNOTATIONS = [
 )
 def test_pod_annotation(pod: dict[str, Any], value: str | None) -> None:
     assert pod_annotation(pod, "k") == value
+
+
+# -- conditions and resource names ---------------------------------------------------------------
+
+SCHEDULED = {
+    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+    "message": "0/1 nodes are available", "lastTransitionTime": "2026-11-28T00:00:00Z",
+}  # fmt: skip
+CONDITIONS = [
+    ("kube-scheduler's", with_status(pod_json("p", 4), conditions=[SCHEDULED]),
+     PodCondition("False", "Unschedulable", "0/1 nodes are available", "2026-11-28T00:00:00Z")),
+    ("another type only",
+     with_status(pod_json("p", 4), conditions=[{**SCHEDULED, "type": "Ready"}]), None),
+    ("fields of the wrong type read empty",
+     with_status(pod_json("p", 4), conditions=[{"type": "PodScheduled", "status": True}]),
+     PodCondition("", "", "", "")),
+    ("conditions not a list", with_status(pod_json("p", 4), conditions={"type": "PodScheduled"}),
+     None),
+    ("no status", {}, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pod", "condition"), [c[1:] for c in CONDITIONS], ids=[c[0] for c in CONDITIONS]
+)
+def test_pod_condition(pod: dict[str, Any], condition: PodCondition | None) -> None:
+    assert pod_condition(pod, "PodScheduled") == condition
+
+
+def with_containers(*containers: Any, kind: str = "containers") -> dict[str, Any]:
+    return {"spec": {kind: list(containers)}}
+
+
+RESOURCE_NAMES = [
+    ("limits and requests of containers and init containers",
+     {"spec": {"containers": [{"resources": {"limits": {"a/x": "1"}, "requests": {"cpu": "1"}}}],
+               "initContainers": [{"resources": {"limits": {"b/y": "2"}}}]}},
+     {"a/x", "cpu", "b/y"}),
+    ("no resources", with_containers({"name": "c"}), set()),
+    ("resources of the wrong type", with_containers({"resources": {"limits": ["a/x"]}}), set()),
+    ("containers not a list", {"spec": {"containers": {"resources": {}}}}, set()),
+    ("no spec", {}, set()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pod", "names"), [c[1:] for c in RESOURCE_NAMES], ids=[c[0] for c in RESOURCE_NAMES]
+)
+def test_pod_resource_names(pod: dict[str, Any], names: set[str]) -> None:
+    assert pod_resource_names(pod) == names
 
 
 # -- container IDs -------------------------------------------------------------------------------

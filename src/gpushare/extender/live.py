@@ -12,6 +12,8 @@
   :class:`~gpushare.extender.apiserver.ApiEventSink` on the same lightkube client;
 * a :class:`~gpushare.extender.requeue.Requeuer` that requeues in kube-scheduler the pods the
   filter refused everywhere once a node's GPU view or holds change;
+* :class:`~gpushare.extender.stranded.StrandedPods`, which says on a pod that kube-scheduler
+  will not retry it as nodes grow (docs/interfaces.md, Pitfalls: 31);
 * a uvicorn ``Server`` that serves the app while the cache runs; the HTTP port opens at once
   (health checks answer during the initial list).
 
@@ -82,6 +84,7 @@ from gpushare.extender.state import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     ExtenderState,
 )
+from gpushare.extender.stranded import StrandedPods
 from gpushare.extender.tlsreload import TlsReloader
 from gpushare.extender.workload import WORKLOAD_POLICIES, WorkloadTracker, live_policy
 from gpushare.kube.binder import PodBinder
@@ -267,6 +270,8 @@ class LiveExtender:
             timeout_s=options.event_timeout_s,
             rate=EventRate(options.event_qps, options.event_burst),
         )
+        self.stranded = StrandedPods(self.events, deciding=self._deciding, registry=self.registry)
+        self.cache.on_pod(self.stranded.on_pod)
         self.binder = ApiBinder(PodBinder(client), timeout_s=options.bind_timeout_s)
         self.elector: LeaderElector | None = None
         self.leadership: Leadership | None = None

@@ -4,7 +4,7 @@ plugin's Allocate has something to resolve without a scheduler in the loop; and
 :func:`delete_namespace`, a test namespace's clean-up on a control plane without
 kube-controller-manager; :func:`placed_pod_json`, such a pod as the JSON a pods cache holds;
 :func:`unschedulable`, the scheduler's reason a pod waits; :func:`pod_states`, what a timed-out
-wait on a namespace's pods reports."""
+wait on a namespace's pods reports; :func:`with_condition`, a pod JSON carrying a condition."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ __all__ = [
     "placed_pod_json",
     "pod_states",
     "unschedulable",
+    "with_condition",
 ]
 
 IMAGE = "registry.invalid/gpushare/test:0"
@@ -112,6 +113,25 @@ def placed_pod_json(
         },
         "status": {"phase": phase},
     }
+
+
+def with_condition(
+    pod: Mapping[str, Any],
+    kind: str,
+    status: str,
+    reason: str = "",
+    message: str = "",
+    *,
+    since: str = "2026-11-28T00:00:00Z",
+) -> dict[str, Any]:
+    """A copy of pod JSON ``pod`` whose ``status.conditions`` holds this condition (replacing
+    one of the same type), as kube-scheduler writes ``PodScheduled``."""
+    entry = {"type": kind, "status": status, "lastTransitionTime": since}
+    entry |= {k: v for k, v in (("reason", reason), ("message", message)) if v}
+    status_json = dict(pod.get("status") or {})
+    kept = [c for c in status_json.get("conditions") or [] if c.get("type") != kind]
+    status_json["conditions"] = [*kept, entry]
+    return {**pod, "status": status_json}
 
 
 def unschedulable(kube: Client, namespace: str, name: str) -> str | None:

@@ -89,6 +89,7 @@ from gpushare.kube.codec.common import (
 )
 from gpushare.kube.codec.fields import (
     TERMINAL_PHASES,
+    PodCondition,
     is_gpushare_node,
     node_internal_ip,
     node_labels,
@@ -97,6 +98,7 @@ from gpushare.kube.codec.fields import (
     object_namespace,
     phase_finished,
     pod_annotation,
+    pod_condition,
     pod_container_names,
     pod_deleting,
     pod_deletion_timestamp,
@@ -105,6 +107,7 @@ from gpushare.kube.codec.fields import (
     pod_phase,
     pod_preempts,
     pod_priority,
+    pod_resource_names,
     pod_started_s,
     pod_uid,
 )
@@ -141,6 +144,7 @@ __all__ = [
     "Json",
     "MemoryUnit",
     "NodeInfo",
+    "PodCondition",
     "PodRecord",
     "alibaba_annotations",
     "allocation_annotations",
@@ -158,6 +162,7 @@ __all__ = [
     "phase_finished",
     "pod_allocation",
     "pod_annotation",
+    "pod_condition",
     "pod_container_names",
     "pod_deleting",
     "pod_deletion_timestamp",
@@ -169,6 +174,7 @@ __all__ = [
     "pod_priority",
     "pod_record",
     "pod_request",
+    "pod_resource_names",
     "pod_started_s",
     "pod_uid",
     "whole_quantity",

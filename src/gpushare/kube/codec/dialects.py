@@ -95,6 +95,10 @@ them per node, so kube-scheduler checks them against the node's allocatable as k
 (``ignoredByScheduler: false``), which also bounds HAMi's containers per GPU by the plugin's
 ``--split-count``. The others (memory and compute written beside them) are the extender's
 alone (``ignoredByScheduler: true``): docs/compute.md, "What an operator configures"."""
+UNADVERTISED_NAMES: frozenset[str] = DIALECT_NAMES - ADVERTISED_NAMES
+"""The dialect resources no node advertises (``ignoredByScheduler: true``): HAMi's memory and
+cores, the Tencent fork's, Alibaba's ``aliyun.com/gpu-core.percentage``. kube-scheduler's
+queueing hint for node changes still counts them (docs/interfaces.md, Pitfalls: 31)."""
 
 
 ALLOCATE_RESOURCE: Mapping[Dialect, str] = {

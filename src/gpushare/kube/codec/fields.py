@@ -1,7 +1,8 @@
 """Plain fields of Kubernetes objects that every component reads: an object's name and
 namespace, a pod's UID, node, phase, whether it is finished or being deleted, its container
-IDs and an annotation, and what preemption reads (priority, preemption policy, start time,
-labels); a node's labels and InternalIP. Pure; no I/O.
+IDs, an annotation, a condition and the resource names its containers ask, and what
+preemption reads (priority, preemption policy, start time, labels); a node's labels and
+InternalIP. Pure; no I/O.
 
 These readers are lenient: a field that is missing, or of the wrong JSON type, reads as empty
 (``""``, ``None``, ``False``, ``{}``) and nothing raises, because they serve caches, watches and
@@ -14,12 +15,14 @@ Field names and meanings: the Kubernetes API reference (``ObjectMeta``, ``PodSpe
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from gpushare.kube.codec.common import GPUSHARE_LABEL, Json
 
 __all__ = [
     "TERMINAL_PHASES",
+    "PodCondition",
     "is_gpushare_node",
     "node_internal_ip",
     "node_labels",
@@ -28,6 +31,7 @@ __all__ = [
     "object_namespace",
     "phase_finished",
     "pod_annotation",
+    "pod_condition",
     "pod_container_names",
     "pod_deleting",
     "pod_deletion_timestamp",
@@ -36,6 +40,7 @@ __all__ = [
     "pod_phase",
     "pod_preempts",
     "pod_priority",
+    "pod_resource_names",
     "pod_started_s",
     "pod_uid",
 ]
@@ -160,6 +165,46 @@ def pod_container_names(pod: Json) -> dict[str, str]:
             if isinstance(ident, str) and ident and isinstance(name, str):
                 names[ident.rpartition("://")[2]] = name
     return names
+
+
+@dataclass(frozen=True, slots=True)
+class PodCondition:
+    """One entry of ``status.conditions`` (``PodCondition``): each field ``""`` when missing or
+    not a string. ``last_transition`` is the RFC 3339 time as written."""
+
+    status: str
+    reason: str
+    message: str
+    last_transition: str
+
+
+def pod_condition(pod: Json, kind: str) -> PodCondition | None:
+    """The pod's first ``status.conditions`` entry of type ``kind`` (``PodScheduled``,
+    ``Ready``, ...), or ``None``."""
+    entries = _dig(pod, "status", "conditions")
+    for entry in entries if isinstance(entries, list) else ():
+        if _dig(entry, "type") == kind:
+            return PodCondition(
+                _text(_dig(entry, "status")),
+                _text(_dig(entry, "reason")),
+                _text(_dig(entry, "message")),
+                _text(_dig(entry, "lastTransitionTime")),
+            )
+    return None
+
+
+def pod_resource_names(pod: Json) -> frozenset[str]:
+    """Every resource name in the ``limits`` or ``requests`` of the pod's containers and init
+    containers."""
+    names: set[str] = set()
+    for kind in ("containers", "initContainers"):
+        containers = _dig(pod, "spec", kind)
+        for container in containers if isinstance(containers, list) else ():
+            for field in ("limits", "requests"):
+                amounts = _dig(container, "resources", field)
+                if isinstance(amounts, Mapping):
+                    names.update(k for k in amounts if isinstance(k, str))
+    return frozenset(names)
 
 
 def node_labels(node: Json) -> Mapping[str, str]:
