@@ -26,6 +26,7 @@ from gpushare.cli.main import main
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.errors import ApiCallError, Failure
 from gpushare.kube.snapshot import ClusterObjects
+from gpushare.testing.controlplane import unverified_kubeconfig
 from gpushare.testing.extender import node_json, plain_node_json
 
 UNREACHABLE = "https://127.0.0.1:1"
@@ -53,22 +54,7 @@ def no_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def kubeconfig(path: Path, server: str = UNREACHABLE, context: str = "test") -> Path:
-    path.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {{server: "{server}", insecure-skip-tls-verify: true}}
-users:
-- name: u
-  user: {{token: not-a-real-token}}
-contexts:
-- name: {context}
-  context: {{cluster: c, user: u}}
-current-context: {context}
-"""
-    )
-    return path
+    return unverified_kubeconfig(path, server, context=context)
 
 
 def run(*args: str) -> Result:

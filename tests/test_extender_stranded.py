@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.extender.stranded import STRANDED_REASON, StrandedPods, stranded_message
+from gpushare.extender.stranded import STRANDED_REASON, StrandedPods, stranded
 from gpushare.kube.watch import Action, Change
 from gpushare.testing.dialects import dialect_pod_json
 from gpushare.testing.extender import RecordingNotes
@@ -111,13 +111,24 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_which_pods_kube_scheduler_will_not_retry_as_nodes_grow_issue26(case: Case) -> None:
-    message = stranded_message(case.pod)
+    found = stranded(case.pod)
     if not case.says:
-        assert message is None
+        assert found is None
         return
-    assert message is not None
+    assert found is not None
+    assert found.since == case.pod["status"]["conditions"][0]["lastTransitionTime"]
     for fragment in case.says:
-        assert fragment in message
+        assert fragment in found.message
+
+
+class Unread(dict[str, Any]):
+    """A pod that fails the test when anything reads it."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise AssertionError(f"read {key!r}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        raise AssertionError(f"read {key!r}")
 
 
 def upsert(pod: dict[str, Any]) -> Change:
@@ -127,23 +138,24 @@ def upsert(pod: dict[str, Any]) -> Change:
 
 def test_said_once_per_condition_again_on_a_new_one_and_forgotten_with_the_pod() -> None:
     notes = RecordingNotes()
-    stranded = StrandedPods(notes)
-    stranded.on_pod(upsert(hami_pod()))
-    stranded.on_pod(upsert(hami_pod()))  # kube-scheduler's flush: the same condition again
+    pods = StrandedPods(notes)
+    pods.on_pod(upsert(hami_pod()))
+    pods.on_pod(upsert(hami_pod()))  # kube-scheduler's flush: the same condition again
     assert notes.reasons("ns/hami") == [STRANDED_REASON]
     assert notes.notes[0][3] is True  # a Warning
-    stranded.on_pod(upsert(hami_pod(since="2026-11-28T00:05:00Z")))  # a new refusal
+    pods.on_pod(upsert(hami_pod(since="2026-11-28T00:05:00Z")))  # a new refusal
     assert notes.reasons("ns/hami") == [STRANDED_REASON] * 2
-    stranded.on_pod(Change("Pod", Action.DELETE, "ns/hami", hami_pod()))
-    stranded.on_pod(upsert(hami_pod(since="2026-11-28T00:05:00Z")))  # recreated
+    pods.on_pod(Change("Pod", Action.DELETE, "ns/hami", hami_pod()))
+    pods.on_pod(upsert(hami_pod(since="2026-11-28T00:05:00Z")))  # recreated
     assert notes.reasons("ns/hami") == [STRANDED_REASON] * 3
-    assert stranded.said._value.get() == 3
+    assert pods.said._value.get() == 3
 
 
 def test_a_follower_says_nothing_and_a_bounded_memory_forgets_the_oldest() -> None:
     notes = RecordingNotes()
     follower = StrandedPods(notes, deciding=lambda: False)
     follower.on_pod(upsert(hami_pod()))
+    follower.on_pod(Change("Pod", Action.UPSERT, "ns/hami", Unread(hami_pod())))  # not read
     assert notes.notes == []
     leader = StrandedPods(notes, limit=2)
     for name in ("a", "b", "c", "a"):

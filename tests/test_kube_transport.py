@@ -17,28 +17,14 @@ from lightkube.resources.core_v1 import Node
 
 from gpushare.kube.client import connect
 from gpushare.kube.transport import closing_transport
+from gpushare.testing.controlplane import unverified_kubeconfig
 from gpushare.testing.silent_server import SilentServer, silent_server
 
 WAIT_S = 10.0
 
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}
-users:
-- name: u
-  user: {{token: not-a-real-token}}
-contexts:
-- name: c
-  context: {{cluster: c, user: u}}
-current-context: c
-"""
-
 
 async def _lightkube_get(server: SilentServer, tmp: Path) -> None:
-    path = tmp / "kubeconfig"
-    path.write_text(KUBECONFIG.format(port=server.port))
+    path = unverified_kubeconfig(tmp / "kubeconfig", f"https://127.0.0.1:{server.port}")
     async with connect(path, trust_env=False) as client:
         await _interrupted(server, client.get(Node, "n1"))
 
@@ -50,8 +36,7 @@ async def _httpx_get(server: SilentServer, tmp: Path) -> None:
 
 
 async def _timed_out_get(server: SilentServer, tmp: Path) -> None:
-    path = tmp / "kubeconfig"
-    path.write_text(KUBECONFIG.format(port=server.port))
+    path = unverified_kubeconfig(tmp / "kubeconfig", f"https://127.0.0.1:{server.port}")
     async with connect(path, trust_env=False) as client:
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.5):

@@ -61,11 +61,10 @@ from gpushare.testing.controlplane import (
     ManagedProcess,
     free_ports,
     gpushare_argv,
-    gpushare_extender,
     wait_for,
 )
 from gpushare.testing.kubelet import KubeletThread
-from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.live_extender import extender_with_scheduler
 from gpushare.testing.nodes import create_nodes, delete_nodes, plain_node
 
 pytestmark = pytest.mark.cluster
@@ -169,13 +168,9 @@ def cluster(
             access_log=False,
             handshake_timeout_s=handshake_timeout_s,
         )
-        extender = stack.enter_context(ExtenderThread(control_plane.kubeconfig, options))
-        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
         stack.enter_context(
-            control_plane.scheduler(
-                "kube-scheduler-dp",
-                profiles=[{"schedulerName": SCHEDULER_NAME}],
-                extenders=[gpushare_extender(extender.url_prefix)],
+            extender_with_scheduler(
+                control_plane, control_plane.kubeconfig, options, SCHEDULER_NAME
             )
         )
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"

@@ -53,13 +53,13 @@ from gpushare.extender.live import LiveOptions
 from gpushare.kube.codec import ALLOCATION
 from gpushare.kube.watch import Backoff
 from gpushare.testing import core
-from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
+from gpushare.testing.controlplane import ControlPlane, wait_for
 from gpushare.testing.dialects import (
     dialect_pod_json,
     gpu_manager_readme_pod_1,
     gpu_manager_readme_pod_2,
 )
-from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.live_extender import ExtenderThread, extender_with_scheduler
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.pods import bound_gpu_pod, delete_namespace
 
@@ -154,13 +154,9 @@ def cluster(control_plane: ControlPlane) -> Iterator[Cluster]:
         options = LiveOptions(
             policy="binpack", backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False
         )
-        extender = stack.enter_context(ExtenderThread(control_plane.kubeconfig, options))
-        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
-        stack.enter_context(
-            control_plane.scheduler(
-                "kube-scheduler-dialects",
-                profiles=[{"schedulerName": SCHEDULER_NAME}],
-                extenders=[gpushare_extender(extender.url_prefix, dialects=True)],
+        extender = stack.enter_context(
+            extender_with_scheduler(
+                control_plane, control_plane.kubeconfig, options, SCHEDULER_NAME, dialects=True
             )
         )
         yield Cluster(kube, extender, control_plane)

@@ -35,9 +35,9 @@ from gpushare.extender.stranded import STRANDED_REASON
 from gpushare.kube.codec.dialects import HAMI_GPU
 from gpushare.kube.requeue import REQUEUE_ANNOTATION
 from gpushare.kube.watch import Backoff
-from gpushare.testing.controlplane import ControlPlane, gpushare_extender, wait_for
+from gpushare.testing.controlplane import ControlPlane, wait_for
 from gpushare.testing.dialects import dialect_pod_json
-from gpushare.testing.live_extender import ExtenderThread
+from gpushare.testing.live_extender import extender_with_scheduler
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
 from gpushare.testing.pods import delete_namespace, unschedulable
 
@@ -98,13 +98,9 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         kube.create(Namespace(metadata=ObjectMeta(name=run)))
         stack.callback(delete_namespace, kube, run)
         options = LiveOptions(backoff=Backoff(initial_s=0.05, max_s=0.5), access_log=False)
-        extender = stack.enter_context(ExtenderThread(control_plane.kubeconfig, options))
-        wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
         stack.enter_context(
-            control_plane.scheduler(
-                "kube-scheduler-stranded",
-                profiles=[{"schedulerName": SCHEDULER_NAME}],
-                extenders=[gpushare_extender(extender.url_prefix, dialects=True)],
+            extender_with_scheduler(
+                control_plane, control_plane.kubeconfig, options, SCHEDULER_NAME, dialects=True
             )
         )
         yield Stack(kube, run, run, int(node.status.allocatable[HAMI_GPU]))

@@ -42,7 +42,7 @@ from gpushare.kube.codec import (
 from gpushare.kube.codec.dialects import UNADVERTISED_NAMES
 from gpushare.kube.watch import Action, Change
 
-__all__ = ["STRANDED_REASON", "PodNotes", "StrandedPods", "stranded_message"]
+__all__ = ["STRANDED_REASON", "PodNotes", "Stranded", "StrandedPods", "stranded"]
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,23 @@ def _names(names: list[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
-def stranded_message(pod: Json) -> str | None:
-    """The Event message for ``pod`` when kube-scheduler will not retry it as nodes grow
-    (module doc), else ``None``: the pod is bound, finished or being deleted, asks no
+@dataclass(frozen=True, slots=True)
+class Stranded:
+    """What is said on a pod kube-scheduler will not retry as nodes grow: the Event
+    ``message`` and ``since``, the ``lastTransitionTime`` of the ``PodScheduled`` condition
+    that says it (RFC 3339 as written, ``""`` when missing): one Event per condition."""
+
+    message: str
+    since: str
+
+
+def stranded(pod: Json) -> Stranded | None:
+    """What to say on ``pod`` when kube-scheduler will not retry it as nodes grow (module
+    doc), else ``None``: the pod is bound, finished or being deleted, asks no
     ``UNADVERTISED_NAMES`` resource, or its ``PodScheduled`` condition is not kube-scheduler's
     ``Unschedulable`` naming an insufficient resource. Names quoted are bounded
-    (``MAX_NAMES_SHOWN``). Pure."""
+    (``MAX_NAMES_SHOWN``); the condition's message is searched in its first ``_SCANNED_CHARS``
+    characters. Pure."""
     if pod_node_name(pod) or pod_finished(pod) or pod_deleting(pod):
         return None
     ignored = sorted(pod_resource_names(pod) & UNADVERTISED_NAMES)
@@ -92,12 +103,13 @@ def stranded_message(pod: Json) -> str | None:
     insufficient = [n for n in dict.fromkeys(found) if n not in UNADVERTISED_NAMES]
     if not insufficient:
         return None
-    return (
+    message = (
         f"kube-scheduler refused this pod on its own resource check (Insufficient "
         f"{_names(insufficient)}). The pod asks {_names(ignored)}, which no node advertises, "
         "so kube-scheduler will not retry it when a node gets room or joins: it retries when "
         "a scheduled pod is deleted, or within 5 minutes (docs/troubleshooting.md)"
     )
+    return Stranded(message, condition.last_transition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +150,13 @@ class StrandedPods:
         if change.action is Action.DELETE:
             self._seen.pop(change.key, None)
             return
-        pod = change.obj
-        message = stranded_message(pod)
-        if message is None or not self._deciding():
+        if not self._deciding():
             return
-        condition = pod_condition(pod, "PodScheduled")
-        seen = _Seen(pod_uid(pod), condition.last_transition if condition else "")
+        pod = change.obj
+        found = stranded(pod)
+        if found is None:
+            return
+        seen = _Seen(pod_uid(pod), found.since)
         if self._seen.get(change.key) == seen:
             return
         self._seen.pop(change.key, None)
@@ -151,6 +164,6 @@ class StrandedPods:
             del self._seen[next(iter(self._seen))]
         self._seen[change.key] = seen
         self.said.inc()
-        log.warning("pod %s: %s", change.key, message)
+        log.warning("pod %s: %s", change.key, found.message)
         if seen.uid:
-            self._events.note(change.key, seen.uid, STRANDED_REASON, message, warning=True)
+            self._events.note(change.key, seen.uid, STRANDED_REASON, found.message, warning=True)

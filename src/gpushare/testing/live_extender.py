@@ -190,17 +190,23 @@ def http_get(
 
 @contextlib.contextmanager
 def extender_with_scheduler(
-    control_plane: ControlPlane, kubeconfig: Path, options: LiveOptions, scheduler_name: str
+    control_plane: ControlPlane,
+    kubeconfig: Path,
+    options: LiveOptions,
+    scheduler_name: str,
+    *,
+    dialects: bool = False,
 ) -> Iterator[ExtenderThread]:
     """The live extender on ``kubeconfig`` (ready: caches synced) and a kube-scheduler of its
     own (profile ``scheduler_name``) that calls it as the chart wires it
-    (``gpushare_extender``); both stopped after the ``with`` body."""
+    (``gpushare_extender``; ``dialects``: also for the gpu-manager and HAMi resources); both
+    stopped after the ``with`` body."""
     with ExtenderThread(kubeconfig, options) as extender:
         wait_for("extender /readyz 200", lambda: extender.get("/readyz")[0] == 200 or None)
         with control_plane.scheduler(
             f"kube-scheduler-{scheduler_name}",
             profiles=[{"schedulerName": scheduler_name}],
-            extenders=[gpushare_extender(extender.url_prefix)],
+            extenders=[gpushare_extender(extender.url_prefix, dialects=dialects)],
         ):
             yield extender
 

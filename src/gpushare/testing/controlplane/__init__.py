@@ -29,7 +29,11 @@ from gpushare.testing.controlplane.binaries import (
     REPO_ROOT,
     Binaries,
 )
-from gpushare.testing.controlplane.credentials import Credentials, write_kubeconfig
+from gpushare.testing.controlplane.credentials import (
+    Credentials,
+    unverified_kubeconfig,
+    write_kubeconfig,
+)
 from gpushare.testing.controlplane.errors import ControlPlaneError
 from gpushare.testing.controlplane.plane import (
     KWOK_NODE_ANNOTATION,
@@ -82,6 +86,7 @@ __all__ = [
     "http_ok",
     "scheduler_configuration",
     "unverified_context",
+    "unverified_kubeconfig",
     "wait_for",
     "wait_until",
     "write_kubeconfig",

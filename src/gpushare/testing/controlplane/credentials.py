@@ -87,21 +87,37 @@ class Credentials:
         return context
 
 
-def write_kubeconfig(path: Path, server: str, ca_cert: Path, user: Mapping[str, str]) -> Path:
-    """A one-context kubeconfig (JSON, which is YAML) for ``server`` with ``user`` credentials."""
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    ca_cert: Path | None,
+    user: Mapping[str, str],
+    *,
+    context: str = "test",
+) -> Path:
+    """A one-context kubeconfig (JSON, which is YAML; mode 0600) for ``server`` with ``user``
+    credentials, its current context named ``context``. ``ca_cert``: the CA that signs the
+    server's certificate, or ``None`` for ``insecure-skip-tls-verify`` (a server nothing
+    verifies: an unreachable address, a test's own listener)."""
+    cluster: dict[str, str | bool] = {"server": server}
+    if ca_cert is None:
+        cluster["insecure-skip-tls-verify"] = True
+    else:
+        cluster["certificate-authority"] = str(ca_cert)
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": "gpushare-test",
-                "cluster": {"server": server, "certificate-authority": str(ca_cert)},
-            }
-        ],
+        "clusters": [{"name": "gpushare-test", "cluster": cluster}],
         "users": [{"name": "user", "user": dict(user)}],
-        "contexts": [{"name": "test", "context": {"cluster": "gpushare-test", "user": "user"}}],
-        "current-context": "test",
+        "contexts": [{"name": context, "context": {"cluster": "gpushare-test", "user": "user"}}],
+        "current-context": context,
     }
     path.write_text(json.dumps(config, indent=2))
     path.chmod(0o600)
     return path
+
+
+def unverified_kubeconfig(path: Path, server: str, *, context: str = "test") -> Path:
+    """``write_kubeconfig`` for a server nothing verifies, with a token no API server accepts:
+    for the tests of what a client does before (or without) a real API server."""
+    return write_kubeconfig(path, server, None, {"token": "not-a-real-token"}, context=context)
