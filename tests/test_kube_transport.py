@@ -24,7 +24,7 @@ WAIT_S = 10.0
 
 
 async def _lightkube_get(server: SilentServer, tmp: Path) -> None:
-    path = unverified_kubeconfig(tmp / "kubeconfig", f"https://127.0.0.1:{server.port}")
+    path = unverified_kubeconfig(tmp / "kubeconfig", server.url)
     async with connect(path, trust_env=False) as client:
         await _interrupted(server, client.get(Node, "n1"))
 
@@ -32,11 +32,11 @@ async def _lightkube_get(server: SilentServer, tmp: Path) -> None:
 async def _httpx_get(server: SilentServer, tmp: Path) -> None:
     transport = closing_transport(False)
     async with httpx2.AsyncClient(transport=transport, trust_env=False) as client:
-        await _interrupted(server, client.get(f"https://127.0.0.1:{server.port}/"))
+        await _interrupted(server, client.get(server.url + "/"))
 
 
 async def _timed_out_get(server: SilentServer, tmp: Path) -> None:
-    path = unverified_kubeconfig(tmp / "kubeconfig", f"https://127.0.0.1:{server.port}")
+    path = unverified_kubeconfig(tmp / "kubeconfig", server.url)
     async with connect(path, trust_env=False) as client:
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.5):

@@ -26,6 +26,11 @@ class SilentServer:
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
+    @property
+    def url(self) -> str:
+        """``https://127.0.0.1:<port>``: what a TLS client is pointed at."""
+        return f"https://127.0.0.1:{self.port}"
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         try:
