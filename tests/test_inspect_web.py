@@ -11,6 +11,7 @@ last view) and recovers. The real command on a real cluster: ``tests/cluster/tes
 from __future__ import annotations
 
 import contextlib
+import http.client
 import re
 import time
 from collections.abc import Iterator
@@ -137,3 +138,37 @@ def test_an_unreadable_cluster_is_said_and_the_last_view_kept(serve: Any) -> Non
     text = text_of(dump_dom(serve(script), budget_ms=3000))
     assert "Cannot read the cluster: cannot reach the API server at x" in text
     assert "default/b 8" in text  # the last good view stays
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("127.0.0.1:{port}", 200),
+        ("localhost:{port}", 200),
+        ("127.0.0.1", 200),
+        ("evil.example:{port}", 400),  # DNS rebinding: a name of the attacker's at 127.0.0.1
+        ("127.0.0.1.evil.example:{port}", 400),
+        ("", 400),
+    ],
+    ids=["loopback", "localhost", "loopback without port", "another name", "a name like it",
+         "no host"],  # fmt: skip
+)
+@pytest.mark.parametrize("path", ["/", "/report.json"])
+def test_only_requests_naming_the_loopback_address_are_answered(
+    serve: Any, host: str, status: int, path: str
+) -> None:
+    url = serve(Script(report()))
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.putrequest("GET", path, skip_host=True)
+        if host:
+            connection.putheader("Host", host.format(port=port))
+        connection.endheaders()
+        response = connection.getresponse()
+        body = response.read()
+    finally:
+        connection.close()
+    assert response.status == status, body
+    if status == 400:
+        assert b"default/a" not in body

@@ -13,6 +13,11 @@ may read, to whoever reaches the port), run by uvicorn until Ctrl-C:
   (``gpushare.inspect.render.report_json``), read anew from the API server through the user's
   kubeconfig at each call; 503 with ``{"error": "<the one-line message>"}`` when it cannot be.
 
+Every request must name the loopback address in its ``Host`` header (``127.0.0.1`` or
+``localhost``, any port; starlette's ``TrustedHostMiddleware``): another name gets 400. A web
+page elsewhere cannot read the report by pointing a DNS name of its own at 127.0.0.1 (DNS
+rebinding): the browser sends that name as ``Host``.
+
 Nothing is installed in the cluster: the page reads what ``kubectl inspect gpushare`` reads.
 """
 
@@ -27,15 +32,19 @@ from typing import Any
 import click
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-__all__ = ["DEFAULT_WEB_PORT", "ReportError", "serve_gpu_map", "web_app"]
+__all__ = ["DEFAULT_WEB_PORT", "LOOPBACK_HOSTS", "ReportError", "serve_gpu_map", "web_app"]
 
 DEFAULT_WEB_PORT = 8089
 """The port ``--web`` serves on (``--web-port``)."""
 WEB_HOST = "127.0.0.1"
+LOOPBACK_HOSTS = (WEB_HOST, "localhost")
+"""The ``Host`` header values the GPU map answers (module doc); the port is not compared."""
 
 
 class ReportError(Exception):
@@ -50,7 +59,8 @@ def _page() -> str:
 
 
 def web_app(read_report: ReadReport) -> Starlette:
-    """The GPU map over ``read_report`` (the JSON report; ``ReportError`` when unreadable)."""
+    """The GPU map over ``read_report`` (the JSON report; ``ReportError`` when unreadable),
+    answering only requests whose ``Host`` is one of ``LOOPBACK_HOSTS`` (else 400)."""
     page = _page()
 
     async def index(request: Request) -> Response:
@@ -67,7 +77,8 @@ def web_app(read_report: ReadReport) -> Starlette:
         routes=[
             Route("/", index, methods=["GET"]),
             Route("/report.json", report, methods=["GET"]),
-        ]
+        ],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_HOSTS))],
     )
 
 
