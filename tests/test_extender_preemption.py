@@ -9,6 +9,7 @@ field names); the rest calls the ``Preemptor`` and ``Scheduler`` directly on one
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,10 +17,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from gpushare.core.model import ContainerAllocation
 from gpushare.core.policies import make_policy
 from gpushare.core.preemption import Hold
 from gpushare.extender.app import create_app
-from gpushare.extender.holds import BudgetBook, HoldBook
+from gpushare.extender.holds import HIGHEST_PRIORITY, BudgetBook, HoldBook
 from gpushare.extender.preemption import (
     EVENT_BLOCKED,
     EVENT_EXPIRED,
@@ -37,10 +39,11 @@ from gpushare.extender.wire import (
     MetaPod,
     MetaVictims,
 )
-from gpushare.kube.codec import MemoryUnit, pod_request, pod_uid
+from gpushare.kube.codec import MemoryUnit, pod_key, pod_priority, pod_request, pod_uid
 from gpushare.kube.codec.preemption import DisruptionBudget, holds_data
 from gpushare.testing.clock import ManualClock
 from gpushare.testing.extender import (
+    PodsOnServer,
     RecordingBinder,
     RecordingEvictor,
     RecordingHoldStore,
@@ -67,6 +70,7 @@ class Rig:
     wall: ManualClock = field(default_factory=lambda: ManualClock(NOW_S))
     clock: ManualClock = field(default_factory=ManualClock)
     budgets: BudgetBook = field(default_factory=BudgetBook)
+    server: PodsOnServer = field(default_factory=PodsOnServer)
     leading: bool = True
     preemptor: Preemptor = field(init=False)
     scheduler: Scheduler = field(init=False)
@@ -75,11 +79,12 @@ class Rig:
     def __post_init__(self) -> None:
         self.preemptor = Preemptor(
             self.state,
-            HoldBook(self.state.cluster.touch, clock=self.clock),
+            HoldBook(self.state.cluster.touch, clock=self.clock, wall_clock=self.wall),
             self.budgets,
             evictor=self.evictor,
             store=self.store,
             events=self.notes,
+            reader=self.server,
             deciding=lambda: self.leading,
             options=PreemptionOptions(wait_s=2.0, hold_margin_s=30.0),
             wall_clock=self.wall,
@@ -88,6 +93,17 @@ class Rig:
         self.scheduler = Scheduler(
             self.state, make_policy("binpack"), self.binder, preemptor=self.preemptor
         )
+
+    def pending(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """``pod`` (unbound) on the API server, and so in the extender's cache."""
+        self.server.pods[pod_key(pod)] = pod
+        self.state.observe_pod(pod)
+        return pod
+
+    def gone(self, key: str) -> None:
+        """Pod ``key`` deleted from the API server (and so from the cache)."""
+        self.server.pods.pop(key, None)
+        self.state.forget_pod(key)
 
     def node(self, name: str, gpus: int = 2, gib: int = 16) -> None:
         self.state.upsert_node(node_json(name, [gib] * gpus, unit=MemoryUnit.GIB))
@@ -105,8 +121,8 @@ def low(rig: Rig, name: str, node: str, *where: Any, **kw: Any) -> dict[str, Any
     )
 
 
-def high(gib: int, name: str = "high", **kw: Any) -> dict[str, Any]:
-    return pod_json(name, gib, priority=HIGH, **kw)
+def high(gib: int, name: str = "high", priority: int = HIGH, **kw: Any) -> dict[str, Any]:
+    return pod_json(name, gib, priority=priority, **kw)
 
 
 def uid(name: str) -> str:
@@ -137,7 +153,7 @@ def test_case_1_kube_schedulers_two_victims_on_two_gpus_become_two_on_one(rig: R
     low(rig, "b", "n1", 1, 8, EARLY)
     low(rig, "c", "n1", 0, 8, LATE)
     low(rig, "d", "n1", 1, 8, LATE)
-    pod = high(16)
+    pod = rig.pending(high(16))
     # kube-scheduler's dry run on the node total chose the two newest, one per GPU
     answer = run(
         rig.preemptor.preempt(
@@ -163,8 +179,7 @@ def test_victims_kube_scheduler_never_evicted_are_evicted_after_the_handover(rig
     rig.node("n1", gpus=1)
     low(rig, "a", "n1", 0, 8, EARLY)
     low(rig, "b", "n1", 0, 8, LATE)
-    pod = high(16)
-    rig.state.cluster.remember_pod(pod)
+    pod = rig.pending(high(16))
     offered = offer("n1", victims=("a", "b"))
     run(rig.preemptor.preempt(ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offered)))
     hold = rig.preemptor.holds.of("default/high")
@@ -188,7 +203,7 @@ def test_a_candidate_without_victims_as_kubernetes_1_38_sends_it_is_answered(rig
     low(rig, "b", "n1", 1, 12, LATE)
     answer = run(
         rig.preemptor.preempt(
-            ExtenderPreemptionArgs(high(8), node_name_to_meta_victims={"n1": None})
+            ExtenderPreemptionArgs(rig.pending(high(8)), node_name_to_meta_victims={"n1": None})
         )
     )
     assert answer.node_name_to_meta_victims == {"n1": MetaVictims([MetaPod(uid("b"))], 0)}
@@ -200,7 +215,9 @@ def test_case_4_a_pod_that_can_never_fit_drops_every_candidate(rig: Rig) -> None
         low(rig, f"p{i}", "n1", gpu, 8)
     offered = offer("n1", victims=("p1", "p2", "p3"))
     answer = run(
-        rig.preemptor.preempt(ExtenderPreemptionArgs(high(20), node_name_to_meta_victims=offered))
+        rig.preemptor.preempt(
+            ExtenderPreemptionArgs(rig.pending(high(20)), node_name_to_meta_victims=offered)
+        )
     )
     assert answer.node_name_to_meta_victims == {}
     assert rig.preemptor.holds.of("default/high") is None
@@ -221,7 +238,9 @@ def test_pods_that_may_not_preempt_keep_nothing(rig: Rig, pod: dict[str, Any]) -
     low(rig, "b", "n1", 1, 16)
     answer = run(
         rig.preemptor.preempt(
-            ExtenderPreemptionArgs(pod, node_name_to_meta_victims=offer("n1", victims=("a",)))
+            ExtenderPreemptionArgs(
+                rig.pending(pod), node_name_to_meta_victims=offer("n1", victims=("a",))
+            )
         )
     )
     assert answer.node_name_to_meta_victims == {}
@@ -232,7 +251,7 @@ def test_kube_schedulers_victims_without_gpus_are_kept(rig: Rig) -> None:
     rig.node("n1")
     low(rig, "a", "n1", 0, 16)
     low(rig, "b", "n1", 1, 16, LATE)
-    pod = high(16)
+    pod = rig.pending(high(16))
     offered: dict[str, MetaVictims | None] = {
         "n1": MetaVictims([MetaPod(uid("a")), MetaPod("cpu-only-uid")])
     }
@@ -250,7 +269,9 @@ def test_a_store_that_fails_keeps_no_hold_and_answers_no_node(rig: Rig) -> None:
     rig.store.failure = RuntimeError("API server away")
     answer = run(
         rig.preemptor.preempt(
-            ExtenderPreemptionArgs(high(16), node_name_to_meta_victims=offer("n1", victims=("a",)))
+            ExtenderPreemptionArgs(
+                rig.pending(high(16)), node_name_to_meta_victims=offer("n1", victims=("a",))
+            )
         )
     )
     assert answer.node_name_to_meta_victims == {}
@@ -264,8 +285,7 @@ def test_case_2_the_extender_evicts_one_12_gib_pod_after_the_wait(rig: Rig) -> N
     rig.node("n1")
     low(rig, "a", "n1", 0, 12, EARLY)
     low(rig, "b", "n1", 1, 12, LATE)
-    pod = high(8)
-    rig.state.cluster.remember_pod(pod)
+    pod = rig.pending(high(8))
     passed, failed = rig.filter(pod, "n1")
     assert (passed, list(failed)) == ([], ["n1"])
 
@@ -291,8 +311,7 @@ def test_a_preempt_call_within_the_wait_decides_instead(rig: Rig) -> None:
     low(rig, "b", "n1", 1, 12)
     low(rig, "c", "n2", 0, 16)  # n2: full; kube-scheduler offers it
     low(rig, "d", "n2", 1, 16, LATE)
-    pod = high(8)
-    rig.state.cluster.remember_pod(pod)
+    pod = rig.pending(high(8))
     rig.filter(pod, "n1")
     offered = offer("n2", victims=("d",))
     answer = run(
@@ -310,8 +329,7 @@ def test_a_budget_that_refuses_a_victim_blocks_every_eviction(rig: Rig) -> None:
     low(rig, "b", "n1", 0, 8, LATE, labels={"app": "x"})
     refusal = "Cannot evict pod as it would violate the pod's disruption budget."
     rig.evictor.refuse |= {"default/a": refusal, "default/b": refusal}
-    pod = high(16)
-    rig.state.cluster.remember_pod(pod)
+    pod = rig.pending(high(16))
     rig.filter(pod, "n1")
     rig.clock.now_s += 3
     run(rig.preemptor.tick())
@@ -329,7 +347,9 @@ def test_a_pod_disruption_budget_steers_the_choice(rig: Rig) -> None:
     rig.budgets.add([DisruptionBudget("default/db", "default", {"app": "db"}, (), 0, frozenset())])
     offered = offer("n1", victims=("guarded",))
     answer = run(
-        rig.preemptor.preempt(ExtenderPreemptionArgs(high(16), node_name_to_meta_victims=offered))
+        rig.preemptor.preempt(
+            ExtenderPreemptionArgs(rig.pending(high(16)), node_name_to_meta_victims=offered)
+        )
     )
     chosen = {p.uid for p in answer.node_name_to_meta_victims["n1"].pods or []}
     assert chosen == {uid("a"), uid("b")}
@@ -338,8 +358,7 @@ def test_a_pod_disruption_budget_steers_the_choice(rig: Rig) -> None:
 def test_a_follower_never_evicts(rig: Rig) -> None:
     rig.node("n1", gpus=1)
     low(rig, "a", "n1", 0, 16)
-    pod = high(8)
-    rig.state.cluster.remember_pod(pod)
+    pod = rig.pending(high(8))
     rig.filter(pod, "n1")
     rig.leading = False
     rig.clock.now_s += 3
@@ -355,8 +374,7 @@ def held(rig: Rig) -> Hold:
     rig.node("n1")
     low(rig, "a", "n1", 0, 12, EARLY)
     low(rig, "b", "n1", 1, 12, LATE)
-    pod = high(8)
-    rig.state.cluster.remember_pod(pod)
+    pod = rig.pending(high(8))
     rig.filter(pod, "n1")
     rig.clock.now_s += 3
     run(rig.preemptor.tick())
@@ -408,7 +426,7 @@ def test_holds_end_when_they_expire_or_the_preemptor_goes(rig: Rig) -> None:
     second = Rig()
     second.state.cluster.mark_synced()
     held(second)
-    second.state.forget_pod("default/high")
+    second.gone("default/high")
     run(second.preemptor.tick())
     assert second.preemptor.holds.of("default/high") is None
 
@@ -421,8 +439,7 @@ def test_a_new_leader_finishes_the_evictions_of_a_hold_and_decides_nothing_new(
     rig.node("n1")
     low(rig, "a", "n1", 0, 12, EARLY)
     low(rig, "b", "n1", 1, 12, LATE)
-    pod = high(8)
-    rig.state.cluster.remember_pod(pod)
+    pod = rig.pending(high(8))
     recorded = Hold(
         "default/high", uid("high"), "n1", HIGH,
         rig.preemptor.plans(pod, pod_request(pod), ["n1"])[0].assignment,
@@ -444,7 +461,7 @@ def test_the_preempt_verb_speaks_go_field_names(rig: Rig) -> None:
     low(rig, "a", "n1", 0, 16)
     app = create_app(rig.state, preemptor=rig.preemptor, expire_interval_s=None)
     body = {
-        "Pod": high(8),
+        "Pod": rig.pending(high(8)),
         "NodeNameToVictims": None,
         "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": uid("a")}], "NumPDBViolations": 0}},
     }
@@ -477,8 +494,7 @@ def test_inspect_shows_the_hold_and_the_preemptor_waiting_for_its_victims(rig: R
     rig.node("n1")
     low(rig, "a", "n1", 0, 12, EARLY)
     victim = low(rig, "b", "n1", 1, 12, LATE)
-    pod = high(8)
-    rig.state.observe_pod(pod)  # the watch lists pending GPU pods too
+    pod = rig.pending(high(8))  # the watch lists pending GPU pods too
     rig.filter(pod, "n1")
     rig.clock.now_s += 3
     run(rig.preemptor.tick())
@@ -492,3 +508,185 @@ def test_inspect_shows_the_hold_and_the_preemptor_waiting_for_its_victims(rig: R
     (pending,) = report["pending"]
     assert pending["waiting"]["pod"] == "default/high"
     assert pending["reason"].startswith("waits for its victims: GPU 1 (8) on node n1")
+
+
+# --- trust: nothing is decided on a request body's or a hold's word --------------------------
+
+TOP = 2**31 - 1
+
+
+def refusals(rig: Rig, what: str) -> float:
+    return float(rig.preemptor.metrics.refusals.labels(what)._value.get())
+
+
+def full_node(rig: Rig) -> None:
+    """n1: two 16 GiB GPUs full of priority-100 pods a and b."""
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 16, EARLY)
+    low(rig, "b", "n1", 1, 16, LATE)
+
+
+@pytest.mark.parametrize(
+    ("on_server", "body", "counted"),
+    [
+        (None, high(16, name="phantom", priority=TOP), True),
+        (pod_json("decoy", 16, priority=LOW), pod_json("decoy", 16, priority=TOP), False),
+        (high(16), high(16, uid="another-incarnation"), True),
+        (high(16, node="n2"), high(16), False),
+        (high(16, deleting=True), high(16), False),
+        (high(16, preemption_policy="Never"), high(16), False),
+    ],
+    ids=[
+        "a pod the API server does not have",
+        "a low-priority pod whose body claims the top priority",
+        "a pod under another UID",
+        "a pod already bound",
+        "a pod being deleted",
+        "a pod that may not preempt whose body says it may",
+    ],
+)
+def test_a_preempt_body_only_names_the_pod_the_api_server_describes(
+    rig: Rig, on_server: dict[str, Any] | None, body: dict[str, Any], counted: bool
+) -> None:
+    full_node(rig)
+    if on_server is not None:
+        rig.pending(on_server)
+    offered = offer("n1", victims=("a",))
+    answer = run(
+        rig.preemptor.preempt(ExtenderPreemptionArgs(body, node_name_to_meta_victims=offered))
+    )
+    run(rig.preemptor.drain())
+    rig.clock.now_s += 30
+    rig.wall.now_s += 30
+    run(rig.preemptor.tick())
+    assert answer.node_name_to_meta_victims == {}
+    assert rig.preemptor.holds.all() == []
+    assert rig.store.holds == {}
+    assert rig.evictor.calls == []
+    assert refusals(rig, "request") == (1.0 if counted else 0.0)
+
+
+def test_a_filter_body_for_a_pod_the_api_server_does_not_have_preempts_nothing(
+    rig: Rig,
+) -> None:
+    full_node(rig)
+    phantom = high(16, name="phantom", priority=TOP)
+    assert rig.filter(phantom, "n1")[0] == []
+    rig.clock.now_s += 3  # past the wait for kube-scheduler's preempt call
+    run(rig.preemptor.tick())
+    assert rig.evictor.calls == []
+    assert rig.preemptor.holds.all() == []
+    assert refusals(rig, "request") == 1.0
+
+
+def test_a_filter_body_cannot_raise_a_real_pods_priority(rig: Rig) -> None:
+    full_node(rig)
+    decoy = rig.pending(pod_json("decoy", 16, priority=LOW))
+    assert rig.filter({**decoy, "spec": {**decoy["spec"], "priority": TOP}}, "n1")[0] == []
+    rig.clock.now_s += 3
+    run(rig.preemptor.tick())
+    assert rig.evictor.calls == []  # at priority 100 (the API server's) a and b are peers
+    assert rig.preemptor.holds.all() == []
+
+
+def forged(rig: Rig, preemptor: dict[str, Any], victim: str, **changes: Any) -> Hold:
+    """A hold as someone with write access to the ConfigMap could write it: ``preemptor`` to
+    get GPU 1 of n1 once ``victim`` (``namespace/name``) is evicted by the extender."""
+    priority = pod_priority(preemptor)
+    hold = Hold(
+        pod_key(preemptor), pod_uid(preemptor), "n1", priority,
+        (ContainerAllocation("main", (1,), 16),), (victim,), (uid(victim.split("/")[1]),),
+        NOW_S - 1, NOW_S + 50,
+    )  # fmt: skip
+    return dataclasses.replace(hold, **changes)
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("victim of higher priority", "victim default/vip has priority 1000, not below"),
+        ("priority the preemptor does not have", "it says priority 1000, the API server says"),
+        ("victim on another node", "victim default/far is on node n2, not n1"),
+        ("preemptor that may not preempt", "may not preempt (preemptionPolicy: Never)"),
+        ("node the extender does not know", "node nowhere is unknown"),
+    ],
+)
+def test_a_hold_is_checked_against_the_api_server_before_anyone_is_evicted(
+    rig: Rig, case: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 8, EARLY)
+    bound_pod(rig.state, "vip", "n1", {0: 8}, priority=HIGH, started=EARLY)
+    low(rig, "b", "n1", 1, 16, LATE)
+    rig.node("n2", gpus=1)
+    low(rig, "far", "n2", 0, 16)
+    decoy = rig.pending(pod_json("decoy", 16, priority=LOW))
+    urgent = rig.pending(high(16, name="urgent"))
+    never = rig.pending(high(16, name="never", preemption_policy="Never"))
+    hold = {
+        "victim of higher priority": forged(rig, decoy, "default/vip"),
+        "priority the preemptor does not have": forged(rig, decoy, "default/b", priority=HIGH),
+        "victim on another node": forged(rig, urgent, "default/far"),
+        "preemptor that may not preempt": forged(rig, never, "default/b"),
+        "node the extender does not know": forged(rig, urgent, "default/b", node="nowhere"),
+    }[case]
+    rig.preemptor.holds.replace({"metadata": {}, "data": holds_data([hold])})
+    run(rig.preemptor.tick())
+    run(rig.preemptor.drain())
+    assert rig.evictor.calls == []
+    assert rig.preemptor.holds.all() == []
+    assert refusals(rig, "hold") == 1.0
+    assert why in caplog.text
+
+
+def test_the_preemptor_is_read_anew_before_its_victims_are_evicted(rig: Rig) -> None:
+    """The cache still has the preemptor; the API server no longer does: nobody is evicted."""
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 12, EARLY)
+    low(rig, "b", "n1", 1, 12, LATE)
+    pod = rig.pending(high(8))
+    rig.filter(pod, "n1")
+    del rig.server.pods["default/high"]  # deleted; the watch has not told the cache yet
+    rig.clock.now_s += 3
+    run(rig.preemptor.tick())
+    assert rig.evictor.evicted == []
+    assert "default/high" in rig.server.reads
+
+
+@pytest.mark.parametrize(
+    ("created_s", "expires_s", "priority", "capped_to"),
+    [
+        (NOW_S - 5, NOW_S + 55, HIGH, (NOW_S - 5, NOW_S + 55, HIGH)),
+        (NOW_S - 5, NOW_S + 86_400, HIGH, (NOW_S - 5, NOW_S - 5 + 600, HIGH)),
+        (NOW_S + 86_400, NOW_S + 86_460, HIGH, (NOW_S, NOW_S + 60, HIGH)),
+        (NOW_S, NOW_S + 60, 2**31, (NOW_S, NOW_S + 60, HIGHEST_PRIORITY)),
+    ],
+    ids=[
+        "within bounds",
+        "expiring past the longest hold",
+        "created in the future",
+        "above any priority",
+    ],
+)
+def test_holds_from_the_configmap_are_capped_as_they_are_read(
+    created_s: float, expires_s: float, priority: int, capped_to: tuple[float, float, int]
+) -> None:
+    book = HoldBook(max_life_s=600, wall_clock=lambda: NOW_S)
+    gpu = (ContainerAllocation("main", (0,), 8),)
+    hold = Hold("default/p", "u", "n1", priority, gpu, (), (), created_s, expires_s)
+    book.replace({"metadata": {}, "data": holds_data([hold])})
+    (read,) = book.all()
+    assert (read.created_s, read.expires_s, read.priority) == capped_to
+
+
+def test_a_hold_written_to_last_a_day_ends_at_the_longest_hold(rig: Rig) -> None:
+    rig.node("n1")
+    low(rig, "a", "n1", 0, 16, EARLY)
+    decoy = rig.pending(pod_json("decoy", 16, priority=LOW))
+    hold = forged(rig, decoy, "default/a", victims=(), victim_uids=(), expires_s=NOW_S + 86_400)
+    rig.preemptor.holds.replace({"metadata": {}, "data": holds_data([hold])})
+    run(rig.preemptor.tick())
+    assert rig.preemptor.holds.of("default/decoy") is not None
+    rig.wall.now_s += 600
+    run(rig.preemptor.tick())
+    assert rig.preemptor.holds.of("default/decoy") is None

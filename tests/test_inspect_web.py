@@ -150,8 +150,14 @@ def test_an_unreadable_cluster_is_said_and_the_last_view_kept(serve: Any) -> Non
         ("127.0.0.1.evil.example:{port}", 400),
         ("", 400),
     ],
-    ids=["loopback", "localhost", "loopback without port", "another name", "a name like it",
-         "no host"],  # fmt: skip
+    ids=[
+        "loopback",
+        "localhost",
+        "loopback without port",
+        "another name",
+        "a name like it",
+        "no host",
+    ],
 )
 @pytest.mark.parametrize("path", ["/", "/report.json"])
 def test_only_requests_naming_the_loopback_address_are_answered(

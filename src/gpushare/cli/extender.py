@@ -400,7 +400,11 @@ def extender(
             nodes_from_requests=True,
             limits=limits,
             preemptor=(
-                Preemptor(state, HoldBook(state.cluster.touch), options=preemption_options)
+                Preemptor(
+                    state,
+                    HoldBook(state.cluster.touch, max_life_s=preemption_options.hold_max_s),
+                    options=preemption_options,
+                )
                 if preemption_options is not None
                 else None
             ),

@@ -179,7 +179,12 @@ class BindVerb:
         return ExtenderBindingResult(message)
 
     async def _bind(self, key: str, args: ExtenderBindingArgs) -> tuple[str, Allocation | None]:
-        pod = self._state.cluster.pod(key)
+        # The API server's copy when the watch has brought this incarnation, else the copy of
+        # kube-scheduler's filter request (the pod is new): a request body never overrides
+        # what the API server says of the pod it names (its request, its priority).
+        pod = self._state.cluster.api_pod(key)
+        if pod is None or (args.pod_uid and pod_uid(pod) != args.pod_uid):
+            pod = self._state.cluster.pod(key)
         if pod is None:
             return f"gpushare: pod {key} unknown to the extender (never seen)", None
         if args.pod_uid and pod_uid(pod) and pod_uid(pod) != args.pod_uid:

@@ -10,12 +10,20 @@ that lost the lead forgets what it wrote but never saw), so a late watch event o
 ConfigMap never hides a hold just made. Every change calls ``touch(node)`` for the nodes it
 affects (``ExtenderState.touch``: per-node caches see it).
 
+What the ConfigMap says is input, not instructions: each hold read from it is capped as it is
+read (``capped``): created no later than now, expiring at most ``max_life_s`` after it was
+created (``--preemption-hold-max``), and of a priority no pod can exceed
+(:data:`HIGHEST_PRIORITY`). Whether its preemptor and victims are what it says is checked
+against the API server by the preemption loop before it counts for an eviction
+(``gpushare.extender.preemption``, "Trust").
+
 :class:`BudgetBook` holds the PodDisruptionBudgets (``gpushare.kube.codec.preemption``). A
 budget whose selector cannot be read selects nothing and is logged once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -30,14 +38,37 @@ from gpushare.kube.codec.preemption import (
 )
 from gpushare.kube.watch import Action, Change
 
-__all__ = ["BudgetBook", "HoldBook"]
+__all__ = ["HIGHEST_PRIORITY", "BudgetBook", "HoldBook", "capped"]
 
 log = logging.getLogger(__name__)
+
+HIGHEST_PRIORITY = 2_000_001_000
+"""The highest priority a pod can have: ``system-node-critical`` (Kubernetes'
+``scheduling.SystemCriticalPriority`` + 1000, ``pkg/apis/scheduling/types.go``)."""
+
+
+def capped(hold: Hold, *, now_s: float, max_life_s: float) -> Hold:
+    """``hold`` as far as anyone may ask (module doc): created at most at ``now_s``
+    (seconds since the Unix epoch), lasting what it says but at most ``max_life_s`` from its
+    creation, of a priority of at most :data:`HIGHEST_PRIORITY`; ``hold`` itself when nothing
+    is cut."""
+    life_s = hold.expires_s - hold.created_s
+    if hold.created_s <= now_s and life_s <= max_life_s and hold.priority <= HIGHEST_PRIORITY:
+        return hold
+    created_s = min(hold.created_s, now_s)
+    return dataclasses.replace(
+        hold,
+        created_s=created_s,
+        expires_s=created_s + max(0.0, min(life_s, max_life_s)),
+        priority=min(hold.priority, HIGHEST_PRIORITY),
+    )
 
 
 class HoldBook:
     """The preemption holds this replica knows (module doc). ``touch`` is called with each node
-    whose holds changed; ``clock`` (monotonic seconds) times local writes."""
+    whose holds changed; ``clock`` (monotonic seconds) times local writes; ``max_life_s``
+    (seconds) and ``wall_clock`` (seconds since the Unix epoch) cap the holds the ConfigMap
+    brings (``capped``)."""
 
     def __init__(
         self,
@@ -45,10 +76,14 @@ class HoldBook:
         *,
         local_ttl_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        max_life_s: float = 600.0,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._touch = touch
         self._local_ttl_s = local_ttl_s
         self._clock = clock
+        self._max_life_s = max_life_s
+        self._wall_clock = wall_clock
         self._stored: dict[str, Hold] = {}  # by preemptor key, as the ConfigMap says
         self._local: dict[str, tuple[Hold | None, float]] = {}  # key -> (hold or drop, when)
         self._view: dict[str, Hold] = {}
@@ -69,7 +104,10 @@ class HoldBook:
             for problem in problems:
                 log.warning("preemption hold refused: %s", problem)
         self.problems = problems
-        self._stored = {hold.pod: hold for hold in holds}
+        now_s = self._wall_clock()
+        self._stored = {
+            hold.pod: capped(hold, now_s=now_s, max_life_s=self._max_life_s) for hold in holds
+        }
         now = self._clock()
         for key, (hold, at) in list(self._local.items()):
             if self._stored.get(key) == hold or now - at > self._local_ttl_s:

@@ -98,6 +98,7 @@ from gpushare.kube.evictions import Evictor
 from gpushare.kube.holds import DEFAULT_HOLDS, HoldStore
 from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.kube.peers import PeerPods
+from gpushare.kube.podreader import PodReader
 from gpushare.kube.requeue import PodRequeuer
 from gpushare.kube.watch import Backoff
 
@@ -257,7 +258,10 @@ class LiveExtender:
             on_release=self.requeuer.released,
         )
         self.feeder.attach(self.cache)
-        self.holds = HoldBook(self._holds_changed)
+        self.holds = HoldBook(
+            self._holds_changed,
+            max_life_s=(options.preemption or PreemptionOptions()).hold_max_s,
+        )
         self.budgets = BudgetBook()
         self.cache.on_holds(self.holds.on_change)
         self.cache.on_budget(self.budgets.on_change)
@@ -320,6 +324,7 @@ class LiveExtender:
                 evictor=Evictor(client),
                 store=HoldStore(client, *options.holds_configmap),
                 events=self.events,
+                reader=PodReader(client),
                 deciding=self._deciding,
                 options=options.preemption,
                 registry=self.registry,

@@ -36,7 +36,23 @@ its own dry run found victims (docs/usage.md, "Priorities and preemption", has t
 
 Only the replica that decides (the leader) preempts or writes holds; every replica reads them.
 A pod with ``preemptionPolicy: Never`` never preempts; pods of equal or higher priority are
-never victims. Events name node, GPU and amounts on the preemptor (``GPUPreemption``,
+never victims.
+
+**Trust.** Nothing a request body or a hold says is taken as the preemptor's word. The
+preemptor is the API server's pod: the extender's cache of it (a watch of the API server) for
+deciding, read anew (``reader``, a ``GET``) before any eviction. A ``filter`` or ``preempt``
+body only names a pod (namespace, name and UID); a pod the API server does not have pending
+under that UID is refused (``gpushare_extender_preemption_refusals_total{what="request"}``),
+and its priority, ``preemptionPolicy`` and request are always read from the API server's copy.
+A hold (the extender's own or one read from the ConfigMap, ``gpushare.extender.holds``: capped
+in time and priority as it is read) is checked at every round of the loop and again, against
+the fresh read, before its victims are evicted: its preemptor pending, of the hold's priority
+and allowed to preempt; each victim still there on the hold's node, holding GPUs there (the
+ledger's allocation) and of lower priority than the preemptor. A hold that fails is dropped
+(from the ConfigMap too), with a warning naming what failed, and nobody is evicted for it
+(``...refusals_total{what="hold"}``; its end ``refused``).
+
+Events name node, GPU and amounts on the preemptor (``GPUPreemption``,
 ``GPUPreemptionBlocked``, ``GPUPreemptionHoldExpired``) and on each victim
 (``PreemptedForGPU``); metrics: :class:`PreemptionMetrics`.
 """
@@ -152,6 +168,15 @@ class PreemptionEvents(Protocol):
         ...
 
 
+class ReadsPods(Protocol):
+    """Reads one pod from the API server now (``gpushare.kube.podreader.PodReader``)."""
+
+    async def read(self, pod: PodRef) -> Json | None:
+        """This incarnation of ``pod`` as the API server has it; ``None`` when it is gone;
+        raises on API trouble."""
+        ...
+
+
 class Evicts(Protocol):
     """Evicts pods (``gpushare.kube.evictions.Evictor``)."""
 
@@ -203,11 +228,16 @@ class PreemptionMetrics:
       (``gpushare``, ``kube-scheduler``);
     * ``gpushare_extender_preemption_holds``: holds now;
     * ``gpushare_extender_preemption_hold_seconds{end}``: how long holds lasted, by how they
-      ended (``bound``, ``gone``, ``expired``, ``superseded``).
+      ended (``bound``, ``gone``, ``expired``, ``superseded``, ``refused``: it failed the
+      checks of "Trust", module doc);
+    * ``gpushare_extender_preemption_refusals_total{what}``: what preemption refused to act
+      on: ``request`` (a ``filter`` or ``preempt`` for a pod the API server does not have
+      pending under that UID), ``hold`` (a hold that failed its checks).
     """
 
     OUTCOMES = ("evicted", "delegated", "waiting", "dropped", "blocked")
-    ENDS = ("bound", "gone", "expired", "superseded")
+    ENDS = ("bound", "gone", "expired", "superseded", "refused")
+    REFUSED = ("request", "hold")
 
     def __init__(self, holds: HoldBook, registry: CollectorRegistry) -> None:
         self.preemptions = Counter(
@@ -229,8 +259,17 @@ class PreemptionMetrics:
             buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=registry,
         )
+        self.refusals = Counter(
+            "gpushare_extender_preemption_refusals",
+            "Preemption requests and holds refused because the API server does not confirm "
+            "them, by what was refused.",
+            ["what"],
+            registry=registry,
+        )
         for outcome in self.OUTCOMES:
             self.preemptions.labels(outcome)
+        for what in self.REFUSED:
+            self.refusals.labels(what)
         for evictor in (EXTENDER, SCHEDULER):
             self.victims.labels(evictor)
         for end in self.ENDS:
@@ -258,8 +297,10 @@ class _Victim:
 class Preemptor:
     """Preemption for one extender (module doc). ``deciding`` says whether this replica may
     act now (the leader); ``evictor``/``store``/``events`` are the API adapters (``None``:
-    nothing is evicted, written or recorded: the in-memory extender);
-    ``wall_clock``/``clock``: seconds since the epoch / monotonic."""
+    nothing is evicted, written or recorded: the in-memory extender); ``reader`` reads the
+    preemptor anew before evictions and when the cache lacks it (``None``: the cache's copy
+    is the freshest there is); ``wall_clock``/``clock``: seconds since the epoch /
+    monotonic."""
 
     def __init__(
         self,
@@ -270,6 +311,7 @@ class Preemptor:
         evictor: Evicts | None = None,
         store: HoldWriter | None = None,
         events: PreemptionEvents | None = None,
+        reader: ReadsPods | None = None,
         deciding: Callable[[], bool] = lambda: True,
         options: PreemptionOptions | None = None,
         registry: CollectorRegistry | None = None,
@@ -283,6 +325,7 @@ class Preemptor:
         self._evictor = evictor
         self._store = store
         self._events = events
+        self._reader = reader
         self._deciding = deciding
         self._wall = wall_clock
         self._clock = clock
@@ -292,6 +335,8 @@ class Preemptor:
         self._busy: set[str] = set()
         self._tries: dict[str, _Victim] = {}  # victim UID -> last eviction try
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refusals_logged = -1e18  # monotonic: when a refused request was last logged
+        self._refusals_quiet = 0  # refused requests not logged since
         # pod key -> (its object, its allocation, the budgets' version, what it reads as):
         # the state replaces a pod's dict on every change, so an entry is valid while both are
         # the very objects it was read from.
@@ -342,7 +387,7 @@ class Preemptor:
         residents = []
         version = self.budgets.version
         for allocation in self.state.reservations.allocations(node):
-            pod = self.state.cluster.pod(allocation.pod)
+            pod = self.state.cluster.api_pod(allocation.pod)
             known = self._read.get(allocation.pod)
             if (
                 known is not None
@@ -417,20 +462,117 @@ class Preemptor:
         else:
             plan.nodes.update(refused)
 
+    # -- trust (module doc) ---------------------------------------------------------------
+
+    def _cached(self, key: str, uid: str) -> Json | None:
+        """The API server's copy of pod ``key`` in the cache, if it is incarnation ``uid``."""
+        pod = self.state.cluster.api_pod(key)
+        return pod if pod is not None and uid and pod_uid(pod) == uid else None
+
+    async def _fresh(self, key: str, uid: str) -> Json | None:
+        """Incarnation ``uid`` of pod ``key`` read from the API server now (the cache's copy
+        without a ``reader``); ``None`` when it is gone; raises on API trouble."""
+        namespace, slash, name = key.partition("/")
+        if self._reader is None or not slash or not uid:
+            return self._cached(key, uid)
+        return await self._reader.read(PodRef(namespace, name, uid))
+
+    async def _asked(self, key: str, uid: str) -> Json | None:
+        """The pod a request names, as the API server has it, if it is pending (the cache's
+        copy, or a fresh read when the cache has none yet). ``None`` when it is bound or
+        going (nothing to do), and when there is no such pod: that is counted and logged
+        (``_refused_request``)."""
+        pod = self._cached(key, uid)
+        if pod is None:
+            try:
+                pod = await self._fresh(key, uid) if self._reader is not None else None
+            except Exception as error:
+                log.info("preemption: pod %s could not be read: %s", key, error)
+                return None
+            if pod is None:
+                self._refused_request(key, uid)
+                return None
+        return pod if _is_pending(pod) else None
+
+    def _refused_request(self, key: str, uid: str) -> None:
+        """Count a request for a pod the API server does not have pending; log it at most
+        once a minute (a forged body must not flood the log)."""
+        self.metrics.refusals.labels("request").inc()
+        now = self._clock()
+        if now - self._refusals_logged < 60.0:
+            self._refusals_quiet += 1
+            return
+        quiet, self._refusals_quiet, self._refusals_logged = self._refusals_quiet, 0, now
+        more = f" ({quiet} more such requests in the last minute)" if quiet else ""
+        log.warning(
+            "preemption refused for pod %s (UID %s): the API server has no such pending pod; "
+            "nothing is held or evicted for a request body's word%s",
+            key, uid or "none", more,
+        )  # fmt: skip
+
+    def _untrusted(self, hold: Hold, preemptor: Json) -> str:
+        """Why ``hold`` may not be acted on with ``preemptor`` (the API server's pending
+        copy of its pod), or ``""`` (module doc, "Trust")."""
+        if not pod_preempts(preemptor):
+            return f"its preemptor {hold.pod} may not preempt (preemptionPolicy: Never)"
+        priority = pod_priority(preemptor)
+        if hold.priority != priority:
+            return (
+                f"it says priority {hold.priority}, the API server says {hold.pod} has "
+                f"priority {priority}"
+            )
+        if self.state.cluster.node(hold.node) is None:
+            return f"node {hold.node} is unknown"
+        for victim, uid in zip(hold.victims, hold.victim_uids, strict=True):
+            pod = self.state.cluster.api_pod(victim)
+            if pod is None or pod_uid(pod) != uid or pod_finished(pod):
+                continue  # gone: nothing to evict
+            node = pod_node_name(pod)
+            if node != hold.node:
+                return f"victim {victim} is on node {node or '(none)'}, not {hold.node}"
+            allocation = self.state.reservations.allocation(victim)
+            if allocation is None or allocation.node != hold.node:
+                return f"victim {victim} holds no GPU on node {hold.node}"
+            if pod_priority(pod) >= priority:
+                return (
+                    f"victim {victim} has priority {pod_priority(pod)}, not below the "
+                    f"preemptor's {priority}"
+                )
+        return ""
+
+    def _refuse(self, hold: Hold, why: str) -> None:
+        """Drop ``hold``, which failed its checks: nobody is evicted for it."""
+        if self.holds.of(hold.pod) is None:
+            return
+        self.metrics.refusals.labels("hold").inc()
+        log.warning(
+            "preemption hold of %s (UID %s) on node %s refused and dropped: %s",
+            hold.pod, hold.uid, hold.node, why,
+        )  # fmt: skip
+        self._end(hold, "refused")
+
     # -- the preempt verb ----------------------------------------------------------------
 
     async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
-        """kube-scheduler's ``preempt`` verb (module doc)."""
-        pod = args.pod
+        """kube-scheduler's ``preempt`` verb (module doc). The body names the pod; what the
+        pod is (priority, ``preemptionPolicy``, request) is the API server's ("Trust")."""
         try:
-            key, request = pod_key(pod), pod_request(pod)
+            key = pod_key(args.pod)
         except CodecError as error:
             log.info("preempt: pod cannot be read, no candidate kept: %s", error)
             return ExtenderPreemptionResult()
-        uid = pod_uid(pod)
-        offered = _offered(args)
+        uid = pod_uid(args.pod)
         plan = self._plans.pop(key, None)
-        if not request.gpu_containers or not pod_preempts(pod) or not uid:
+        pod = await self._asked(key, uid)
+        if pod is None:
+            return ExtenderPreemptionResult()
+        try:
+            request = pod_request(pod)
+        except CodecError as error:
+            log.info("preempt: pod %s cannot be read, no candidate kept: %s", key, error)
+            return ExtenderPreemptionResult()
+        offered = _offered(args)
+        if not request.gpu_containers or not pod_preempts(pod):
             return ExtenderPreemptionResult()
         if self.holds.of(key) is not None or key in self._busy:
             return ExtenderPreemptionResult()  # its victims are terminating: wait for them
@@ -474,7 +616,7 @@ class Preemptor:
         are replaced by the extender's; its others (chosen for CPU or memory) are kept."""
         uids: set[str] = set()
         for allocation in self.state.reservations.allocations(node):
-            pod = self.state.cluster.pod(allocation.pod)
+            pod = self.state.cluster.api_pod(allocation.pod)
             if pod is not None:
                 uids.add(pod_uid(pod))
         return uids
@@ -504,13 +646,15 @@ class Preemptor:
 
     async def tick(self) -> None:
         """One round: the plans whose wait is over, then every hold (module doc)."""
+        if not self.state.cluster.synced:
+            return  # holds are judged against the pods: all of them must be known
         now = self._clock()
         for key, plan in list(self._plans.items()):
             if plan.due > now:
                 continue
             del self._plans[key]
-            pod = self.state.cluster.pod(key)
-            if pod is None or pod_uid(pod) != plan.uid or pod_node_name(pod):
+            pod = await self._asked(key, plan.uid)
+            if pod is None:
                 continue
             try:
                 request = pod_request(pod)
@@ -540,10 +684,10 @@ class Preemptor:
     def _hold(self, pod: Json, request: PodAsk, best: Preemption, evictor: str) -> Hold:
         """The hold that keeps ``best``'s GPUs for ``pod`` (module doc, "holds")."""
         now = self._wall()
-        victims = [self.state.cluster.pod(v) for v in best.victims]
+        victims = [self.state.cluster.api_pod(v) for v in best.victims]
         graces = [
             _grace_s(p, self.options.default_grace_s)
-            for p in [*victims, *(self.state.cluster.pod(w) for w in best.waiting_for)]
+            for p in [*victims, *(self.state.cluster.api_pod(w) for w in best.waiting_for)]
             if p is not None
         ]
         life = min(self.options.hold_max_s, max(graces, default=0.0) + self.options.hold_margin_s)
@@ -641,23 +785,42 @@ class Preemptor:
 
     async def _evict(self, hold: Hold) -> None:
         """Evict the victims of ``hold`` still running and not tried in the last few seconds;
-        for a hold answered to kube-scheduler, only once ``handover_s`` has passed."""
+        for a hold answered to kube-scheduler, only once ``handover_s`` has passed. Before the
+        first eviction the preemptor is read anew and the hold checked against it ("Trust",
+        module doc): a hold that fails is dropped and nobody is evicted."""
         if self._evictor is None:
             return
         handed_over = hold.evictor != EXTENDER
         if handed_over and self._wall() - hold.created_s < self.options.handover_s:
             return
         now = self._clock()
+        due: list[tuple[str, str]] = []
         for victim, uid in zip(hold.victims, hold.victim_uids, strict=True):
-            pod = self.state.cluster.pod(victim)
+            pod = self.state.cluster.api_pod(victim)
             if pod is None or pod_uid(pod) != uid or pod_deleting(pod) or pod_finished(pod):
                 continue
             tried = self._tries.setdefault(uid, _Victim())
             if now - tried.tried < self.options.retry_s / 2:
                 continue
+            due.append((victim, uid))
+        if not due or not self._deciding():
+            return  # only the leader evicts
+        try:
+            preemptor = await self._fresh(hold.pod, hold.uid)
+        except Exception as error:
+            log.info("preemption for %s: its pod could not be read, nobody evicted: %s",
+                     hold.pod, error)  # fmt: skip
+            return
+        if preemptor is None or not _is_pending(preemptor):
+            return  # gone or bound: the next round ends the hold
+        why = self._untrusted(hold, preemptor)
+        if why:
+            self._refuse(hold, why)
+            return
+        for victim, uid in due:
             if not self._deciding():
-                return  # only the leader evicts
-            tried.tried = now
+                return
+            self._tries[uid].tried = now
             if handed_over:
                 log.info(
                     "preemption for %s: %s still runs %.0f s after the answer to kube-scheduler "
@@ -676,11 +839,19 @@ class Preemptor:
         evictions a hold names (after a restart or a failed call)."""
         now = self._wall()
         for hold in self.holds.all():
-            pod = self.state.cluster.pod(hold.pod)
-            if pod is None or pod_uid(pod) != hold.uid or pod_finished(pod):
+            pod = self._cached(hold.pod, hold.uid)
+            if pod is None and self._reader is not None:
+                try:  # a preemptor the watch has not brought yet
+                    pod = await self._fresh(hold.pod, hold.uid)
+                except Exception as error:
+                    log.info("preemption: the preemptor %s could not be read: %s", hold.pod, error)
+                    continue
+            if pod is None or pod_finished(pod):
                 self._end(hold, "gone")
             elif pod_node_name(pod):
                 self._end(hold, "bound")
+            elif why := self._untrusted(hold, pod):
+                self._refuse(hold, why)
             elif now >= hold.expires_s:
                 self._end(hold, "expired")
                 self._note(
@@ -746,7 +917,7 @@ class Preemptor:
                 if allocation is not None
                 else "its GPUs"
             )
-            victim_pod = self.state.cluster.pod(victim)
+            victim_pod = self.state.cluster.api_pod(victim)
             own = pod_priority(victim_pod) if victim_pod is not None else "?"
             self._note(
                 victim,
@@ -755,6 +926,11 @@ class Preemptor:
                 f"gpushare: preempted to free {freed} of node {hold.node} for pod {hold.pod} "
                 f"(priority {hold.priority} > {own})",
             )
+
+
+def _is_pending(pod: Json) -> bool:
+    """Whether ``pod`` waits to be scheduled: unbound, not being deleted, not finished."""
+    return not (pod_node_name(pod) or pod_deleting(pod) or pod_finished(pod))
 
 
 def _offered(args: ExtenderPreemptionArgs) -> dict[str, list[str]]:

@@ -32,6 +32,7 @@ from gpushare.kube.codec import (
     MemoryUnit,
     allocation_annotations,
     pod_request,
+    pod_uid,
 )
 from gpushare.kube.evictions import Eviction, EvictionOutcome
 from gpushare.kube.refs import PodRef
@@ -310,6 +311,22 @@ class RecordingEvictor:
         if pod.key in self.refuse:
             return Eviction(pod, EvictionOutcome.REFUSED, self.refuse[pod.key], dry_run)
         return Eviction(pod, EvictionOutcome.EVICTED, "", dry_run)
+
+
+@dataclass
+class PodsOnServer:
+    """A pod reader (``gpushare.extender.preemption.ReadsPods``) over ``pods`` (key → the
+    API server's copy now); ``reads`` lists the keys read, in order."""
+
+    pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    reads: list[str] = field(default_factory=list)
+
+    async def read(self, pod: PodRef) -> Mapping[str, Any] | None:
+        """The copy of ``pod`` if it is that incarnation, else ``None``."""
+        self.reads.append(pod.key)
+        await asyncio.sleep(0)
+        found = self.pods.get(pod.key)
+        return found if found is not None and pod_uid(found) == pod.uid else None
 
 
 @dataclass
