@@ -15,8 +15,12 @@ It listens on ``--host`` (127.0.0.1 by default: nothing but the machine itself r
 chart passes the pod's IP, ``--host=$(POD_IP)`` from ``status.podIP``) and ``--port``.
 
 ``--tls-cert FILE --tls-key FILE`` serve HTTPS (PEM files); ``--tls-client-ca FILE`` also
-requires every client to present a certificate signed by that CA. The files are checked at
-start-up: one error lists every problem.
+requires every caller of a verb (filter, prioritize, bind, preempt) to present a certificate
+signed by that CA: without one it gets 401 (``--tls-client-auth=required``, the default) or is
+served, counted and logged (``optional``, while moving a scheduler over); probes and
+``/metrics`` need none (``gpushare.extender.callers``). The files are checked at start-up: one
+error lists every problem. Without ``--tls-client-ca`` anyone who reaches the port may call
+the verbs, and a warning says so at start.
 
 ``--max-request-body-mib``, ``--request-head-timeout``, ``--request-body-timeout``,
 ``--keep-alive-timeout`` and ``--max-connections`` bound what one client can make the extender
@@ -43,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from pathlib import Path
 
 import click
@@ -53,6 +58,7 @@ from gpushare.cli.options import connect_or_exit, kube_options, log_level_option
 from gpushare.core.policies import policy_names
 from gpushare.extender import DEFAULT_PORT, DEFAULT_PREFIX, ExtenderState, create_app
 from gpushare.extender.apiserver import EVENT_BURST, EVENT_QPS
+from gpushare.extender.callers import ClientAuth
 from gpushare.extender.forward import DEFAULT_PEER_PORT
 from gpushare.extender.holds import HoldBook
 from gpushare.extender.limits import (
@@ -70,6 +76,8 @@ from gpushare.kube.codec import CodecError
 from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
 from gpushare.kube.lease import LeaseConfig
 from gpushare.kube.peers import parse_selector
+
+log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 """``--host``: loopback, so that a bare ``gpushare extender`` is reachable from nowhere else
@@ -191,7 +199,16 @@ def build_state(
 @click.option(
     "--tls-client-ca",
     type=click.Path(path_type=Path),
-    help="Require client certificates signed by this PEM CA (mutual TLS).",
+    help="Require the verbs' callers to present a client certificate signed by this PEM CA "
+    "(mutual TLS; probes and /metrics need none).",
+)
+@click.option(
+    "--tls-client-auth",
+    type=click.Choice([m.value for m in ClientAuth]),
+    default=ClientAuth.REQUIRED.value,
+    show_default=True,
+    help="With --tls-client-ca: refuse a verb without a client certificate (401), or serve it "
+    "and count it (optional: while moving a scheduler over to client certificates).",
 )
 @click.option(
     "--peer-port",
@@ -328,6 +345,7 @@ def extender(
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_client_ca: Path | None,
+    tls_client_auth: str,
     peer_port: int,
     peer_ca: Path | None,
     peer_server_name: str | None,
@@ -390,6 +408,13 @@ def extender(
         max_connections=max_connections,
     )
     setup_logging(log_level)
+    client_auth = ClientAuth(tls_client_auth) if tls_client_ca is not None else None
+    if client_auth is None:
+        log.warning(
+            "no --tls-client-ca: anyone who reaches port %d may call filter, bind and preempt "
+            '(docs/install.md, "TLS")',
+            port,
+        )
     if in_memory:
         state = build_state(nodes_file, assume_ttl_s, handshake_timeout_s)
         app = create_app(
@@ -408,6 +433,7 @@ def extender(
                 if preemption_options is not None
                 else None
             ),
+            client_auth=client_auth,
         )
         uvicorn.run(
             app,
@@ -433,6 +459,7 @@ def extender(
         tls_cert=tls_cert,
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
+        tls_client_auth=ClientAuth(tls_client_auth),
         limits=limits,
         leader_election=leader_election,
         peer_port=peer_port,

@@ -19,6 +19,10 @@ URL layout, ``pkg/routes/routes.go``), ``P`` the prefix (default ``/gpushare-sch
 ``GET /metrics``           Prometheus text exposition (``gpushare.extender.metrics``)
 =========================  =======================================================================
 
+With ``client_auth`` (``--tls-client-ca``) the verbs need a caller that presented a verified
+client certificate: without one, **401** (``ClientAuth.REQUIRED``) before the body is read
+(``gpushare.extender.callers``); the other routes need none.
+
 A body that is not JSON or not of the verb's shape gets **400** with ``{"Error": "<what>"}``; one
 larger than ``limits.max_body_bytes`` **413**, one not complete within ``limits.body_timeout_s``
 **408**, both closing the connection (``gpushare.extender.limits``).
@@ -29,8 +33,8 @@ HTTP 200 so that kube-scheduler shows the text. An unexpected exception in filte
 Each POST is counted and timed by verb and outcome (``ok``; ``held``: a filter ``Error`` for a
 pod the handshake rule holds, ``outcomes.held_error``; ``error``: another ``Error`` text or a
 500; ``bad_request``: a 400, or a client that disconnected before the end of its body, which
-is logged as one line without a traceback) in ``ExtenderMetrics``, on the given
-``CollectorRegistry`` or a fresh one (never the global default registry).
+is logged as one line without a traceback; ``unauthenticated``: a 401) in ``ExtenderMetrics``,
+on the given ``CollectorRegistry`` or a fresh one (never the global default registry).
 A background task expires assumed allocations every ``expire_interval_s`` seconds.
 
 With several replicas, ``divert(request, body)`` may answer a verb instead of this replica's
@@ -59,9 +63,10 @@ from gpushare import __version__
 from gpushare.core.policies import Policy
 from gpushare.core.preemption import Hold
 from gpushare.extender.bindapi import Binder, EventSink, UnwiredBinder
+from gpushare.extender.callers import UNAUTHENTICATED, CallerCheck, ClientAuth
 from gpushare.extender.dra import DraScorer, candidate_names
 from gpushare.extender.limits import LimitError, RequestLimits, read_body
-from gpushare.extender.metrics import DRA_VERB, ExtenderMetrics
+from gpushare.extender.metrics import DRA_VERB, VERBS, ExtenderMetrics
 from gpushare.extender.outcomes import outcome_of
 from gpushare.extender.preemption import Preemptor
 from gpushare.extender.report import cluster_report, node_report
@@ -161,6 +166,7 @@ def create_app(
     preemptor: Preemptor | None = None,
     requeuer: Requeuer | None = None,
     dra: DraScorer | None = None,
+    client_auth: ClientAuth | None = None,
 ) -> Starlette:
     """The extender app over ``state``.
 
@@ -178,8 +184,10 @@ def create_app(
     ``preempt`` verb, holds in filter, prioritize and bind, and its loop, run while the app
     serves); ``requeuer``: requeue the pods the filter refused everywhere when a node changes
     (``gpushare.extender.requeue``; its loop runs while the app serves); ``dra``: score nodes
-    for DRA claim pods on ``P/dra/prioritize`` (``gpushare.extender.dra``). The ``Scheduler`` is
-    ``app.state.scheduler``, the ``ExtenderMetrics`` ``app.state.metrics``.
+    for DRA claim pods on ``P/dra/prioritize`` (``gpushare.extender.dra``); ``client_auth``: what
+    the verbs ask of their caller (``gpushare.extender.callers``; ``None``: nothing, the
+    server has no client CA). The ``Scheduler`` is ``app.state.scheduler``, the
+    ``ExtenderMetrics`` ``app.state.metrics``.
     """
     limits = limits or RequestLimits()
     chosen = extender_policy(policy, gpu_unit=gpu_unit) if isinstance(policy, str) else policy
@@ -194,6 +202,7 @@ def create_app(
         on_refused=requeuer.refused if requeuer is not None else None,
     )
     metrics = ExtenderMetrics(state, registry)
+    callers = CallerCheck(client_auth, metrics.registry, VERBS) if client_auth is not None else None
     base = "/" + prefix.strip("/") if prefix.strip("/") else ""
 
     def guarded(
@@ -205,6 +214,10 @@ def create_app(
             started = time.perf_counter()
             outcome = "error"
             try:
+                refusal = callers.refuses(verb, request) if callers is not None else None
+                if refusal is not None:
+                    outcome = UNAUTHENTICATED
+                    return error_response(401, refusal)
                 try:
                     body = await read_body(request.receive, request.scope["headers"], limits)
                 except LimitError as rejected:

@@ -22,8 +22,9 @@ numbers (``gpushare extender`` flags; docs/extender.md, "Limits", says how they 
 ==========================  ===============================================================
 
 Where uvicorn has a setting it is used (``uvicorn_settings``); the head timeout and the hard
-connection cap are a small subclass of uvicorn's h11 protocol (``guarded_h11``), the body
-bounds a reader of ASGI ``receive`` (``read_body``) that raises ``LimitError``, which the
+connection cap are a small subclass of uvicorn's h11 protocol (``guarded_h11``, which also
+tells the app of each connection's TLS client certificate: ``gpushare.extender.callers``), the
+body bounds a reader of ASGI ``receive`` (``read_body``) that raises ``LimitError``, which the
 app answers with its status and ``Connection: close``. 408 and 413 responses name the limit
 and the flag that sets it.
 
@@ -49,6 +50,8 @@ import h11
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
+
+from gpushare.extender.callers import with_tls_extension
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +210,7 @@ def guarded_h11(limits: RequestLimits) -> type[H11Protocol]:
                 transport.abort()
                 return
             super().connection_made(transport)
+            self.app = with_tls_extension(self.app, transport)
             self._arm_head_timer()
 
         def data_received(self, data: bytes) -> None:

@@ -64,6 +64,7 @@ from gpushare.extender.apiserver import (
     EventRate,
 )
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
+from gpushare.extender.callers import ClientAuth
 from gpushare.extender.dra import DraScorer
 from gpushare.extender.feed import StateFeeder
 from gpushare.extender.forward import (
@@ -120,7 +121,9 @@ class LiveOptions:
     name); ``access_log``: uvicorn's access log; ``backoff``/``watch_timeout_s``: the cache's
     retry pacing and watch length; ``graceful_shutdown_s``: how long open requests may finish on
     stop; ``tls_cert``/``tls_key``: serve HTTPS with this certificate and key (PEM);
-    ``tls_client_ca``: also require a client certificate signed by this CA (mutual TLS);
+    ``tls_client_ca``: the CA that signs the verbs' callers' client certificates (mutual TLS;
+    ``gpushare.extender.callers``), ``tls_client_auth`` whether a verb without one is refused
+    (``required``) or served and counted (``optional``);
     ``limits``: request body size, read timeouts and the connection cap
     (``gpushare.extender.limits``).
     ``leader_election``: the Lease to campaign for (``None``: a single replica that always
@@ -160,6 +163,7 @@ class LiveOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    tls_client_auth: ClientAuth = ClientAuth.REQUIRED
     limits: RequestLimits = field(default_factory=RequestLimits)
     leader_election: LeaseConfig | None = None
     rebuild_timeout_s: float = 30.0
@@ -211,13 +215,16 @@ def tls_problems(cert: Path | None, key: Path | None, client_ca: Path | None) ->
 
 
 def uvicorn_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, Any]:
-    """The ``uvicorn.Config`` keyword arguments for this TLS configuration (none: HTTP)."""
+    """The ``uvicorn.Config`` keyword arguments for this TLS configuration (none: HTTP). With
+    ``client_ca`` a client certificate is asked for and, when presented, verified against it
+    in the handshake, but not required there: the verbs require it, the probes do not
+    (``gpushare.extender.callers``; the app's ``client_auth``)."""
     if cert is None or key is None:
         return {}
     tls: dict[str, Any] = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
     if client_ca is not None:
         tls["ssl_ca_certs"] = str(client_ca)
-        tls["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+        tls["ssl_cert_reqs"] = ssl.CERT_OPTIONAL
     return tls
 
 
@@ -364,6 +371,7 @@ class LiveExtender:
             preemptor=self.preemptor,
             requeuer=self.requeuer,
             dra=dra,
+            client_auth=options.tls_client_auth if options.tls_client_ca is not None else None,
         )
         self.server = uvicorn.Server(
             uvicorn.Config(

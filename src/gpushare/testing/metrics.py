@@ -7,6 +7,7 @@ escaping and ``_total`` suffixes are the library's business, not a hand-written 
 
 from __future__ import annotations
 
+import ssl
 import urllib.request
 from collections.abc import Mapping
 
@@ -16,12 +17,20 @@ __all__ = ["sample_sum"]
 
 
 def sample_sum(
-    url: str, name: str, labels: Mapping[str, str] | None = None, *, timeout_s: float = 10.0
+    url: str,
+    name: str,
+    labels: Mapping[str, str] | None = None,
+    *,
+    timeout_s: float = 10.0,
+    context: ssl.SSLContext | None = None,
 ) -> float:
     """The sum of every sample called ``name`` (e.g. ``gpushare_extender_requests_total``)
-    whose labels include ``labels``, at ``url``; 0.0 when none matches. ``OSError`` (e.g.
-    ``URLError``) when ``url`` does not answer."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    whose labels include ``labels``, at ``url`` (HTTPS checked with ``context``); 0.0 when
+    none matches. ``OSError`` (e.g. ``URLError``) when ``url`` does not answer."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
     with opener.open(url, timeout=timeout_s) as response:
         text = response.read().decode()
     return sum(
