@@ -4,7 +4,9 @@
 # fails when the committed files differ from a fresh render: run this after changing the chart.
 #
 #   deploy/manifests/gpushare.yaml                 default values, the extender's TLS Secret named
-#                                                  gpushare-extender-tls (the user creates it)
+#                                                  gpushare-extender-tls and kube-scheduler's client
+#                                                  certificate gpushare-extender-client (the user
+#                                                  creates both: docs/install.md)
 #   deploy/manifests/gpushare-with-scheduler.yaml  plus the second scheduler (gpushare-scheduler)
 #
 # Both are rendered for namespace kube-system, release gpushare and Kubernetes 1.37.1 (the
@@ -37,7 +39,8 @@ render() {
 }
 
 mkdir -p "$ROOT/deploy/manifests"
-TLS=(--set extender.tls.secretName=gpushare-extender-tls)
+TLS=(--set extender.tls.secretName=gpushare-extender-tls
+    --set extender.tls.clientAuth.secretName=gpushare-extender-client)
 render gpushare.yaml "${TLS[*]}" "${TLS[@]}"
 render gpushare-with-scheduler.yaml "${TLS[*]} --set scheduler.second.enabled=true" \
     "${TLS[@]}" --set scheduler.second.enabled=true

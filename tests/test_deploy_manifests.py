@@ -73,6 +73,16 @@ SERVICE_URL = "https://gpushare-extender.kube-system.svc:12345/gpushare-schedule
 SERVER_NAME = "gpushare-extender.kube-system.svc"
 HOST_CA_FILE = "/etc/kubernetes/gpushare-extender-ca.crt"  # the default scheduler's, on the host
 MOUNTED_CA_FILE = "/etc/kubernetes/gpushare-extender-ca/ca.crt"  # the second scheduler's mount
+# kube-scheduler's client certificate for the extender's verbs: on the hosts (wiring (a)), and
+# where the second scheduler mounts it (wiring (b))
+HOST_CLIENT = {
+    "certFile": "/etc/kubernetes/gpushare-extender-client.crt",
+    "keyFile": "/etc/kubernetes/gpushare-extender-client.key",
+}
+MOUNTED_CLIENT = {
+    "certFile": "/etc/kubernetes/gpushare-extender-client/tls.crt",
+    "keyFile": "/etc/kubernetes/gpushare-extender-client/tls.key",
+}
 Obj = dict[str, Any]
 
 
@@ -183,6 +193,7 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("RoleBinding", "gpushare-device-plugin-node-config"),
         ("RoleBinding", "gpushare-extender-leader-election"),
         ("RoleBinding", "gpushare-extender-preemption"),
+        ("Secret", "gpushare-extender-client"),
         ("Secret", "gpushare-extender-tls"),
         ("Service", "gpushare-extender"),
         ("ServiceAccount", "gpushare-device-plugin"),
@@ -232,6 +243,8 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"extender": {"tls": {"source": "self-signed"}}}, "source"),
         ({"extender": {"tls": {"validityDays": 0}}}, "validityDays"),
+        ({"extender": {"tls": {"clientAuth": {"mode": "maybe"}}}}, "mode"),
+        ({"scheduler": {"defaultSchedulerClientKeyFile": "client.key"}}, "KeyFile"),
         ({"extender": {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.1"]}}}, "controlPlaneCIDRs"),
         ({"devicePlugin": {"restrictToOwnNode": "yes"}}, "restrictToOwnNode"),
         ({"scheduler": {"dialectResources": ["amd.com/gpu"]}}, "dialectResources"),
@@ -339,7 +352,7 @@ def test_default_scheduler_config_has_gpushare_extender(default_objects: list[Ob
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
-    assert config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]
+    assert config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE, **HOST_CLIENT)]
 
 
 def test_dialect_resources_join_the_extender_entry_advertised_ones_checked_by_kube_scheduler(
@@ -394,7 +407,9 @@ def test_the_extender_url_follows_the_values(
         "extenders"
     ]
     expected = url if url.endswith("/x") else f"{url}/gpushare-scheduler"
-    assert entry == (with_tls(expected, HOST_CA_FILE) if https else gpushare_extender(expected))
+    assert entry == (
+        with_tls(expected, HOST_CA_FILE, **HOST_CLIENT) if https else gpushare_extender(expected)
+    )
 
 
 def test_second_scheduler_config_and_deployment(with_scheduler: list[Obj]) -> None:
@@ -406,7 +421,7 @@ def test_second_scheduler_config_and_deployment(with_scheduler: list[Obj]) -> No
         "resourceNamespace": "kube-system",
     }
     assert "clientConnection" not in config  # in-cluster: its ServiceAccount
-    assert config["extenders"] == [with_tls(SERVICE_URL, MOUNTED_CA_FILE)]
+    assert config["extenders"] == [with_tls(SERVICE_URL, MOUNTED_CA_FILE, **MOUNTED_CLIENT)]
     deployment = find(with_scheduler, "Deployment", "gpushare-scheduler")
     main = container(deployment)
     assert main["image"] == "registry.k8s.io/kube-scheduler:v1.37.1"
@@ -427,8 +442,22 @@ def test_second_scheduler_config_and_deployment(with_scheduler: list[Obj]) -> No
         "mountPath": "/etc/kubernetes/gpushare-extender-ca",
         "readOnly": True,
     } in (main["volumeMounts"])
+    # Its client certificate for the extender's verbs, from the generated client Secret.
+    assert pod["volumes"][2] == {
+        "name": "extender-client",
+        "secret": {
+            "secretName": "gpushare-extender-client",
+            "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+        },
+    }
+    assert {
+        "name": "extender-client",
+        "mountPath": "/etc/kubernetes/gpushare-extender-client",
+        "readOnly": True,
+    } in (main["volumeMounts"])
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert set(annotations) == {"checksum/config", "checksum/tls"}  # a new CA restarts it
+    # a new CA or client certificate restarts it
+    assert set(annotations) == {"checksum/config", "checksum/tls", "checksum/client-tls"}
 
 
 def test_deploy_scheduler_config_is_the_chart_config_with_a_pinned_ip(helm: Path) -> None:
@@ -444,7 +473,7 @@ def test_legacy_policy_is_marked_legacy_and_equivalent() -> None:
     policy = json.loads((SCHEDULER_DIR / "legacy-policy.json").read_text(encoding="utf-8"))
     assert (policy["kind"], policy["apiVersion"]) == ("Policy", "v1")
     (entry,) = policy["extenders"]
-    v1 = with_tls("https://10.96.0.250:12345/gpushare-scheduler", HOST_CA_FILE)
+    v1 = with_tls("https://10.96.0.250:12345/gpushare-scheduler", HOST_CA_FILE, **HOST_CLIENT)
     # Policy spelling: enableHttps, and httpTimeout in integer nanoseconds.
     assert entry.pop("enableHttps") is v1.pop("enableHTTPS") is True
     assert entry.pop("httpTimeout") == 30_000_000_000
@@ -503,7 +532,22 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
         "--tls-cert=/etc/gpushare/tls/tls.crt",
         "--tls-key=/etc/gpushare/tls/tls.key",
     } <= set(args)
-    assert not any(a.startswith("--tls-client-ca") for a in args)
+    # kube-scheduler's calls need its client certificate; the CA comes from the client Secret
+    assert {
+        "--tls-client-ca=/etc/gpushare/client-ca/ca.crt",
+        "--tls-client-auth=required",
+    } <= set(args)
+    assert {"name": "client-ca", "mountPath": "/etc/gpushare/client-ca", "readOnly": True} in (
+        main["volumeMounts"]
+    )
+    assert {  # the CA only: the extender never holds kube-scheduler's key
+        "name": "client-ca",
+        "secret": {
+            "secretName": "gpushare-extender-client",
+            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+        },
+    } in spec["template"]["spec"]["volumes"]
+    # the probes need no client certificate: they stay HTTP(S) probes of /readyz and /healthz
     assert main["readinessProbe"]["httpGet"] == {
         "path": "/readyz",
         "port": "http",
@@ -547,8 +591,11 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     assert {"name": "tls", "secret": {"secretName": "gpushare-extender-tls"}} in (
         spec["template"]["spec"]["volumes"]
     )
-    # A renewed certificate restarts the extender.
-    assert set(spec["template"]["metadata"]["annotations"]) == {"checksum/tls"}
+    # A renewed certificate or client CA restarts the extender.
+    assert set(spec["template"]["metadata"]["annotations"]) == {
+        "checksum/tls",
+        "checksum/client-tls",
+    }
     service = find(default_objects, "Service", "gpushare-extender")
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     assert service["spec"]["ports"][0]["port"] == 12345
@@ -562,8 +609,27 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
         "--tls-cert=/etc/gpushare/tls/tls.crt",
         "--tls-key=/etc/gpushare/tls/tls.key",
         "--tls-client-ca=/etc/gpushare/tls/ca.crt",
+        "--tls-client-auth=required",
     } <= set(_args(main))
-    assert "tcpSocket" in main["readinessProbe"]  # mutual TLS: no client certificate in probes
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"  # needs no certificate
+    assert not [o for o in tls if o["kind"] == "Secret"]  # bring your own: nothing generated
+
+    optional = render_objects(
+        {"extender": {"tls": {"clientAuth": {"mode": "optional"}}}}, helm=helm
+    )
+    assert "--tls-client-auth=optional" in _args(
+        container(find(optional, "Deployment", "gpushare-extender"))
+    )
+    off = render_objects({"extender": {"tls": {"clientAuth": {"mode": "off"}}}}, helm=helm)
+    main = container(find(off, "Deployment", "gpushare-extender"))
+    assert not any(a.startswith("--tls-client") for a in _args(main))
+    assert [o["metadata"]["name"] for o in off if o["kind"] == "Secret"] == [
+        "gpushare-extender-tls"
+    ]
+    (entry,) = scheduler_config(find(off, "ConfigMap", "gpushare-default-scheduler-config"))[
+        "extenders"
+    ]
+    assert "certFile" not in entry["tlsConfig"]
 
     plain = render_objects({"extender": PLAIN_HTTP}, helm=helm)
     deployment = find(plain, "Deployment", "gpushare-extender")
@@ -752,30 +818,53 @@ def test_device_plugin_with_managed_mps(helm: Path, default_objects: list[Obj]) 
 # ---- authenticated by default: TLS, NetworkPolicy, the device plugin's own node ----------------
 
 
-def _handshake(secret: Obj, ca_pem: str, server_name: str) -> None:
-    """A TLS handshake over a socket pair: the server presents the Secret's certificate, the
-    client checks it against ``ca_pem`` for ``server_name`` (``ssl.SSLError`` if it fails)."""
+def _load_pair(context: ssl.SSLContext, secret: Obj) -> None:
+    """Load ``tls.crt``/``tls.key`` of a Secret (base64 ``data``) into ``context``."""
     data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
     with tempfile.TemporaryDirectory(prefix="gpushare-tls-") as tmp:
         (Path(tmp) / "tls.crt").write_bytes(data["tls.crt"])
         (Path(tmp) / "tls.key").write_bytes(data["tls.key"])
-        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server.load_cert_chain(Path(tmp) / "tls.crt", Path(tmp) / "tls.key")
+        context.load_cert_chain(Path(tmp) / "tls.crt", Path(tmp) / "tls.key")
+
+
+def _handshake(
+    secret: Obj,
+    ca_pem: str,
+    server_name: str,
+    *,
+    client_ca_pem: str | None = None,
+    client_secret: Obj | None = None,
+) -> None:
+    """A TLS handshake over a socket pair: the server presents the Secret's certificate, the
+    client checks it against ``ca_pem`` for ``server_name``; with ``client_ca_pem`` the server
+    requires a client certificate that CA signed, and the client presents ``client_secret``'s
+    (``ssl.SSLError`` if any check fails)."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _load_pair(server, secret)
+    if client_ca_pem is not None:
+        server.load_verify_locations(cadata=client_ca_pem)
+        server.verify_mode = ssl.CERT_REQUIRED
     client = ssl.create_default_context(cadata=ca_pem)
+    if client_secret is not None:
+        _load_pair(client, client_secret)
     ours, theirs = socket.socketpair()
 
     def serve() -> None:
         with (
             contextlib.suppress(ssl.SSLError, OSError),
-            server.wrap_socket(theirs, server_side=True),
+            server.wrap_socket(theirs, server_side=True) as served,
         ):
-            pass
+            if served.recv(1) == b"x":  # the handshake, client certificate included, passed
+                served.sendall(b"ok")
 
     thread = threading.Thread(target=serve)
     thread.start()
     try:
-        with client.wrap_socket(ours, server_hostname=server_name):
-            pass
+        with client.wrap_socket(ours, server_hostname=server_name) as wrapped:
+            wrapped.settimeout(5)
+            wrapped.sendall(b"x")  # TLS 1.3 checks a client certificate after the handshake
+            if wrapped.recv(2) != b"ok":
+                raise ssl.SSLError("the server refused the client certificate")
     finally:
         ours.close()
         thread.join(5)
@@ -806,6 +895,26 @@ def test_the_generated_certificate_is_for_the_service_and_the_schedulers_trust_i
         _handshake(secret, wrong.decode(), SERVER_NAME)
 
 
+def test_the_generated_client_certificate_is_one_the_extender_accepts(helm: Path) -> None:
+    """The client Secret (helm): kube-scheduler's certificate, signed by the client CA that the
+    extender checks callers against (its ca.crt); a fresh render's certificate (another client
+    CA) is refused, as is a client without one."""
+    objects = render_objects(helm=helm)
+    serving = find(objects, "Secret", "gpushare-extender-tls")
+    client = find(objects, "Secret", "gpushare-extender-client")
+    assert client["type"] == "kubernetes.io/tls"
+    assert set(client["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    ca_pem = base64.b64decode(serving["data"]["ca.crt"]).decode()
+    client_ca = base64.b64decode(client["data"]["ca.crt"]).decode()
+    assert client_ca != ca_pem  # its own CA: the serving one stays as the hosts know it
+    _handshake(serving, ca_pem, SERVER_NAME, client_ca_pem=client_ca, client_secret=client)
+    other = find(render_objects(helm=helm), "Secret", "gpushare-extender-client")
+    with pytest.raises(ssl.SSLError):
+        _handshake(serving, ca_pem, SERVER_NAME, client_ca_pem=client_ca, client_secret=other)
+    with pytest.raises(ssl.SSLError):
+        _handshake(serving, ca_pem, SERVER_NAME, client_ca_pem=client_ca)
+
+
 def test_cert_manager_issues_the_certificate_when_the_cluster_has_it(helm: Path) -> None:
     objects = render_objects(args=("--api-versions", "cert-manager.io/v1"), helm=helm)
     issued = {
@@ -817,7 +926,10 @@ def test_cert_manager_issues_the_certificate_when_the_cluster_has_it(helm: Path)
         ("Issuer", "gpushare-extender-ca"),
         ("Certificate", "gpushare-extender"),
     }
-    assert not [o for o in objects if o["kind"] == "Secret"]  # cert-manager writes it
+    # cert-manager writes the serving Secret; kube-scheduler's client certificate is helm's
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == [
+        "gpushare-extender-client"
+    ]
     serving = find(objects, "Certificate", "gpushare-extender")["spec"]
     assert serving["secretName"] == "gpushare-extender-tls"
     assert SERVER_NAME in serving["dnsNames"]
@@ -826,7 +938,9 @@ def test_cert_manager_issues_the_certificate_when_the_cluster_has_it(helm: Path)
     assert find(objects, "Certificate", "gpushare-extender-ca")["spec"]["isCA"] is True
     configmap = find(objects, "ConfigMap", "gpushare-default-scheduler-config")
     assert set(configmap["data"]) == {"kube-scheduler-config.yaml"}  # the CA is in the Secret
-    assert scheduler_config(configmap)["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]
+    assert scheduler_config(configmap)["extenders"] == [
+        with_tls(SERVICE_URL, HOST_CA_FILE, **HOST_CLIENT)
+    ]
     # The value chooses too; and a Secret of yours wins over both.
     chosen = render_objects({"extender": {"tls": {"source": "cert-manager"}}}, helm=helm)
     assert find(chosen, "Certificate", "gpushare-extender")
@@ -835,7 +949,10 @@ def test_cert_manager_issues_the_certificate_when_the_cluster_has_it(helm: Path)
         args=("--api-versions", "cert-manager.io/v1"),
         helm=helm,
     )
-    assert not [o for o in yours if o["kind"] in {"Secret", "Certificate", "Issuer"}]
+    assert not [o for o in yours if o["kind"] in {"Certificate", "Issuer"}]
+    assert [o["metadata"]["name"] for o in yours if o["kind"] == "Secret"] == [
+        "gpushare-extender-client"
+    ]
     volumes = find(yours, "Deployment", "gpushare-extender")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tls", "secret": {"secretName": "mine"}} in volumes
 
@@ -1055,9 +1172,22 @@ def test_the_openssl_recipe_for_the_plain_manifests_makes_a_secret_they_can_use(
         "extenders"
     ]
     _handshake(secret, ca_pem, entry["tlsConfig"]["serverName"])
+    client = {
+        "data": {
+            key: base64.b64encode((tmp_path / "client" / key).read_bytes()).decode()
+            for key in ("tls.crt", "tls.key")
+        }
+    }
+    client_ca = (tmp_path / "client" / "ca.crt").read_text()
+    _handshake(secret, ca_pem, entry["tlsConfig"]["serverName"], client_ca_pem=client_ca,
+               client_secret=client)  # fmt: skip
     volumes = find(manifest, "Deployment", "gpushare-extender")["spec"]["template"]["spec"]
     assert {"name": "tls", "secret": {"secretName": "gpushare-extender-tls"}} in volumes["volumes"]
     assert "kubectl -n kube-system create secret generic gpushare-extender-tls" in section
+    assert "kubectl -n kube-system create secret generic gpushare-extender-client" in section
+    client_volume = {"secretName": "gpushare-extender-client",
+                     "items": [{"key": "ca.crt", "path": "ca.crt"}]}  # fmt: skip
+    assert {"name": "client-ca", "secret": client_volume} in volumes["volumes"]
 
 
 # ---- the DRA driver (docs/dra.md) -------------------------------------------------------------
@@ -1135,9 +1265,9 @@ def test_with_dra_the_extender_scores_claim_pods_through_a_second_entry(
         [*EXTENDER_RULES, *(r.to_dict() for r in DRA_SCORING_RULES)]
     )
     config = scheduler_config(find(with_dra, "ConfigMap", "gpushare-default-scheduler-config"))
-    tls = {"serverName": SERVER_NAME, "caFile": HOST_CA_FILE}
+    tls = {"serverName": SERVER_NAME, "caFile": HOST_CA_FILE, **HOST_CLIENT}
     assert config["extenders"] == [
-        with_tls(SERVICE_URL, HOST_CA_FILE),
+        with_tls(SERVICE_URL, HOST_CA_FILE, **HOST_CLIENT),
         {**gpushare_dra_extender(SERVICE_URL), "enableHTTPS": True, "tlsConfig": tls},
     ]
     off = render_objects(
@@ -1146,4 +1276,4 @@ def test_with_dra_the_extender_scores_claim_pods_through_a_second_entry(
     )
     assert "--dra-scoring" not in container(find(off, "Deployment", "gpushare-extender"))["args"]
     off_config = scheduler_config(find(off, "ConfigMap", "gpushare-default-scheduler-config"))
-    assert off_config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE)]
+    assert off_config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE, **HOST_CLIENT)]

@@ -35,12 +35,14 @@ import contextlib
 import functools
 import json
 import shutil
+import ssl
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
@@ -50,6 +52,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.cli.deviceplugin import device_plugin
+from gpushare.extender.callers import ClientAuth
 from gpushare.extender.live import LiveOptions
 from gpushare.extender.preemption import PreemptionOptions
 from gpushare.kube.codec import (
@@ -76,6 +79,7 @@ from gpushare.testing.controlplane import (
     wait_until,
     write_kubeconfig,
 )
+from gpushare.testing.extender import pod_json
 from gpushare.testing.helm import MANIFESTS, MANIFESTS_DIR, locate_helm, parse_yaml, render_objects
 from gpushare.testing.kubelet import KubeletThread
 from gpushare.testing.live_extender import ExtenderThread
@@ -260,12 +264,49 @@ def scheduler_config(objects: list[Obj], name: str) -> Obj:
     return config
 
 
-def with_tls(entry: Obj, ca_file: str) -> Obj:
+HOST_CA_FILE = "/etc/kubernetes/gpushare-extender-ca.crt"  # wiring (a): the hosts' copies
+HOST_CLIENT = ("/etc/kubernetes/gpushare-extender-client.crt",
+               "/etc/kubernetes/gpushare-extender-client.key")  # fmt: skip
+MOUNTED_CA_FILE = "/etc/kubernetes/gpushare-extender-ca/ca.crt"  # wiring (b): its mounts
+MOUNTED_CLIENT = ("/etc/kubernetes/gpushare-extender-client/tls.crt",
+                  "/etc/kubernetes/gpushare-extender-client/tls.key")  # fmt: skip
+
+
+def with_tls(entry: Obj, ca_file: str, client: tuple[str, str]) -> Obj:
     """gpushare's extender entry as the chart writes it with TLS: https, the Service's DNS name
-    as the certificate's name, the CA in ``ca_file``."""
+    as the certificate's name, the CA in ``ca_file``, kube-scheduler's client certificate and
+    key in ``client``."""
     server_name = f"{EXTENDER}.{NAMESPACE}.svc"
-    tls = {"serverName": server_name, "caFile": ca_file}
+    tls = {"serverName": server_name, "caFile": ca_file,
+           "certFile": client[0], "keyFile": client[1]}  # fmt: skip
     return {**gpushare_extender(entry["urlPrefix"]), "enableHTTPS": True, "tlsConfig": tls}
+
+
+_NOBODY = pod_json("x", 4, namespace=NAMESPACE, uid="u")  # a pod nobody made
+UNAUTHENTICATED_BODIES: dict[str, Obj] = {  # one body per verb
+    "filter": {"Pod": _NOBODY, "NodeNames": [NODE]},
+    "prioritize": {"Pod": _NOBODY, "NodeNames": [NODE]},
+    "bind": {"PodName": "x", "PodNamespace": NAMESPACE, "PodUID": "u", "Node": NODE},
+    "preempt": {"Pod": _NOBODY, "NodeNameToMetaVictims": {NODE: {"Pods": [{"UID": "v"}]}}},
+}
+
+
+def _post(
+    url: str, body: Obj, ca_file: Path, client: tuple[Path, Path] | None = None
+) -> tuple[int, str]:
+    """POST ``body`` to ``url`` over HTTPS, the certificate checked against ``ca_file`` for the
+    Service's DNS name (as kube-scheduler's ``tlsConfig.serverName``), presenting the client
+    certificate and key ``client`` when given: the status and the text."""
+    context = ssl.create_default_context(cafile=str(ca_file))
+    if client is not None:
+        context.load_cert_chain(*client)
+    server_name = f"{EXTENDER}.{NAMESPACE}.svc"
+    with httpx.Client(verify=context, timeout=10) as http:
+        request = http.build_request(
+            "POST", url, json=body, extensions={"sni_hostname": server_name}
+        )
+        response = http.send(request)
+    return response.status_code, response.text
 
 
 def write_secret(chart: list[Obj], name: str, directory: Path) -> dict[str, Path]:
@@ -357,7 +398,8 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
         "gpushare.yaml": 24,
         "gpushare-with-scheduler.yaml": 32,  # + the second scheduler's 8
         "every option": 33,  # + the dashboard
-        "generated certificate": 33,  # + the extender's Secret
+        # + the extender's Secret and kube-scheduler's client certificate
+        "generated certificate": 34,
     }
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
@@ -643,16 +685,24 @@ def second_scheduler(
     config = scheduler_config(chart, f"{SCHEDULER}-config")
     (entry,) = config["extenders"]
     assert entry["urlPrefix"].startswith("https://")
-    assert entry == with_tls(entry, "/etc/kubernetes/gpushare-extender-ca/ca.crt")
-    # The CA file is the Secret's ca.crt, as the Deployment mounts it.
+    assert entry == with_tls(entry, MOUNTED_CA_FILE, MOUNTED_CLIENT)
+    # The CA file is the Secret's ca.crt, the client certificate and key the client Secret's,
+    # as the Deployment mounts them.
     pod = find(chart, "Deployment", SCHEDULER)["spec"]["template"]["spec"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "extender-ca"]
     assert volume["secret"] == {
         "secretName": f"{EXTENDER}-tls",
         "items": [{"key": "ca.crt", "path": "ca.crt"}],
     }
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "extender-client"]
+    assert volume["secret"] == {
+        "secretName": f"{EXTENDER}-client",
+        "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+    }
     mounted = write_secret(chart, f"{EXTENDER}-tls", tmp / "extender-ca")["ca.crt"]
-    tls = {**entry["tlsConfig"], "caFile": str(mounted)}
+    client = write_secret(chart, f"{EXTENDER}-client", tmp / "extender-client")
+    tls = {**entry["tlsConfig"], "caFile": str(mounted), "certFile": str(client["tls.crt"]),
+           "keyFile": str(client["tls.key"])}  # fmt: skip
     config["extenders"] = [{**entry, "urlPrefix": url_prefix, "tlsConfig": tls}]
     config["clientConnection"] = {"kubeconfig": str(installed.kubeconfigs[SCHEDULER])}
     config_path = tmp / "kube-scheduler-config.yaml"
@@ -762,9 +812,17 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
             "/etc/gpushare/tls/tls.key",
         )
         secret = write_secret(chart, f"{EXTENDER}-tls", tmp_path / "extender-tls")
+        # kube-scheduler's client certificate: the extender checks callers against the client
+        # Secret's CA, mounted where --tls-client-ca says; the verbs need it (--tls-client-auth)
+        assert (ext["tls-client-ca"], ext["tls-client-auth"]) == (
+            "/etc/gpushare/client-ca/ca.crt", "required",
+        )  # fmt: skip
+        client = write_secret(chart, f"{EXTENDER}-client", tmp_path / "extender-client")
         options = LiveOptions(
             tls_cert=secret["tls.crt"],
             tls_key=secret["tls.key"],
+            tls_client_ca=client["ca.crt"],
+            tls_client_auth=ClientAuth(ext["tls-client-auth"]),
             prefix=ext["prefix"],
             policy=ext["policy"],
             gpu_unit=int(ext["gpu-unit"]) if "gpu-unit" in ext else None,  # None: derived
@@ -812,16 +870,26 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
                 processes=[plugin],
             )
 
+        # The chart's default: every verb refuses a caller without kube-scheduler's certificate.
+        for verb, body in UNAUTHENTICATED_BODIES.items():
+            code, answer = _post(extender.url_prefix + "/" + verb, body, secret["ca.crt"])
+            assert (code, "needs a client certificate" in answer) == (401, True), (verb, answer)
+            code, answer = _post(extender.url_prefix + "/" + verb, body, secret["ca.crt"],
+                                 (client["tls.crt"], client["tls.key"]))  # fmt: skip
+            assert code == 200, (verb, answer)
+
         # (a) the default scheduler's configuration: the ConfigMap's extender entry, over
         # HTTPS, checking the extender's certificate for the Service's name against the CA the
-        # ConfigMap carries (copied to the control-plane host's caFile).
+        # ConfigMap carries (copied to the control-plane host's caFile), and presenting the
+        # client Secret's certificate (copied to the host's certFile and keyFile).
         configmap = "gpushare-default-scheduler-config"
         (entry,) = scheduler_config(chart, configmap)["extenders"]
-        assert entry == with_tls(entry, "/etc/kubernetes/gpushare-extender-ca.crt")
+        assert entry == with_tls(entry, HOST_CA_FILE, HOST_CLIENT)
         ca_file = tmp_path / "gpushare-extender-ca.crt"
         ca_file.write_text(find(chart, "ConfigMap", configmap)["data"]["extender-ca.crt"])
         assert ca_file.read_bytes() == secret["ca.crt"].read_bytes()
-        tls = {**entry["tlsConfig"], "caFile": str(ca_file)}
+        tls = {**entry["tlsConfig"], "caFile": str(ca_file), "certFile": str(client["tls.crt"]),
+               "keyFile": str(client["tls.key"])}  # fmt: skip
         assert extender.url_prefix.startswith("https://127.0.0.1:")
         with control_plane.scheduler(
             "kube-scheduler-chart-default",

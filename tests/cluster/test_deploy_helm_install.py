@@ -100,29 +100,78 @@ def test_helm_install_creates_the_release_and_uninstall_removes_it(
         kube.get(Deployment, f"{RELEASE}-gpushare-extender", namespace=NAMESPACE)
 
 
-def _certificate(kube: Client) -> tuple[dict[str, str], str]:
-    """The extender's TLS Secret data and its pod template's certificate checksum."""
-    secret = kube.get(Secret, f"{EXTENDER}-tls", namespace=NAMESPACE)
-    deployment = kube.get(Deployment, EXTENDER, namespace=NAMESPACE)
+def _annotations(kube: Client, name: str) -> dict[str, str]:
+    deployment = kube.get(Deployment, name, namespace=NAMESPACE)
     assert deployment.spec is not None
     assert deployment.spec.template.metadata is not None
-    annotations = deployment.spec.template.metadata.annotations or {}
-    return dict(secret.data or {}), annotations["checksum/tls"]
+    return dict(deployment.spec.template.metadata.annotations or {})
+
+
+def _certificate(kube: Client, suffix: str = "tls") -> tuple[dict[str, str], str]:
+    """The data of the extender's Secret ``<extender>-<suffix>`` (``tls``: its serving
+    certificate; ``client``: kube-scheduler's client certificate) and the extender's pod
+    template checksum of it."""
+    secret = kube.get(Secret, f"{EXTENDER}-{suffix}", namespace=NAMESPACE)
+    checksum = "checksum/tls" if suffix == "tls" else "checksum/client-tls"
+    return dict(secret.data or {}), _annotations(kube, EXTENDER)[checksum]
 
 
 def check_upgrades_keep_the_certificate_until_it_is_deleted(
     plane: ControlPlane, kube: Client
 ) -> None:
-    first, checksum = _certificate(kube)
-    assert set(first) == {"ca.crt", "tls.crt", "tls.key"}
-    helm(plane, "upgrade", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *INSTALL_ARGS)
-    assert _certificate(kube) == (first, checksum)  # lookup: the same certificate, no restart
-    kube.delete(Secret, f"{EXTENDER}-tls", namespace=NAMESPACE)
-    helm(plane, "upgrade", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *INSTALL_ARGS)
-    renewed, new_checksum = _certificate(kube)
-    assert renewed["ca.crt"] != first["ca.crt"]
-    assert renewed["tls.crt"] != first["tls.crt"]
-    assert new_checksum != checksum  # the extender restarts with the new certificate
+    for suffix in ("tls", "client"):
+        first, checksum = _certificate(kube, suffix)
+        assert set(first) == {"ca.crt", "tls.crt", "tls.key"}
+        helm(plane, "upgrade", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *INSTALL_ARGS)
+        # lookup: the same certificate, no restart
+        assert _certificate(kube, suffix) == (first, checksum)
+        kube.delete(Secret, f"{EXTENDER}-{suffix}", namespace=NAMESPACE)
+        helm(plane, "upgrade", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *INSTALL_ARGS)
+        renewed, new_checksum = _certificate(kube, suffix)
+        assert renewed["ca.crt"] != first["ca.crt"]
+        assert renewed["tls.crt"] != first["tls.crt"]
+        assert new_checksum != checksum  # the extender restarts with the new certificate
+
+
+def test_an_upgrade_to_client_authentication_wires_both_sides(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    """A release without client authentication (as before it existed: no client Secret, no
+    --tls-client-ca) upgraded with the chart's defaults: the client Secret appears, the
+    extender checks callers against its CA, and the second scheduler restarts with its
+    certificate mounted and named in its configuration, in the same upgrade."""
+    release, namespace = "upgradetest", NAMESPACE + "-up"
+    extender, scheduler = f"{release}-gpushare-extender", f"{release}-gpushare-scheduler"
+    off = ("--set", "extender.tls.clientAuth.mode=off")
+    helm(control_plane, "install", release, str(CHART_DIR), "--namespace", namespace,
+         "--create-namespace", *INSTALL_ARGS, *off)  # fmt: skip
+    try:
+        with pytest.raises(ApiError):
+            kube.get(Secret, f"{extender}-client", namespace=namespace)
+        helm(control_plane, "upgrade", release, str(CHART_DIR), "--namespace", namespace,
+             *INSTALL_ARGS)  # fmt: skip
+        secret = kube.get(Secret, f"{extender}-client", namespace=namespace)
+        assert set(secret.data or {}) == {"ca.crt", "tls.crt", "tls.key"}
+        ext = kube.get(Deployment, extender, namespace=namespace)
+        assert ext.spec is not None
+        assert ext.spec.template.spec is not None
+        (main,) = ext.spec.template.spec.containers
+        assert "--tls-client-ca=/etc/gpushare/client-ca/ca.crt" in (main.args or [])
+        assert "--tls-client-auth=required" in (main.args or [])
+        second = kube.get(Deployment, scheduler, namespace=namespace)
+        assert second.spec is not None
+        assert second.spec.template.spec is not None
+        volumes = {v.name: v for v in second.spec.template.spec.volumes or []}
+        client_volume = volumes["extender-client"].secret
+        assert client_volume is not None
+        assert client_volume.secretName == f"{extender}-client"
+        assert second.spec.template.metadata is not None
+        assert "checksum/client-tls" in (second.spec.template.metadata.annotations or {})
+        config = kube.get(ConfigMap, f"{scheduler}-config", namespace=namespace)
+        text = (config.data or {})["kube-scheduler-config.yaml"]
+        assert "certFile: /etc/kubernetes/gpushare-extender-client/tls.crt" in text
+    finally:
+        helm(control_plane, "uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
 
 
 def test_helm_refuses_values_the_schema_rejects(control_plane: ControlPlane) -> None:

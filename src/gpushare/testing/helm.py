@@ -29,6 +29,7 @@ __all__ = [
     "KUBE_VERSION",
     "MANIFESTS",
     "MANIFESTS_DIR",
+    "MANIFEST_CLIENT_SECRET",
     "MANIFEST_TLS_SECRET",
     "NAMESPACE",
     "RELEASE",
@@ -56,14 +57,19 @@ MANIFEST_TLS_SECRET = "gpushare-extender-tls"
 """The extender's TLS Secret the committed manifests name: plain YAML cannot generate a key, so
 the user creates it (docs/install.md, "With plain manifests")."""
 
+MANIFEST_CLIENT_SECRET = "gpushare-extender-client"
+"""kube-scheduler's client certificate (and its CA) the committed manifests name: the user
+creates it too."""
+
+_MANIFEST_TLS = (
+    "--set",
+    f"extender.tls.secretName={MANIFEST_TLS_SECRET}",
+    "--set",
+    f"extender.tls.clientAuth.secretName={MANIFEST_CLIENT_SECRET}",
+)
 MANIFESTS: Mapping[str, Sequence[str]] = {
-    "gpushare.yaml": ("--set", f"extender.tls.secretName={MANIFEST_TLS_SECRET}"),
-    "gpushare-with-scheduler.yaml": (
-        "--set",
-        f"extender.tls.secretName={MANIFEST_TLS_SECRET}",
-        "--set",
-        "scheduler.second.enabled=true",
-    ),
+    "gpushare.yaml": _MANIFEST_TLS,
+    "gpushare-with-scheduler.yaml": (*_MANIFEST_TLS, "--set", "scheduler.second.enabled=true"),
 }
 """Each committed file of ``deploy/manifests`` and the extra ``helm template`` arguments."""
 

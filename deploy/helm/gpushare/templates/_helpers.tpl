@@ -100,10 +100,67 @@ generates a new one every time.
 {{- end -}}
 
 {{/*
-The scheduler entry's tlsConfig for a scheduler that reads the extender's CA from caFile:
-serverName (the Service's DNS name, in the certificate whatever URL is used) and caFile, with
-scheduler.tlsConfig on top (a caData there replaces caFile). Empty without TLS.
-  include "gpushare.scheduler.tlsConfig" (list . caFile)
+What the extender's verbs ask of kube-scheduler (values.yaml, extender.tls.clientAuth): required,
+optional, or off (also without TLS).
+*/}}
+{{- define "gpushare.extender.clientAuth" -}}
+{{- if .Values.extender.tls.enabled -}}{{ .Values.extender.tls.clientAuth.mode }}{{- else -}}off{{- end -}}
+{{- end -}}
+
+{{/*
+Where kube-scheduler's client certificate and the CA that checks it come from: own
+(extender.tls.clientCA: the serving Secret's ca.crt; the schedulers' files are the user's),
+secret (extender.tls.clientAuth.secretName), helm (generated), or none (client auth off).
+*/}}
+{{- define "gpushare.extender.clientSource" -}}
+{{- if eq (include "gpushare.extender.clientAuth" .) "off" -}}
+none
+{{- else if .Values.extender.tls.clientCA -}}
+own
+{{- else if .Values.extender.tls.clientAuth.secretName -}}
+secret
+{{- else -}}
+helm
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret (tls.crt, tls.key, ca.crt) with kube-scheduler's client certificate. */}}
+{{- define "gpushare.extender.clientSecretName" -}}
+{{- .Values.extender.tls.clientAuth.secretName | default (printf "%s-client" (include "gpushare.extender.name" .)) -}}
+{{- end -}}
+
+{{/*
+The helm-generated client CA and kube-scheduler's client certificate, base64 like a Secret's
+data: {"ca.crt", "tls.crt", "tls.key"} as JSON. Kept like gpushare.extender.generatedTLS: the
+Secret of an earlier release is reused (lookup); `helm template` generates anew each time. The
+client CA is its own (not the serving one): an existing release keeps its serving certificate,
+which the default scheduler's hosts already trust, when it gains client authentication.
+*/}}
+{{- define "gpushare.extender.generatedClientTLS" -}}
+{{- if not (hasKey .Values "gpushareGeneratedClientTLS") -}}
+{{- $name := include "gpushare.extender.clientSecretName" . -}}
+{{- $old := lookup "v1" "Secret" .Release.Namespace $name -}}
+{{- $data := dict -}}
+{{- if and $old $old.data (hasKey $old.data "tls.crt") (hasKey $old.data "tls.key") (hasKey $old.data "ca.crt") -}}
+{{- $data = pick $old.data "ca.crt" "tls.crt" "tls.key" -}}
+{{- else -}}
+{{- $days := int .Values.extender.tls.validityDays -}}
+{{- $ca := genCA (printf "%s-client-ca" (include "gpushare.extender.name" .)) $days -}}
+{{- $cert := genSignedCert (printf "%s-kube-scheduler" (include "gpushare.fullname" .)) (list) (list) $days $ca -}}
+{{- $data = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values "gpushareGeneratedClientTLS" $data -}}
+{{- end -}}
+{{- toJson .Values.gpushareGeneratedClientTLS -}}
+{{- end -}}
+
+{{/*
+The scheduler entry's tlsConfig for a scheduler that reads the extender's CA from caFile and
+its own client certificate from certFile/keyFile: serverName (the Service's DNS name, in the
+certificate whatever URL is used), caFile, and (with client authentication from the chart's
+Secret) certFile and keyFile, with scheduler.tlsConfig on top (a caData there replaces caFile,
+certData/keyData replace certFile/keyFile). Empty without TLS.
+  include "gpushare.scheduler.tlsConfig" (list . caFile certFile keyFile)
 */}}
 {{- define "gpushare.scheduler.tlsConfig" -}}
 {{- $ctx := index . 0 -}}
@@ -113,6 +170,10 @@ scheduler.tlsConfig on top (a caData there replaces caFile). Empty without TLS.
 {{- $_ := set $out "serverName" (include "gpushare.extender.serverName" $ctx) -}}
 {{- if not (or $user.caData $user.caFile) -}}
 {{- $_ := set $out "caFile" (index . 1) -}}
+{{- end -}}
+{{- if and (has (include "gpushare.extender.clientSource" $ctx) (list "helm" "secret")) (not (or $user.certData $user.keyData $user.certFile $user.keyFile)) -}}
+{{- $_ := set $out "certFile" (index . 2) -}}
+{{- $_ := set $out "keyFile" (index . 3) -}}
 {{- end -}}
 {{- end -}}
 {{- toJson (mergeOverwrite $out $user) -}}
@@ -141,13 +202,14 @@ scheduler.tlsConfig on top (a caData there replaces caFile). Empty without TLS.
 
 {{/*
 The kube-scheduler `extenders` list (kubescheduler.config.k8s.io/v1 Extender), as YAML, for
-  include "gpushare.scheduler.extenders" (list . urlPrefix caFile)
-where caFile is the extender's CA as that scheduler sees it (with TLS).
+  include "gpushare.scheduler.extenders" (list . urlPrefix caFile certFile keyFile)
+where caFile is the extender's CA and certFile/keyFile its client certificate and key as that
+scheduler sees them (with TLS).
 It matches gpushare.testing.controlplane.gpushare_extender: tests/cluster/test_deploy_chart.py.
 */}}
 {{- define "gpushare.scheduler.extenders" -}}
 {{- $ctx := index . 0 -}}
-{{- $tlsConfig := include "gpushare.scheduler.tlsConfig" (list $ctx (index . 2)) | fromJson -}}
+{{- $tlsConfig := include "gpushare.scheduler.tlsConfig" (list $ctx (index . 2) (index . 3) (index . 4)) | fromJson -}}
 {{- $managed := list (dict "name" "aliyun.com/gpu-mem" "ignoredByScheduler" false) -}}
 {{- /* kube-scheduler checks the node total of what the device plugin advertises, as kubelet
      does (ADVERTISED_NAMES in gpushare.kube.codec.dialects); the rest is the extender's. */ -}}
