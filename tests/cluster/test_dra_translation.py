@@ -5,9 +5,11 @@ at admission, by the admission policies of deploy/dra/ on the real API server v1
 from __future__ import annotations
 
 import contextlib
+import itertools
+import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -54,17 +56,29 @@ KINDS: dict[str, type[GlobalResource]] = {
 }
 
 
-def pod(name: str, namespace: str, containers: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-    """Pod ``name``: containers by name, each with those GPU limits (and requests) beside
-    ``cpu: 100m``; bound to a node that does not exist, so that nothing runs it."""
-    specs = []
-    for container, gpu in containers.items():
-        limits = {"cpu": "100m"} | dict(gpu)
-        specs.append({"name": container, "image": "registry.invalid/none:0",
-                      "resources": {"limits": limits, "requests": dict(limits)}})  # fmt: skip
+def pod(
+    name: str,
+    namespace: str,
+    containers: Mapping[str, Mapping[str, str]],
+    init_containers: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, Any]:
+    """Pod ``name``: containers (and init containers) by name, each with those GPU limits (and
+    requests) beside ``cpu: 100m``; bound to a node that does not exist, so that nothing runs
+    it."""
+
+    def specs(by_name: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+        made = []
+        for container, gpu in by_name.items():
+            limits = {"cpu": "100m"} | dict(gpu)
+            made.append({"name": container, "image": "registry.invalid/none:0",
+                         "resources": {"limits": limits, "requests": dict(limits)}})  # fmt: skip
+        return made
+
+    spec: dict[str, Any] = {"containers": specs(containers), "nodeName": "nowhere"}
+    if init_containers:
+        spec["initContainers"] = specs(init_containers)
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"containers": specs, "nodeName": "nowhere"}}  # fmt: skip
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -214,6 +228,165 @@ def test_gpu_manager_and_hami_pods_get_the_claim_their_ask_names_or_a_clear_refu
             for kind in ("limits", "requests"):  # the dialect's resources gone, cpu kept
                 if main_["resources"][kind] != {"cpu": "100m"}:
                     failures.append(f"{case.id}: {kind} {main_['resources'][kind]}")
+        assert not failures, "\n".join(failures)
+
+
+LONG = "x" * 62  # with one more character, a container name as long as a DNS label may be
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A pod of ``containers`` (name: GPU limits), with a claim ``own`` of its own used by its
+    first container when ``own``: the pod's claims once admitted (in any order: each policy
+    adds its own, in no fixed order) and each container's claim names."""
+
+    id: str
+    containers: dict[str, dict[str, str]]
+    claims: list[dict[str, str]]
+    container_claims: dict[str, list[str]]
+    own: bool = False
+
+
+def claim(name: str, template: str) -> dict[str, str]:
+    return {"name": name, "resourceClaimTemplateName": template}
+
+
+OWN = claim("own", "own-template")
+KEPT = [
+    Kept("a gpu-mem pod with a claim of its own keeps it and gets gpushare's beside it",
+         {"main": {GPU_MEM: "4"}, "side": {}},
+         [OWN, claim("gpushare-main", "gpushare-gpu-mem-4")],
+         {"main": ["own", "gpushare-main"], "side": []}, own=True),
+    Kept("a HAMi pod with a claim of its own keeps it and gets gpushare's beside it",
+         {"main": {HAMI_GPU: "1"}}, [OWN, claim("gpushare-main", whole_template_name(1))],
+         {"main": ["own", "gpushare-main"]}, own=True),
+    Kept("a gpu-mem and a gpu-manager container of one pod each get their claim",
+         {"a": {GPU_MEM: "2"}, "b": {VCORE: "100"}},
+         [claim("gpushare-a", "gpushare-gpu-mem-2"),
+          claim("gpushare-b", whole_template_name(1))],
+         {"a": ["gpushare-a"], "b": ["gpushare-b"]}),
+    Kept("a 63-character container name gets a 63-character claim name",
+         {"side": {}, LONG + "a": {GPU_MEM: "4"}},
+         [claim("gpushare--" + LONG[:51] + "-1", "gpushare-gpu-mem-4")],
+         {"side": [], LONG + "a": ["gpushare--" + LONG[:51] + "-1"]}),
+    Kept("long container names that differ only past the cut get distinct claims, HAMi's too",
+         {LONG + "a": {GPU_MEM: "4"}, LONG + "b": {HAMI_GPU: "1"}},
+         [claim("gpushare--" + LONG[:51] + "-0", "gpushare-gpu-mem-4"),
+          claim("gpushare--" + LONG[:51] + "-1", whole_template_name(1))],
+         {LONG + "a": ["gpushare--" + LONG[:51] + "-0"],
+          LONG + "b": ["gpushare--" + LONG[:51] + "-1"]}),
+    Kept("a 54-character name keeps the short form (63 characters), a 55-character one not",
+         {"y" * 54: {GPU_MEM: "1"}, "y" * 55: {GPU_MEM: "1"}},
+         [claim("gpushare-" + "y" * 54, "gpushare-gpu-mem-1"),
+          claim("gpushare--" + "y" * 51 + "-1", "gpushare-gpu-mem-1")],
+         {"y" * 54: ["gpushare-" + "y" * 54], "y" * 55: ["gpushare--" + "y" * 51 + "-1"]}),
+]  # fmt: skip
+
+
+def test_pods_with_claims_of_their_own_or_long_container_names_get_valid_claims(
+    kube: Client,
+) -> None:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(policies(kube, POLICY, DIALECT_POLICIES))
+        namespace = dra_namespace(kube, stack, {"gpushare.io/dra": "true"})
+        in_effect(kube, namespace, {GPU_MEM: "1"})
+        in_effect(kube, namespace, {HAMI_GPU: "1"})
+        failures = []
+        for n, case in enumerate(KEPT):
+            body = pod(f"k{n}", namespace, case.containers)
+            if case.own:
+                body["spec"]["resourceClaims"] = [dict(OWN)]
+                body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "own"}]
+            try:
+                spec = created_pod(kube, body)["spec"]
+            except ApiError as error:
+                failures.append(f"{case.id}: refused: {error.status.message}")
+                continue
+            claims = spec.get("resourceClaims", [])
+            if sorted(claims, key=str) != sorted(case.claims, key=str):
+                failures.append(f"{case.id}: claims {claims}, expected {case.claims}")
+            if any(len(claim["name"]) > 63 for claim in claims):
+                failures.append(f"{case.id}: a claim name longer than 63 characters: {claims}")
+            got = {c["name"]: [r["name"] for r in c["resources"].get("claims", [])]
+                   for c in spec["containers"]}  # fmt: skip
+            if got != case.container_claims:
+                failures.append(f"{case.id}: containers' claims {got}")
+        assert not failures, "\n".join(failures)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A pod of ``containers`` and ``init_containers`` (name: GPU limits) refused with a message
+    that says each of ``says``; ``gpu_mem_only``: refused by gpu-mem-to-claims.yaml alone too."""
+
+    id: str
+    containers: dict[str, dict[str, str]]
+    says: tuple[str, ...]
+    init_containers: dict[str, dict[str, str]] = field(default_factory=dict)
+    gpu_mem_only: bool = True
+
+
+NOT_IN_INIT = ("which no ResourceClaim serves", "init containers are not translated",
+               "accepted: GPU resources in regular containers only")  # fmt: skip
+REFUSED = [
+    Refused("an init container asking gpu-mem: init containers are not translated",
+            {"main": {GPU_MEM: "2"}}, ("init container setup asks aliyun.com/gpu-mem=4",
+            *NOT_IN_INIT), {"setup": {GPU_MEM: "4"}}),
+    Refused("an init container asking a HAMi GPU: init containers are not translated",
+            {"main": {}}, ("init container setup asks nvidia.com/gpu=1", *NOT_IN_INIT),
+            {"setup": {HAMI_GPU: "1"}}, gpu_mem_only=False),
+    Refused("gpu-mem 0 names no amount of memory", {"side": {}, "main": {GPU_MEM: "0"}},
+            ("container main asks aliyun.com/gpu-mem=0, which no ResourceClaim serves",
+             "accepted: aliyun.com/gpu-mem a whole number >= 1")),
+    Refused("gpu-mem -1, left in place, is refused by the API server's own validation",
+            {"main": {GPU_MEM: "-1"}},
+            ("spec.containers[0].resources.limits[aliyun.com/gpu-mem]", '"-1"',
+             "must be greater than or equal to 0")),
+    Refused("gpu-mem 500m, left in place, is refused by the API server's own validation",
+            {"main": {GPU_MEM: "500m"}},
+            ("spec.containers[0].resources.limits[aliyun.com/gpu-mem]", "must be an integer")),
+]  # fmt: skip
+
+
+def refusal(kube: Client, body: dict[str, Any], within: float = 10.0) -> str | dict[str, Any]:
+    """The message refusing pod ``body``, or the spec of the last one admitted when it is
+    admitted throughout ``within`` s (tried again under a new name: a policy takes effect
+    seconds after its creation)."""
+    deadline = time.monotonic() + within
+    name, attempts = body["metadata"]["name"], itertools.count()
+    while True:
+        body["metadata"]["name"] = f"{name}-{next(attempts)}"
+        try:
+            spec: dict[str, Any] = created_pod(kube, body)["spec"]
+        except ApiError as error:
+            return error.status.message or ""
+        if time.monotonic() > deadline:
+            return spec
+        time.sleep(1)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [(POLICY,), (POLICY, DIALECT_POLICIES)],
+    ids=["gpu-mem-to-claims.yaml alone", "both files"],
+)
+def test_gpu_asks_left_untranslated_are_refused_with_the_container_the_ask_and_what_is_accepted(
+    kube: Client, files: tuple[Path, ...]
+) -> None:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(policies(kube, *files))
+        namespace = dra_namespace(kube, stack, {"gpushare.io/dra": "true"})
+        in_effect(kube, namespace, {GPU_MEM: "1"})
+        failures = []
+        for n, case in enumerate(REFUSED):
+            if DIALECT_POLICIES not in files and not case.gpu_mem_only:
+                continue
+            body = pod(f"r{n}", namespace, case.containers, case.init_containers)
+            message = refusal(kube, body)
+            if not isinstance(message, str):
+                failures.append(f"{case.id}: admitted, claims {message.get('resourceClaims')}")
+            elif not all(part in message for part in case.says):
+                failures.append(f"{case.id}: refused with {message!r}, expected {case.says}")
         assert not failures, "\n".join(failures)
 
 
