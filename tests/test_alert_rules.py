@@ -31,6 +31,8 @@ ALERTS = [
     "GpushareExtenderErrors",
     "GpushareExtenderSlow",
     "GpushareNodeConfigInvalid",
+    "GpushareExtenderUnauthenticatedCalls",
+    "GpushareHoldsWritableByOthers",
 ]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -35,10 +36,12 @@ from gpushare.cli.dradriver import dra_driver
 from gpushare.cli.extender import extender
 from gpushare.core.policies import policy_names
 from gpushare.core.serves import Serves
+from gpushare.extender.rbac import cluster_rules
 from gpushare.kube import nodeconfig, nodepods, nodes, unhealthy
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.dialects import DIALECT_NAMES
 from gpushare.kube.codec.nodeconfig import MemoryReserve, NodeConfig, node_config
+from gpushare.kube.holds import rbac_rules
 from gpushare.testing.controlplane import REPO_ROOT, gpushare_dra_extender, gpushare_extender
 from gpushare.testing.helm import (
     CHART_DIR,
@@ -50,25 +53,16 @@ from gpushare.testing.helm import (
     parse_yaml,
     render_objects,
 )
-from gpushare.testing.rbac import DRA_DRIVER_RULES, DRA_SCORING_RULES
+from gpushare.testing.rbac import (
+    DRA_DRIVER_RULES,
+    DRA_SCORING_RULES,
+    NAMESPACED_GRANTS,
+)
+from gpushare.testing.rbac import EXTENDER_RULES as TEST_EXTENDER_RULES
 
 SCHEDULER_DIR = REPO_ROOT / "deploy" / "scheduler"
-EXTENDER_RULES = (  # docs/extender.md, "Running it": RBAC for its identity
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
-)
-HOLDS_RULES = (  # docs/usage.md, "Priorities and preemption": the one ConfigMap it writes
-    {
-        "apiGroups": [""],
-        "resources": ["configmaps"],
-        "resourceNames": ["gpushare-preemption-holds"],
-        "verbs": ["get", "list", "watch", "patch"],
-    },
-)
+EXTENDER_RULES = cluster_rules(preemption=True, dra_scoring=False)  # what its clients need
+HOLDS_RULES = rbac_rules("gpushare-preemption-holds")  # the one ConfigMap it writes
 SERVICE_URL = "https://gpushare-extender.kube-system.svc:12345/gpushare-scheduler"
 SERVER_NAME = "gpushare-extender.kube-system.svc"
 HOST_CA_FILE = "/etc/kubernetes/gpushare-extender-ca.crt"  # the default scheduler's, on the host
@@ -306,9 +300,28 @@ def test_extender_role_is_exactly_the_documented_rules(default_objects: list[Obj
     holds = find(default_objects, "Role", "gpushare-extender-preemption")
     assert normalized(holds["rules"]) == normalized(HOLDS_RULES)
     assert holds["metadata"]["namespace"] == "kube-system"
-    docs = (REPO_ROOT / "docs" / "extender.md").read_text(encoding="utf-8")
-    assert "`nodes` get/list/watch; `pods` get/list/watch; `pods/binding`\ncreate" in docs
-    assert "`pods/eviction` create" in docs
+    docs = " ".join((REPO_ROOT / "docs" / "extender.md").read_text(encoding="utf-8").split())
+    for rule in EXTENDER_RULES:  # docs/extender.md, "Running it", names every grant
+        for resource in rule["resources"]:
+            said = [f"`{resource}` {'/'.join(v)}" for v in itertools.permutations(rule["verbs"])]
+            assert any(s in docs for s in said), said[0]
+
+
+def test_the_tests_run_the_extender_with_the_charts_rules() -> None:
+    """The cluster tests' extender identity (``gpushare.testing.rbac``) has the chart's
+    ClusterRole and its Roles' grants (without names), and nothing more: a requeue that needs
+    ``pods`` ``patch`` would fail in the tests as on a cluster."""
+    namespaced = [r.to_dict() for r in NAMESPACED_GRANTS]
+    assert normalized(r.to_dict() for r in TEST_EXTENDER_RULES) == normalized(
+        [*EXTENDER_RULES, *namespaced]
+    )
+    (holds,) = HOLDS_RULES
+    assert normalized([{**holds, "resourceNames": []}]) == normalized(
+        [r for r in namespaced if r["resources"] == ["configmaps"]]
+    )
+    verbs = {(tuple(r["resources"]), v) for r in EXTENDER_RULES for v in r["verbs"]}
+    assert (("pods",), "patch") not in verbs
+    assert (("pods/status",), "patch") in verbs  # the requeue: a status condition
 
 
 def test_bindings_give_each_service_account_its_own_role(with_scheduler: list[Obj]) -> None:

@@ -193,11 +193,11 @@ CASES = [
         due_after=[],
     ),
     Case(
-        "a failed call is tried again after the interval",
-        (refuse("a"), answer("a", RequeueOutcome.FAILED), change),
+        "a failed call pauses the loop for the first backoff and stays due",
+        (refuse("a", "b"), answer("a", RequeueOutcome.FAILED), change),
         ["default/a"],
-        next_s=10.0,
-        due_after=["default/a"],
+        next_s=1.0,
+        due_after=["default/a", "default/b"],
     ),
     Case(
         "a follower requeues nothing and forgets its refusals",
@@ -216,6 +216,43 @@ def test_requeuer(case: Case) -> None:
     assert rig.round() == case.next_s
     assert rig.calls == case.requeued
     assert rig.requeuer.due() == case.due_after
+
+
+def test_failures_back_off_doubling_are_logged_once_a_minute_and_reset_by_a_success(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under RBAC that refuses the patch every requeue fails the same way: one call per pause,
+    the pause doubling up to its maximum, one warning a minute; the first success resets it."""
+    rig = Rig(options=RequeueOptions(failure_backoff_s=1.0, max_failure_backoff_s=8.0))
+    names = [f"p{i}" for i in range(20)]
+    rig.refuse(*names)
+    for name in names:
+        rig.answers[f"default/{name}"] = RequeueOutcome.FAILED
+    rig.requeuer.changed("n1")
+    pauses, calls = [], 0
+    with caplog.at_level(logging.WARNING, logger="gpushare.extender.requeue"):
+        for _ in range(6):
+            pause = rig.round()
+            calls += len(rig.calls)
+            assert pause is not None
+            assert rig.round() == pytest.approx(pause)  # paused: nothing is tried meanwhile
+            assert rig.calls == []
+            pauses.append(pause)
+            rig.clock.now_s += pause
+    assert pauses == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert calls == 6  # one failing call per pause, not one per refused pod
+    assert len(caplog.records) == 1  # 31 s of failures: one warning
+    assert "HTTP 500: boom" in caplog.text
+    rig.answers.clear()
+    rig.clock.now_s += 60
+    assert rig.round() is None
+    assert len(rig.calls) == 20  # the whole backlog goes through
+    assert rig.requeuer.requeues.labels("failed")._value.get() == 6
+    rig.answers["default/p0"] = RequeueOutcome.FAILED
+    rig.refuse("p0")
+    rig.requeuer.changed("n1")
+    rig.clock.now_s += 60
+    assert rig.round() == 1.0  # reset by the successes: the first pause again
 
 
 def test_the_loop_requeues_after_a_change_and_settles() -> None:

@@ -415,7 +415,6 @@ ALLOWED: dict[str, list[Access]] = {
     EXTENDER: [
         ("list", "nodes", "", "", ""),
         ("watch", "nodes", "", "", ""),
-        ("get", "nodes", "", "", ""),
         ("list", "pods", "", "", ""),  # all namespaces
         ("watch", "pods", "", "", ""),
         ("get", "pods", WORK_NS, "", ""),
@@ -431,6 +430,8 @@ ALLOWED: dict[str, list[Access]] = {
         ("list", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
         ("watch", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
         ("patch", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
+        ("patch", "pods/status", WORK_NS, "", ""),  # the requeue: a status condition
+        ("create", "subjectaccessreviews", "", "", "authorization.k8s.io"),  # holds writers
     ],
     DEVICE_PLUGIN: [
         ("get", "nodes", "", "", ""),
@@ -457,6 +458,8 @@ ALLOWED: dict[str, list[Access]] = {
 FORBIDDEN: dict[str, list[Access]] = {
     EXTENDER: [
         ("patch", "pods", WORK_NS, "", ""),  # the Binding carries the annotations
+        ("update", "pods/status", WORK_NS, "", ""),
+        ("get", "nodes", "", "", ""),
         ("delete", "pods", WORK_NS, "", ""),
         ("create", "pods", WORK_NS, "", ""),
         ("update", "pods", WORK_NS, "", ""),

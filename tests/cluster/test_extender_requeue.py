@@ -39,7 +39,7 @@ from gpushare.kube.client import connect
 from gpushare.kube.codec import INVENTORY
 from gpushare.kube.codec.preemption import holds_data
 from gpushare.kube.refs import PodRef
-from gpushare.kube.requeue import REQUEUE_ANNOTATION, PodRequeuer, RequeueOutcome
+from gpushare.kube.requeue import REQUEUE_CONDITION, PodRequeuer, RequeueOutcome
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import ControlPlane, wait_for
 from gpushare.testing.live_extender import ExtenderThread, extender_with_scheduler
@@ -114,6 +114,12 @@ def refused(rig: Rig, name: str, why: str) -> None:
     wait_for(f"kube-scheduler refuses {name} with the extender's reason", found)
 
 
+def requeued(pod: Pod) -> bool:
+    """Whether the requeuer's condition is in ``pod``'s status."""
+    conditions = (pod.status.conditions if pod.status is not None else None) or []
+    return any(c.type == REQUEUE_CONDITION and c.status == "True" for c in conditions)
+
+
 def bound(rig: Rig, name: str) -> Pod:
     def probe() -> Pod | None:
         pod = rig.kube.get(Pod, name, namespace=NAMESPACE)
@@ -128,8 +134,8 @@ def test_a_pod_refused_for_a_preemption_hold_is_placed_once_the_hold_ends(rig: R
     assert preemptor.metadata is not None
     assert preemptor.metadata.uid is not None
     now_s = time.time()
-    hold = Hold(
-        f"{NAMESPACE}/preemptor", preemptor.metadata.uid, HELD_NODE, 1000,
+    hold = Hold(  # of the preemptor's priority, 0 (no PriorityClass), as the API server says
+        f"{NAMESPACE}/preemptor", preemptor.metadata.uid, HELD_NODE, 0,
         (ContainerAllocation("main", (0,), 16),), (), (), now_s, now_s + 3600, "kube-scheduler",
     )  # fmt: skip
     rig.kube.create(
@@ -141,11 +147,10 @@ def test_a_pod_refused_for_a_preemption_hold_is_placed_once_the_hold_ends(rig: R
     rig.kube.delete(ConfigMap, HOLDS[1], namespace=NAMESPACE)  # the hold ends
 
     pod = bound(rig, "low")
-    assert pod.metadata is not None
-    assert REQUEUE_ANNOTATION in (pod.metadata.annotations or {})  # nothing else moved it
+    assert requeued(pod)  # nothing else moved it
     url = rig.extender.url + "/metrics"
-    requeued = {"outcome": "requeued"}
-    assert sample_sum(url, "gpushare_extender_requeues_total", requeued) >= 1.0
+    outcome = {"outcome": "requeued"}
+    assert sample_sum(url, "gpushare_extender_requeues_total", outcome) >= 1.0
 
 
 def parked(rig: Rig, quiet_s: float = 3.0) -> None:
@@ -218,11 +223,10 @@ def test_the_requeue_touches_only_the_incarnation_it_names(rig: Rig) -> None:
     assert second.metadata.uid is not None
     outcome, detail = asyncio.run(requeue(old))
     assert outcome is RequeueOutcome.GONE, detail  # the name belongs to another UID now
-    pod = rig.kube.get(Pod, "incarnation", namespace=NAMESPACE)
-    assert pod.metadata is not None
-    assert REQUEUE_ANNOTATION not in (pod.metadata.annotations or {})
+    assert not requeued(rig.kube.get(Pod, "incarnation", namespace=NAMESPACE))
     new = PodRef(NAMESPACE, "incarnation", second.metadata.uid)
     assert asyncio.run(requeue(new))[0] is RequeueOutcome.REQUEUED
     pod = rig.kube.get(Pod, "incarnation", namespace=NAMESPACE)
+    assert requeued(pod)
     assert pod.metadata is not None
-    assert REQUEUE_ANNOTATION in (pod.metadata.annotations or {})
+    assert pod.metadata.annotations is None  # the status only: never the pod's metadata

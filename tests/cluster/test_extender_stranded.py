@@ -21,7 +21,6 @@ import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -33,7 +32,7 @@ from lightkube.types import PatchType
 from gpushare.extender.live import LiveOptions
 from gpushare.extender.stranded import STRANDED_REASON
 from gpushare.kube.codec.dialects import HAMI_GPU
-from gpushare.kube.requeue import REQUEUE_ANNOTATION
+from gpushare.kube.requeue import requeue_patch
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import ControlPlane, wait_for
 from gpushare.testing.dialects import dialect_pod_json
@@ -128,9 +127,13 @@ def test_kube_scheduler_does_not_retry_an_ignored_resource_pod_as_a_node_grows_a
     assert wait_for("the plain pod bound", lambda: stack.node_of("plain")) == stack.node
     assert stack.stays_pending("hami"), "kube-scheduler retried it: Pitfalls 31 is fixed"
 
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    touch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: stamp}}}
-    stack.kube.patch(Pod, "hami", touch, namespace=stack.namespace, patch_type=PatchType.MERGE)
+    hami = stack.kube.get(Pod, "hami", namespace=stack.namespace)
+    assert hami.metadata is not None
+    assert hami.metadata.uid is not None
+    touch = requeue_patch(hami.metadata.uid)  # what the requeuer writes
+    stack.kube.patch(
+        Pod.Status, "hami", touch, namespace=stack.namespace, patch_type=PatchType.STRATEGIC
+    )
     assert stack.stays_pending("hami"), "a pod update requeued it: the requeuer could help"
 
     stack.kube.delete(Pod, "plain", namespace=stack.namespace, grace_period=0)

@@ -94,6 +94,9 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         kubeconfig = control_plane.service_account_kubeconfig(
             "gpushare-extender-preempt", LEASE_NAMESPACE, EXTENDER_RULES
         )
+        # The holds ConfigMap, as the chart creates it (the extender may only patch it).
+        with contextlib.suppress(ApiError):
+            kube.create(ConfigMap(metadata=ObjectMeta(name=HOLDS[1], namespace=HOLDS[0])))
         lease = f"gpushare-preempt-{uuid.uuid4().hex[:6]}"
         args = (
             "--policy=binpack",

@@ -20,11 +20,11 @@
 :meth:`LiveExtender.run` returns after :meth:`LiveExtender.request_stop` (or SIGINT/SIGTERM when
 uvicorn runs in the main thread): the server drains, the cache stops. The client belongs to the
 caller (``gpushare.kube.client.connect``); :func:`serve` runs the extender, then closes it.
-RBAC needed by the client's identity: ``nodes`` get/list/watch; ``pods`` get/list/watch/patch;
-``pods/binding`` create; ``events`` create; with leader election, ``leases`` get/create/update;
-with preemption (the default), ``pods/eviction`` create, ``poddisruptionbudgets``
-list/watch, and ``configmaps`` get/list/watch/patch on the holds ConfigMap (create in its
-namespace).
+RBAC needed by the client's identity: ``gpushare.extender.rbac.cluster_rules`` (nodes and pods
+list/watch, ``pods`` get, ``pods/binding`` create, ``events`` create, ``pods/status`` patch; with
+preemption, the default, ``pods/eviction`` create, ``poddisruptionbudgets`` list/watch and
+``subjectaccessreviews`` create), ``configmaps`` get/list/watch/patch on the holds ConfigMap
+(``gpushare.kube.holds.rbac_rules``), and with leader election ``leases`` get/create/update.
 
 **Preemption** (``options.preemption``, ``gpushare.extender.preemption``): the cache also
 watches PodDisruptionBudgets and the holds ConfigMap; the ``Preemptor`` answers ``preempt``,
@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -75,6 +76,7 @@ from gpushare.extender.forward import (
     leader_url,
 )
 from gpushare.extender.holds import BudgetBook, HoldBook
+from gpushare.extender.holdwriters import HoldWriterCheck
 from gpushare.extender.leadership import LeaderBinder, Leadership
 from gpushare.extender.limits import RequestLimits, uvicorn_settings
 from gpushare.extender.preemption import PreemptionOptions, Preemptor
@@ -102,6 +104,7 @@ from gpushare.kube.peers import PeerPods
 from gpushare.kube.podreader import PodReader
 from gpushare.kube.requeue import PodRequeuer
 from gpushare.kube.watch import Backoff
+from gpushare.kube.writers import foreign_writers
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +140,10 @@ class LiveOptions:
     checked). ``tls_reload_s``: how often the TLS files are looked at for a renewal
     (``gpushare.extender.tlsreload``). ``preemption``: GPU-aware preemption (``None``: off;
     ``preempt`` then keeps kube-scheduler's choice); ``holds_configmap``: where its holds are
-    kept, ``(namespace, name)``. ``requeue``: how the pods the filter refused everywhere are
-    requeued in kube-scheduler when a node changes (``gpushare.extender.requeue``).
+    kept, ``(namespace, name)``; ``hold_writers_interval_s``: how often the extender asks who
+    else may write it (``gpushare.extender.holdwriters``). ``requeue``: how the pods the
+    filter refused everywhere are requeued in kube-scheduler when a node changes
+    (``gpushare.extender.requeue``).
     ``dra_scoring``: score nodes for DRA claim pods on ``P/dra/prioritize`` from the slices of
     ``dra_driver`` and every claim (``gpushare.extender.dra``; RBAC ``resourceslices`` and
     ``resourceclaims`` ``list``/``watch``).
@@ -176,6 +181,7 @@ class LiveOptions:
     tls_reload_s: float = 30.0
     preemption: PreemptionOptions | None = field(default_factory=PreemptionOptions)
     holds_configmap: tuple[str, str] = DEFAULT_HOLDS
+    hold_writers_interval_s: float = 600.0
     requeue: RequeueOptions = field(default_factory=RequeueOptions)
     dra_scoring: bool = False
     dra_driver: str = DRA_DRIVER
@@ -323,7 +329,15 @@ class LiveExtender:
                 peers=peers,
             )
         self.preemptor: Preemptor | None = None
+        self.hold_writers: HoldWriterCheck | None = None
         if options.preemption is not None:
+            namespace, name = options.holds_configmap
+            self.hold_writers = HoldWriterCheck(
+                functools.partial(foreign_writers, client, namespace, name),
+                f"ConfigMap {namespace}/{name}",
+                self.registry,
+                interval_s=options.hold_writers_interval_s,
+            )
             self.preemptor = Preemptor(
                 self.state,
                 self.holds,
@@ -450,6 +464,8 @@ class LiveExtender:
             self.dra_cache.start()
         sync = asyncio.create_task(self._sync(), name="gpushare-extender-sync")
         side = [asyncio.create_task(r.run(), name="gpushare-tls-reload") for r in self.reloaders]
+        if self.hold_writers is not None:
+            side.append(asyncio.create_task(self.hold_writers.run(), name="gpushare-holds-check"))
         if self.peer_server is not None:
             side.append(asyncio.create_task(self.peer_server.serve(), name="gpushare-peer"))
         try:

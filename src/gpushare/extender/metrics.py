@@ -14,7 +14,10 @@ gpushare_extender_requests_total             counter    verb, outcome      reque
                                                                            handshake rule), error
                                                                            (another Error text or
                                                                            a 5xx), bad_request
-                                                                           (400);
+                                                                           (400),
+                                                                           unauthenticated (401:
+                                                                           no client
+                                                                           certificate);
                                                                            with leader election
                                                                            forwarded (to the
                                                                            leader), refused (no

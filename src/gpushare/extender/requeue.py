@@ -15,9 +15,17 @@ node whose GPU view changed, from the feed; a node whose holds changed, from the
 assumption that expired) requeues every pod refused before it. A release that kube-scheduler
 sees too (:meth:`Requeuer.released`: a GPU pod deleted or finished) requeues only the pods
 refused within ``race_window_s`` before the extender saw it: those may have been refused on
-a view that lacked it. The loop (:meth:`Requeuer.run`) writes each such pod's
-``gpushare.io/requeued-at`` annotation (``gpushare.kube.requeue``), which requeues it after
-kube-scheduler's backoff; a pod refused again is recorded again.
+a view that lacked it. The loop (:meth:`Requeuer.run`) sets each such pod's
+``gpushare.io/Requeued`` status condition (``gpushare.kube.requeue``; RBAC ``pods/status``
+``patch``), which requeues it after kube-scheduler's backoff; a pod refused again is recorded
+again.
+
+A requeue that fails (a 403 when RBAC does not grant it, the API server away) is counted
+(``gpushare_extender_requeues_total{outcome="failed"}``), logged as one warning a minute at most
+(how many failed since, the last pod and the server's words), and backs the whole loop off:
+nothing is tried for ``failure_backoff_s``, doubled at each failure in a row up to
+``max_failure_backoff_s``, reset by the first success. Such failures are almost always the same
+for every pod, so a burst of refused pods costs one failing call per backoff, not one per pod.
 
 Bounds: at most ``limit`` refused pods are remembered (the oldest refusal is forgotten first),
 at most ``batch`` requeued per round, a pod at most once per ``pod_interval_s``, and only while
@@ -53,17 +61,23 @@ class RequeueOptions:
     """``settle_s``: wait after a change for more of a burst (seconds); ``race_window_s``: how
     long before a release a refusal may have been decided on a view that did not have it yet;
     ``pod_interval_s``: the least time between two requeues of one pod; ``batch``: requeues per
-    round; ``limit``: refused pods remembered."""
+    round; ``limit``: refused pods remembered; ``failure_backoff_s``/``max_failure_backoff_s``:
+    the pause after a failed requeue, doubled per failure in a row up to the maximum
+    (seconds)."""
 
     settle_s: float = 0.5
     race_window_s: float = 5.0
     pod_interval_s: float = 10.0
     batch: int = 50
     limit: int = 10_000
+    failure_backoff_s: float = 1.0
+    max_failure_backoff_s: float = 60.0
 
     def __post_init__(self) -> None:
         if min(self.settle_s, self.race_window_s, self.pod_interval_s) < 0:
             raise ValueError(f"requeue intervals must be >= 0 seconds: {self}")
+        if not 0 < self.failure_backoff_s <= self.max_failure_backoff_s:
+            raise ValueError(f"requeue backoff must be > 0 and at most its maximum: {self}")
         if self.batch < 1 or self.limit < 1:
             raise ValueError(f"requeue batch and limit must be >= 1: {self}")
 
@@ -100,6 +114,10 @@ class Requeuer:
         self._refused: dict[str, _Refused] = {}  # in refusal order
         self._changes = 0
         self._wake = asyncio.Event()
+        self._failures = 0  # failed requeues in a row
+        self._paused_until = float("-inf")  # monotonic: no requeue before
+        self._failed_since_log = 0
+        self._logged_s = float("-inf")
         registry = registry if registry is not None else CollectorRegistry()
         self.requeues = Counter(
             "gpushare_extender_requeues",
@@ -176,6 +194,8 @@ class Requeuer:
             self._refused.clear()  # a follower forwards the filter: it refuses nothing
             return None
         now, changes = self._clock(), self._changes
+        if now < self._paused_until:
+            return self._paused_until - now if self.due() else None
         done = 0
         next_s: float | None = None
         for key in self.due():
@@ -201,11 +221,29 @@ class Requeuer:
                 continue
             current.requeued_s = self._clock()  # a refusal meanwhile keeps it (``refused``)
             if outcome is RequeueOutcome.FAILED:
-                log.warning("pod %s could not be requeued (again in %gs): %s", key,
-                            self.options.pod_interval_s, detail)  # fmt: skip
-                next_s = self.options.pod_interval_s if next_s is None else next_s
-            else:
-                log.info("pod %s requeued: what refused it changed", key)
-                current.seen = max(current.seen, changes)  # not due until the next change
-                current.raced = False
+                return self._back_off(key, detail)
+            self._failures = 0
+            log.info("pod %s requeued: what refused it changed", key)
+            current.seen = max(current.seen, changes)  # not due until the next change
+            current.raced = False
         return next_s
+
+    def _back_off(self, key: str, detail: str) -> float:
+        """A requeue of pod ``key`` failed (``detail``: the server's words): pause the loop,
+        log at most once a minute; the pause (seconds)."""
+        options = self.options
+        pause_s = min(
+            options.max_failure_backoff_s, options.failure_backoff_s * 2.0**self._failures
+        )
+        self._failures += 1
+        now = self._clock()
+        self._paused_until = now + pause_s
+        self._failed_since_log += 1
+        if now - self._logged_s >= 60.0:
+            log.warning(
+                "%d requeue(s) failed since the last report, the last of pod %s: %s; requeues "
+                "pause %gs (doubling while they fail, at most %gs)",
+                self._failed_since_log, key, detail, pause_s, options.max_failure_backoff_s,
+            )  # fmt: skip
+            self._failed_since_log, self._logged_s = 0, now
+        return pause_s

@@ -25,7 +25,7 @@ RBAC: ``pods/binding`` ``create``; ``pods`` ``get`` (explaining a conflict).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,13 @@ from gpushare.kube.codec import pod_deletion_timestamp, pod_node_name, pod_uid
 from gpushare.kube.errors import CLIENT_ERRORS, BindError, BindStage, Failure, classify
 from gpushare.kube.refs import PodRef
 
-__all__ = ["BindResult", "PodBinder"]
+__all__ = ["RBAC_RULES", "BindResult", "PodBinder"]
+
+RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+)
+"""What :class:`PodBinder` needs of its identity's RBAC (module doc)."""
 
 
 class _BindingRequest(dict[str, Any], lightkube_resource.NamespacedSubResource):

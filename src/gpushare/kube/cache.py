@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -60,9 +60,11 @@ from gpushare.kube.watch import (
 )
 
 __all__ = [
+    "BUDGET_RBAC_RULES",
     "GPUSHARE_LABEL",
     "GPU_MEM",
     "GPU_RESOURCES",
+    "RBAC_RULES",
     "CacheStats",
     "ClusterCache",
     "Listener",
@@ -70,6 +72,17 @@ __all__ = [
     "requests_gpu",
     "requests_gpu_mem",
 ]
+
+RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+)
+"""What the cache needs of its identity's RBAC for nodes and pods; the holds ConfigMap's are
+``gpushare.kube.holds.rbac_rules``."""
+BUDGET_RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
+)
+"""What it needs more with ``budgets=True``."""
 
 GPU_RESOURCES = frozenset({GPU_MEM}) | DIALECT_NAMES
 """Every extended resource of a pod gpushare places: Alibaba's ``aliyun.com/gpu-mem`` and the

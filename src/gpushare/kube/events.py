@@ -16,7 +16,7 @@ caller usually logs it and goes on. RBAC: ``events`` ``create``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from lightkube import AsyncClient
@@ -27,7 +27,18 @@ from lightkube.resources.core_v1 import Event
 from gpushare.kube.errors import CLIENT_ERRORS, api_call_error
 from gpushare.kube.refs import PodRef
 
-__all__ = ["MAX_MESSAGE_CHARS", "REPORTING_COMPONENT", "EventRecorder", "EventType"]
+__all__ = [
+    "MAX_MESSAGE_CHARS",
+    "RBAC_RULES",
+    "REPORTING_COMPONENT",
+    "EventRecorder",
+    "EventType",
+]
+
+RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+)
+"""What :class:`EventRecorder` needs of its identity's RBAC."""
 
 REPORTING_COMPONENT = "gpushare-extender"
 MAX_MESSAGE_CHARS = 1024

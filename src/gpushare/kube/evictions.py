@@ -20,7 +20,7 @@ Like :mod:`gpushare.kube.binder`, the call goes through a dict-typed subresource
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,12 @@ from lightkube.models.meta_v1 import ObjectMeta
 from gpushare.kube.errors import CLIENT_ERRORS, Failure, classify
 from gpushare.kube.refs import PodRef
 
-__all__ = ["Eviction", "EvictionOutcome", "Evictor"]
+__all__ = ["RBAC_RULES", "Eviction", "EvictionOutcome", "Evictor"]
+
+RBAC_RULES: tuple[Mapping[str, Sequence[str]], ...] = (
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+)
+"""What :class:`Evictor` needs of its identity's RBAC."""
 
 
 class EvictionOutcome(enum.StrEnum):

@@ -7,11 +7,15 @@ leading extender writes; every replica reads the ConfigMap through its cache
 (``ClusterCache(holds=...)``). When the ConfigMap is missing (the chart creates it), the first
 put creates it. Failures raise :class:`~gpushare.kube.errors.ApiCallError`.
 
-RBAC: ``configmaps`` ``get``, ``list``, ``watch``, ``patch`` on that name, and ``create`` in
-the namespace.
+RBAC (:func:`rbac_rules`): ``configmaps`` ``get``, ``list``, ``watch`` (the cache) and
+``patch`` on that name, in a Role of its namespace; the chart creates the ConfigMap, so
+``create`` is not granted (the store would create a missing one where it may). Nobody else
+should be able to write it (``gpushare.kube.writers``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
@@ -22,10 +26,23 @@ from gpushare.core.preemption import Hold
 from gpushare.kube.codec.preemption import hold_json
 from gpushare.kube.errors import CLIENT_ERRORS, Failure, api_call_error
 
-__all__ = ["DEFAULT_HOLDS", "HoldStore", "parse_holds_ref"]
+__all__ = ["DEFAULT_HOLDS", "HoldStore", "parse_holds_ref", "rbac_rules"]
 
 DEFAULT_HOLDS = ("kube-system", "gpushare-preemption-holds")
 """The holds ConfigMap, ``(namespace, name)``, unless ``--preemption-holds`` says otherwise."""
+
+
+def rbac_rules(name: str) -> tuple[Mapping[str, Sequence[str]], ...]:
+    """The Role rules (in the ConfigMap's namespace) for the holds ConfigMap ``name``: read it
+    (the cache) and patch it (:class:`HoldStore`)."""
+    return (
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [name],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+    )
 
 
 def parse_holds_ref(text: str) -> tuple[str, str]:
