@@ -704,12 +704,17 @@ def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None
         },
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "host-proc", "hostPath": {"path": "/proc", "type": "Directory"}},
+        {
+            "name": "share-view",
+            "hostPath": {"path": "/var/lib/gpushare/lib", "type": "DirectoryOrCreate"},
+        },
     ]
     main = container(daemonset)
     assert main["volumeMounts"] == [
         {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True},
+        {"name": "share-view", "mountPath": "/var/lib/gpushare/lib"},
     ]
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
     assert main["securityContext"]["runAsUser"] == 0
@@ -722,6 +727,7 @@ def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None
     assert "--memory-unit=GiB" in args
     assert "--metrics-port=9445" in args
     assert "--proc-root=/host/proc" in args
+    assert "--share-library-dir=/var/lib/gpushare/lib" in args  # shareView on by default
     assert _flag_names(args) <= flags(device_plugin)
     assert "runtimeClassName" not in pod
 
@@ -746,12 +752,15 @@ def test_device_plugin_daemonset(helm: Path, default_objects: list[Obj]) -> None
     assert {"--dialects=tencent,hami", "--split-count=4"} <= set(args)
     assert _flag_names(args) <= flags(device_plugin)
 
-    quiet = render_objects({"devicePlugin": {"metricsPort": 0, "hostProc": False}}, helm=helm)
+    quiet = render_objects(
+        {"devicePlugin": {"metricsPort": 0, "hostProc": False}, "shareView": {"enabled": False}},
+        helm=helm,
+    )
     daemonset = find(quiet, "DaemonSet", "gpushare-device-plugin")
     main = container(daemonset)
     assert "--metrics-port=0" in _args(main)
     assert "ports" not in main
-    assert not any(a.startswith("--proc-root") for a in _args(main))
+    assert not any(a.startswith(("--proc-root", "--share-library")) for a in _args(main))
     assert [v["name"] for v in daemonset["spec"]["template"]["spec"]["volumes"]] == [
         "device-plugins",
         "tmp",
@@ -1245,7 +1254,8 @@ def test_a_node_serves_the_device_plugin_or_the_dra_driver(with_dra: list[Obj]) 
     assert "--fake-gpus=2x16GiB:T4" in args
     mounts = {m["mountPath"] for m in container(driver)["volumeMounts"]}
     assert mounts == {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry",
-                      "/var/run/cdi"}  # fmt: skip
+                      "/var/run/cdi", "/var/lib/gpushare/lib"}  # fmt: skip
+    assert "--share-library-dir=/var/lib/gpushare/lib" in args
     role = find(with_dra, "ClusterRole", "gpushare-dra-driver")
     assert normalized(role["rules"]) == normalized(DRA_RULES)
     assert "--unhealthy-configmap" in args  # Alibaba's health list, read in kube-system

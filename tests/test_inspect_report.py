@@ -16,24 +16,29 @@ from typing import Any
 import pytest
 
 from gpushare.core.fit import FitStatus, Reason
+from gpushare.core.isolation import Enforcement, Isolation
 from gpushare.core.model import ContainerAllocation
 from gpushare.core.skipped import SkipKind
 from gpushare.inspect import Report, Snapshot, build_report
 from gpushare.inspect import report as report_module
 from gpushare.inspect.gcpause import gc_paused
+from gpushare.inspect.render import render_detail, report_json
 from gpushare.inspect.report import PodRead, SnapshotReader, read_pod
 from gpushare.kube.codec import (
     ALIYUN_ASSIGNED,
     ALIYUN_IDX,
     ALIYUN_POD,
     ALLOCATION,
+    GPU_MEM,
     INVENTORY,
+    InventoryGpu,
     MemoryUnit,
+    inventory_annotation,
     node_info,
 )
 from gpushare.testing.dialects import bound_dialect_pod, dialect_pod_json
 from gpushare.testing.extender import alibaba_node_json, node_json, plain_node_json, pod_json
-from gpushare.testing.nodes import FakeGpu
+from gpushare.testing.nodes import FakeGpu, fake_gpu_uuid
 from gpushare.testing.pods import bound_gpu_pod
 
 Json = dict[str, Any]
@@ -553,3 +558,34 @@ def test_a_kept_reader_counts_again_only_the_nodes_whose_pods_or_node_changed(
     counted.clear()
     build_report(Snapshot((n1, n2), tuple(pods)), node="n1", reader=reader)
     assert counted == ["n1"]
+
+
+def test_each_placed_pod_says_how_its_share_is_held_where_the_inventory_says_it() -> None:
+    """The inventory publishes each GPU's backend and view (docs/share-view.md): a share on an
+    MPS node is ``enforced (mps)``, a whole GPU ``whole GPU``; JSON and ``-d`` say it."""
+    held = Isolation(Enforcement.MPS, True)
+    n = node("n", [16, 16])
+    gpus = [InventoryGpu(i, fake_gpu_uuid("n", i), "T4", 16, True, held) for i in (0, 1)]
+    n["metadata"]["annotations"][INVENTORY] = inventory_annotation(MemoryUnit.GIB, gpus)
+    exclusive = {"gpushare.io/exclusive": "true"}
+    whole = bound_dialect_pod(
+        dialect_pod_json("w", {"main": {GPU_MEM: 4}}, annotations=exclusive),
+        node_info(n).node, [ContainerAllocation("main", (1,), 16, 1000, True)],
+    )  # fmt: skip
+    r = report([n], [bound("a", n, [("main", (0,), 4)]), whole])
+    (got,) = r.nodes
+    assert [(p.name, p.isolation) for p in got.pods] == [
+        ("a", "enforced (mps)"),
+        ("w", "whole GPU"),
+    ]
+    assert [g.isolation for g in got.gpus] == ["enforced (mps)", "enforced (mps)"]
+    data = report_json(r)["nodes"][0]
+    assert [p["isolation"] for p in data["pods"]] == ["enforced (mps)", "whole GPU"]
+    assert data["gpus"][0]["isolation"] == "enforced (mps)"
+    detail = render_detail(r)
+    assert "ISOLATION" in detail
+    assert "enforced (mps)" in detail
+    unsaid = report([node("m", [16])], [bound("b", node("m", [16]), [("main", (0,), 4)])])
+    assert unsaid.nodes[0].pods[0].isolation == ""
+    assert "isolation" not in report_json(unsaid)["nodes"][0]["pods"][0]
+    assert "ISOLATION" not in render_detail(unsaid)

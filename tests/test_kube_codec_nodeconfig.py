@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpushare.core.isolation import Enforcement
 from gpushare.core.model import ContainerRequest, PodRequest
 from gpushare.core.serves import Serves, serves_refusal
 from gpushare.kube.codec import CodecError, InventoryGpu, MemoryUnit, inventory_annotation
@@ -94,6 +95,16 @@ def read(text: str | None, labels: dict[str, str] = LABELS) -> NodeConfig:
             "nodes: [{name: gpu-2, serves: [not, checked]}, {selector: {pool: x}, serves: 7}]",
             NodeConfig(),
         ),
+        (
+            f"defaults: {{enforcement: library, requireEnforcement: true}}\n"
+            f"nodes: [{{name: {NODE}, enforcement: driver}}]",
+            NodeConfig(enforcement=Enforcement.DRIVER, require_enforcement=True),
+        ),
+        (
+            f"defaults: {{requireEnforcement: true}}\n"
+            f"nodes: [{{name: {NODE}, requireEnforcement: false}}]",
+            NodeConfig(require_enforcement=False),
+        ),
     ],
     ids=[
         "no config.yaml key: nothing configured",
@@ -111,6 +122,8 @@ def read(text: str | None, labels: dict[str, str] = LABELS) -> NodeConfig:
         "the name beats the selector key by key, the selector fills the rest",
         "a selector beats the defaults, the defaults fill the rest",
         "the values of entries for other nodes are theirs to get wrong",
+        "the backend by name beats the defaults, which require enforcement",
+        "a node may opt out of the defaults' required enforcement",
     ],
 )  # fmt: skip
 def test_the_node_gets_its_entries_in_precedence_order(
@@ -147,6 +160,9 @@ def test_the_node_gets_its_entries_in_precedence_order(
         (f"nodes: [{{name: {NODE}, excludeGpus: {{a: 1}}}}]", "nodes[0].excludeGpus",
          "not a list of GPUs"),
         ("defaults: {serves: sometimes}", "defaults.serves", "unknown kind"),
+        ("defaults: {enforcement: cgpu}", "defaults.enforcement", "unknown backend"),
+        (f"nodes: [{{name: {NODE}, requireEnforcement: yes please}}]",
+         "nodes[0].requireEnforcement", "not a boolean"),
         ("defaults: {name: x}", "defaults.name", "unknown key"),
         (f"nodes: [{{name: {NODE}}}, {{name: {NODE}}}]", "nodes[].name",
          "2 entries apply to the node by name; one at most may"),
@@ -173,6 +189,8 @@ def test_the_node_gets_its_entries_in_precedence_order(
         "a GPU named neither by index nor by UUID",
         "GPUs written as a mapping",
         "a bad value in the defaults",
+        "a backend gpushare does not have",
+        "requireEnforcement that is not a boolean",
         "an entry key in the defaults",
         "two entries naming the node",
         "two selectors matching the node (refused, not guessed)",

@@ -206,7 +206,7 @@ def test_a_pod_gets_the_gpu_its_annotations_name_and_is_marked_assigned(
             "Normal",
             "GPUAllocated",
             f"gpushare device plugin on node {node}: container main gets GPU 1 "
-            f"({GPUS[1].uuid}), 4 GiB each",
+            f"({GPUS[1].uuid}), 4 GiB each; share none",
         )
     ]
 

@@ -166,6 +166,21 @@ from gpushare.kube.errors import KubeError
     "deviceSplitCount): kubelet admits at most GPUs x this many nvidia.com/gpu on the node.",
 )
 @click.option(
+    "--share-library-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Host directory to install the share-view library into (mounted at the same path in "
+    "the plugin's pod): shared containers then see their share in CUDA and nvidia-smi "
+    "(docs/share-view.md). Unset: they see the whole GPU.",
+)
+@click.option(
+    "--share-library",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The share-view library to install (libgpushare-share.so; default: the image's "
+    "/opt/gpushare/lib/libgpushare-share.so).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=DEFAULT_METRICS_PORT,
@@ -202,6 +217,8 @@ def device_plugin(
     mps_control: str,
     dialects_text: str,
     split_count: int,
+    share_library_dir: Path | None,
+    share_library: Path | None,
     metrics_port: int,
     proc_root: Path,
     kubeconfig: Path | None,
@@ -259,6 +276,8 @@ def device_plugin(
         proc_root=proc_root,
         dialects=dialects,
         split_count=split_count,
+        share_library=share_library,
+        share_library_dir=share_library_dir,
     )
     client = connect_or_exit(kubeconfig, context)
     try:

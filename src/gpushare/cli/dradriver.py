@@ -23,6 +23,8 @@ from gpushare.cli.options import (
     run_until_signalled,
     setup_logging,
 )
+from gpushare.core.isolation import Enforcement
+from gpushare.deviceplugin.isolation import installed_library, node_isolation
 from gpushare.dra.driver import DraDriver, DriverOptions
 from gpushare.dra.slices import DRIVER
 from gpushare.kube.claims import ApiClaims
@@ -108,6 +110,34 @@ from gpushare.kube.errors import Failure, KubeError
     "free first, from the claims of this node's pods (gpushare's best fit; the driver watches "
     "them), or by index.",
 )
+@click.option(
+    "--share-library-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Host directory to install the share-view library into (mounted at the same path in "
+    "the driver's pod): containers with a share then see it in CUDA and nvidia-smi "
+    "(docs/share-view.md). Unset: they see the whole GPU.",
+)
+@click.option(
+    "--share-library",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The share-view library to install (default: the image's "
+    "/opt/gpushare/lib/libgpushare-share.so).",
+)
+@click.option(
+    "--enforcement",
+    type=click.Choice([e.value for e in Enforcement]),
+    default=None,
+    help='The backend that holds a share (docs/share-view.md, "Enforcement backends"); '
+    "default: the strongest the node has (mps with --mps, driver, library, none).",
+)
+@click.option(
+    "--require-enforcement",
+    is_flag=True,
+    help="Refuse claims for a share unless mps or driver holds it (the claim's pod then fails "
+    "to start with the reason).",
+)
 @kube_options
 @log_level_option
 def dra_driver(
@@ -123,6 +153,10 @@ def dra_driver(
     mps: bool,
     placement: str,
     unhealthy_configmap: bool,
+    share_library_dir: Path | None,
+    share_library: Path | None,
+    enforcement: str | None,
+    require_enforcement: bool,
     kubeconfig: Path | None,
     context: str | None,
     log_level: str,
@@ -130,7 +164,13 @@ def dra_driver(
     """Run the DRA driver of this node: publish its GPUs as a ResourceSlice and prepare the
     claims kube-scheduler allocates on them."""  # fmt: skip
     setup_logging(log_level)
-    inventory, _ = inventory_or_exit(fake_gpus)
+    inventory, nvml = inventory_or_exit(fake_gpus)
+    isolation = node_isolation(
+        mps=mps, nvml=nvml, library=installed_library(share_library, share_library_dir)
+    )
+    isolation.configure(
+        None if enforcement is None else Enforcement(enforcement), require_enforcement
+    )
     options = DriverOptions(
         node=node_name, unit=MemoryUnit(memory_unit), driver=driver_name, plugin_dir=plugin_dir,
         registry_dir=registry_dir, cdi_dir=cdi_dir, resync_s=resync_s, mps=mps,
@@ -138,7 +178,7 @@ def dra_driver(
     )  # fmt: skip
     client = connect_or_exit(kubeconfig, context)
     try:
-        driver = DraDriver(options, inventory, client, ApiClaims(client))
+        driver = DraDriver(options, inventory, client, ApiClaims(client), isolation=isolation)
         asyncio.run(run_until_signalled(driver.run))
     except ValueError as error:
         raise click.ClickException(str(error)) from None

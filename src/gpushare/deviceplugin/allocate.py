@@ -23,7 +23,13 @@ formats; several GPUs comma-separated in index order):
   MPS documentation (``nvidia-cuda-mps-control``, section "Environment variables");
 * with a managed MPS daemon (``mps_paths``, ``--mps-managed``): also
   ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY``, and the mounts of the daemon's
-  pipe, log and shared-memory directories (``gpushare.deviceplugin.mps.MpsPaths``).
+  pipe, log and shared-memory directories (``gpushare.deviceplugin.mps.MpsPaths``);
+* for a share of a GPU (not a whole one), with ``isolation`` (the node's backend and the
+  share-view library, ``gpushare.deviceplugin.isolation``): the share-view library
+  (``LD_PRELOAD``, ``GPUSHARE_SHARE_MIB`` and its mount), ``GPUSHARE_SHARE_ENFORCE`` for the
+  ``library`` backend, ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` for ``driver``. When the node
+  configuration requires an enforced share and the node has none, the shared container is
+  refused (FAILED_PRECONDITION and a ``FailedGPUAllocation`` Event naming what is missing).
 
 Then the step is recorded on the pod (``gpushare.io/assigned-containers``, and
 ``ALIYUN_COM_GPU_MEM_ASSIGNED: "true"`` with the last one). A record that cannot be written for
@@ -34,7 +40,9 @@ FAILED_PRECONDITION naming the units asked, the node and the pending pods; it ne
 made-up device.
 
 Events (best effort, never delaying the answer; ``AllocateEvents``): ``GPUAllocated`` (Normal)
-on the matched pod naming the container's GPU(s); ``FailedGPUAllocation`` (Warning) on every
+on the matched pod naming the container's GPU(s) and how its share is held (``share enforced
+(mps)``, ``share view only``, ...: ``gpushare.core.isolation.Isolation.said``; ``whole
+GPU``); ``FailedGPUAllocation`` (Warning) on every
 candidate pod of an ambiguous match, on the pod whose record was refused, and on the node when no
 pending pod matches (kubelet then fails the admitted pod with the same message).
 """
@@ -55,6 +63,7 @@ from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_
 from gpushare.deviceplugin._proto import api_pb2
 from gpushare.deviceplugin.dialects import GPU_MEM_DIALECT, AllocateDialect
 from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.deviceplugin.mps import MpsPaths
 from gpushare.deviceplugin.server import AllocateError
 from gpushare.kube.codec import (
@@ -172,6 +181,7 @@ class HandshakeAllocator:
     (``aliyun.com/gpu-mem`` by default; a dialect's resource: ``gpushare.deviceplugin.dialects``),
     only its pods are matched, by its units; ``mps`` adds the MPS variables (``mps_envs``);
     ``mps_paths`` (a managed daemon) adds them too, with its directories and mounts;
+    ``isolation`` the node's share backend and view (module doc; ``None``: neither);
     ``events`` records Events; ``observe(outcome, seconds)`` is called once per call with
     ``ok``, ``rejected`` or ``error`` (metrics); ``patch_attempts`` bounds the tries of one
     annotation patch (``retry_s`` apart, doubling).
@@ -186,6 +196,7 @@ class HandshakeAllocator:
         dialect: AllocateDialect = GPU_MEM_DIALECT,
         mps: bool = False,
         mps_paths: MpsPaths | None = None,
+        isolation: NodeIsolation | None = None,
         patch_attempts: int = 3,
         retry_s: float = 0.1,
         events: AllocateEvents | None = None,
@@ -199,6 +210,7 @@ class HandshakeAllocator:
         self._left_out: dict[str, str] = {}  # pod key -> why it cannot be matched here
         self._mps = mps or mps_paths is not None
         self._mps_paths = mps_paths
+        self.isolation = isolation
         self._patch_attempts = max(1, patch_attempts)
         self._retry_s = retry_s
         self._lock = asyncio.Lock()
@@ -255,26 +267,51 @@ class HandshakeAllocator:
             raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message)
         gpus = {gpu.index: gpu for gpu in self._advertised.gpus}
         try:
-            envs = self._envs(pod, step, [gpus[index] for index in step.gpu_indices])
+            chosen = [gpus[index] for index in step.gpu_indices]
         except KeyError as error:
             raise AllocateError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"gpushare: pod {pod.key} was given GPU {error} on node {self.node_name}, which "
                 f"this device plugin does not have (GPUs: {sorted(gpus)})",
             ) from None
+        isolation = None if step.exclusive else self.isolation
+        if isolation is not None and (refusal := isolation.refusal()):
+            message = (
+                f"gpushare: container {step.container} of pod {pod.key} cannot start on node "
+                f"{self.node_name}: {refusal}"
+            )
+            self._pod_event(pod.key, FAILED, message, EventType.WARNING)
+            raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message)
+        envs = self._envs(pod, step, chosen)
+        mounts: list[api_pb2.Mount] = []
+        if isolation is not None:
+            mib = step.share * self._advertised.unit.mib
+            edits = isolation.edits([(gpu.uuid, mib) for gpu in chosen])
+            envs.update(edits.envs)
+            mounts += [
+                api_pb2.Mount(
+                    container_path=m.container_path, host_path=m.host_path, read_only=True
+                )
+                for m in edits.mounts
+            ]
         await self._record(pod, pod.done + 1)
         log.info("Allocate: %s", match.describe())
+        held = (
+            "whole GPU"
+            if step.exclusive
+            else "share " + (isolation.isolation.said() if isolation is not None else "none")
+        )
         self._pod_event(
             pod.key,
             ALLOCATED,
             f"gpushare device plugin on node {self.node_name}: container {step.container} gets "
             f"GPU {','.join(map(str, step.gpu_indices))} ({envs['NVIDIA_VISIBLE_DEVICES']}), "
-            f"{step.share} {self._advertised.unit.value} each",
+            f"{step.share} {self._advertised.unit.value} each; {held}",
         )
-        if self._mps_paths is None:
-            return api_pb2.ContainerAllocateResponse(envs=envs)
-        envs.update(self._mps_paths.envs())
-        return api_pb2.ContainerAllocateResponse(envs=envs, mounts=self._mps_paths.mounts())
+        if self._mps_paths is not None:
+            envs.update(self._mps_paths.envs())
+            mounts += self._mps_paths.mounts()
+        return api_pb2.ContainerAllocateResponse(envs=envs, mounts=mounts)
 
     def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
         """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""

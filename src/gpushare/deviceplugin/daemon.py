@@ -44,6 +44,13 @@
    Allocate matched among that resource's pods only; the node's pods cache then keeps the
    dialects' pods as well.
 
+11. Isolation (``gpushare.deviceplugin.isolation``, docs/share-view.md): with
+   ``share_library_dir`` the share-view library is installed there (a host directory) and
+   given to every shared container; the enforcement backend is chosen from what the node has
+   (MPS on, the driver's memory limits through NVML, the library) and the node
+   configuration's ``enforcement``/``requireEnforcement``, published per GPU in the inventory
+   and said on every ``GPUAllocated`` Event.
+
 ``run`` returns when ``stop`` is set (SIGTERM/SIGINT in the CLI): the socket is removed, watches
 end. Permanent API failures at start (no such node, forbidden) raise ``ApiCallError`` with the
 fix in its message; passing ones are logged and retried with the next publish.
@@ -58,6 +65,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpushare.core.isolation import Isolation
 from gpushare.deviceplugin.allocate import (
     AllocateEvents,
     EmptyAllocator,
@@ -74,6 +82,11 @@ from gpushare.deviceplugin.dialects import (
 from gpushare.deviceplugin.gpuhealth import GpuHealth
 from gpushare.deviceplugin.health import HealthWatcher
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
+from gpushare.deviceplugin.isolation import (
+    NodeIsolation,
+    installed_library,
+    node_isolation,
+)
 from gpushare.deviceplugin.lifecycle import DEFAULT_SOCKET_NAME, PluginRunner
 from gpushare.deviceplugin.metrics import (
     DEFAULT_METRICS_HOST,
@@ -137,7 +150,9 @@ class DaemonOptions:
     ``kube-system/unhealthy-gpu-<node>`` (module doc, 7); ``node_config``: read the node's
     entry in ConfigMap ``node_config_namespace``/``node_config_name``, retrying a deferred one
     every ``node_config_retry_s`` and reading the node's labels every ``node_config_poll_s``
-    (module doc, 8).
+    (module doc, 8); ``share_library_dir``: the host directory the share-view library is
+    installed into (``None``: containers get no view), from ``share_library`` (``None``: the
+    image's copy) (module doc, 11).
     """
 
     node_name: str
@@ -164,11 +179,18 @@ class DaemonOptions:
     node_config_poll_s: float = 30.0
     dialects: tuple[str, ...] = ()
     split_count: int = DEFAULT_SPLIT_COUNT
+    share_library: Path | None = None
+    share_library_dir: Path | None = None
 
 
-def inventory_gpus(gpus: list[PhysicalGpu], unit: MemoryUnit) -> list[InventoryGpu]:
-    """The node-inventory records of ``gpus`` (memory in whole ``unit``)."""
-    return [InventoryGpu(g.index, g.uuid, g.model, g.units(unit), g.healthy) for g in gpus]
+def inventory_gpus(
+    gpus: list[PhysicalGpu], unit: MemoryUnit, isolation: Isolation | None = None
+) -> list[InventoryGpu]:
+    """The node-inventory records of ``gpus`` (memory in whole ``unit``; ``isolation``: how
+    their shares are held and shown)."""
+    return [
+        InventoryGpu(g.index, g.uuid, g.model, g.units(unit), g.healthy, isolation) for g in gpus
+    ]
 
 
 def resource_runner(
@@ -181,6 +203,7 @@ def resource_runner(
     socket_dir: Path = DEVICE_PLUGIN_DIR,
     mps: bool = False,
     mps_paths: MpsPaths | None = None,
+    isolation: NodeIsolation | None = None,
     events: AllocateEvents | None = None,
     observe: Callable[[str, float], None] | None = None,
     on_registered: Callable[[], Awaitable[None]] | None = None,
@@ -188,8 +211,8 @@ def resource_runner(
     """The runner serving ``served`` (``aliyun.com/gpu-mem`` or a dialect's resource) over
     ``gpus`` in ``unit``, and its ``HandshakeAllocator`` (``None`` for a resource answered
     empty, ``EmptyAllocator``). Allocate matches among ``pods``; ``mps``, ``mps_paths``,
-    ``events`` and ``observe`` as ``HandshakeAllocator`` takes them; ``on_registered`` as
-    ``PluginRunner`` takes it."""
+    ``isolation``, ``events`` and ``observe`` as ``HandshakeAllocator`` takes them;
+    ``on_registered`` as ``PluginRunner`` takes it."""
     service = DevicePluginService(
         gpus, unit, EmptyAllocator(), per_gpu=served.per_gpu, resource=served.resource
     )
@@ -202,6 +225,7 @@ def resource_runner(
             dialect=served.allocate,
             mps=mps,
             mps_paths=mps_paths,
+            isolation=isolation,
             events=events,
             observe=observe,
         )
@@ -259,6 +283,11 @@ class DevicePluginDaemon:
         if mps_paths is not None and nvml is None:
             raise ValueError("mps_managed needs NVML (compute mode), not a declared fake")
         self._physical = inventory.gpus()
+        library = installed_library(options.share_library, options.share_library_dir)
+        self.isolation = node_isolation(
+            mps=options.mps or options.mps_managed, nvml=nvml, library=library
+        )
+        """The node's share backend and view (module doc, 11)."""
         resources = (
             DialectResource(GPU_MEM, options.socket_name, per_gpu=None, allocate=GPU_MEM_DIALECT),
             *resources_for(options.dialects, options.split_count),
@@ -275,6 +304,7 @@ class DevicePluginDaemon:
                 socket_dir=options.socket_dir,
                 mps=options.mps,
                 mps_paths=mps_paths,
+                isolation=self.isolation,
                 events=self.events,
                 observe=self.metrics.observe_allocate,
                 on_registered=self._registered if not self.runners else None,
@@ -355,7 +385,9 @@ class DevicePluginDaemon:
     async def publish(self, *, force: bool = False) -> None:
         """Publish the current inventory; ``KubeError`` when the API server refuses."""
         unit = self.service.unit
-        gpus = inventory_gpus(self.service.gpus, unit)
+        config = self.configured.config
+        self.isolation.configure(config.enforcement, bool(config.require_enforcement))
+        gpus = inventory_gpus(self.service.gpus, unit, self.isolation.isolation)
         await self.publisher.publish(
             self.options.node_name, unit.value, gpus, force=force, serves=self.configured.serves
         )

@@ -36,6 +36,7 @@ __all__ = [
     "ERROR_UNINITIALIZED",
     "ERROR_UNKNOWN",
     "EVENT_TYPE_XID_CRITICAL_ERROR",
+    "MEMORY_LIMITS_FUNCTION",
     "DeviceHandle",
     "EventSet",
     "Nvml",
@@ -66,6 +67,9 @@ COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
 needs so that every CUDA process goes through it (NVIDIA MPS documentation, section 2.3)."""
 COMPUTE_MODE_NAMES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
 """`nvmlComputeMode_t` names, as `nvidia-smi -c` spells them."""
+
+MEMORY_LIMITS_FUNCTION = "nvmlDeviceSetMemoryLimits_v1"
+"""The NVML call that limits a cgroup's memory on a GPU (driver r615+, CUDA 13.4)."""
 
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 """`nvmlEventTypeXidCriticalError`: the event's data is the XID number."""
@@ -208,6 +212,12 @@ class Nvml(Protocol):
         """`nvmlEventSetFree`."""
         ...
 
+    def driver_memory_limits(self) -> str:
+        """Why the driver cannot limit GPU memory per cgroup, `""` when it can: its NVML has
+        `nvmlDeviceSetMemoryLimits_v1` (driver r615+, CUDA 13.4; the NVIDIA container
+        toolkit's CDI hook `apply-cuda-memory-limits` calls it)."""
+        ...
+
 
 class PynvmlBackend:
     """`Nvml` over `pynvml` (nvidia-ml-py); pynvml's `NVMLError` becomes `NvmlError`.
@@ -303,6 +313,18 @@ class PynvmlBackend:
 
     def event_set_free(self, event_set: EventSet) -> None:
         self._call("nvmlEventSetFree", event_set)
+
+    def driver_memory_limits(self) -> str:
+        lib = self._lib()
+        try:
+            version = _text(self._call("nvmlSystemGetDriverVersion"))
+        except NvmlError as error:
+            return f"the driver version cannot be read: {error}"
+        try:
+            lib._nvmlGetFunctionPointer(MEMORY_LIMITS_FUNCTION)
+        except lib.NVMLError:
+            return f"driver {version} has no {MEMORY_LIMITS_FUNCTION} (driver r615+ has)"
+        return ""
 
 
 def _text(value: object) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
+from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.dra.nodeclaims import NodeClaims
 from gpushare.dra.plugin import ClaimSource, DraPluginService, serve
 from gpushare.dra.slices import DRIVER, resource_slice, slice_name
@@ -82,7 +83,8 @@ class DriverOptions:
 class DraDriver:
     """The driver of ``options.node`` (module doc), on ``inventory``, publishing through
     ``client`` and reading claims from ``claims``; ``node_claims`` (with ``best_fit``, made
-    from ``client`` when not given) the claims allocated on the node."""
+    from ``client`` when not given) the claims allocated on the node; ``isolation`` the
+    node's share backend and view (``gpushare.deviceplugin.isolation``; ``None``: neither)."""
 
     def __init__(
         self,
@@ -91,6 +93,8 @@ class DraDriver:
         client: AsyncClient,
         claims: ClaimSource,
         node_claims: NodeClaims | None = None,
+        *,
+        isolation: NodeIsolation | None = None,
     ) -> None:
         self.options = options
         self.inventory = inventory
@@ -113,7 +117,7 @@ class DraDriver:
             )  # fmt: skip
         self.service = DraPluginService(
             driver=options.driver, node=options.node, gpus=inventory.gpus, unit=options.unit,
-            claims=claims, cdi_dir=options.cdi_dir, mps=options.mps,
+            claims=claims, cdi_dir=options.cdi_dir, mps=options.mps, isolation=isolation,
         )  # fmt: skip
         self.generation = 0
         self._published: tuple[Json, float] | None = None  # (body, monotonic time checked)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from grpc import aio
 
 from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.dra._proto.dra import api_pb2, api_pb2_grpc
 from gpushare.dra._proto.registration import api_pb2 as reg_pb2
 from gpushare.dra._proto.registration import api_pb2_grpc as reg_pb2_grpc
@@ -97,7 +98,8 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
     """``NodePrepareResources`` and ``NodeUnprepareResources`` of driver ``driver`` on node
     ``node`` (module doc): the node's ``gpus`` (called on every request: health and inventory
     stay current), memory counted in ``unit``, claims read from ``claims``, CDI specs in
-    ``cdi_dir``, with the CUDA MPS limits when ``mps``."""
+    ``cdi_dir``, with the CUDA MPS limits when ``mps`` and the share's edits with
+    ``isolation`` (``gpushare.dra.prepare.cdi_spec``)."""
 
     def __init__(
         self,
@@ -109,9 +111,11 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
         claims: ClaimSource,
         cdi_dir: Path,
         mps: bool = False,
+        isolation: NodeIsolation | None = None,
     ) -> None:
         self.driver = driver
         self.mps = mps
+        self.isolation = isolation
         self.node = node
         self.gpus = gpus
         self.unit = unit
@@ -136,7 +140,7 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
                 document, uid=claim.uid, driver=self.driver, node=self.node,
                 gpus=self.gpus(), unit=self.unit,
             )  # fmt: skip
-            spec = cdi_spec(prepared, self.unit, mps=self.mps)
+            spec = cdi_spec(prepared, self.unit, mps=self.mps, isolation=self.isolation)
             _write_atomically(path, spec)
         except (ClaimError, OSError) as error:
             log.warning("preparing %s: %s", where, error)

@@ -24,7 +24,12 @@ formats, ``gpushare.deviceplugin.allocate``):
 * with ``mps`` (the node's GPUs run CUDA MPS): ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (each GPU's
   share in MiB, by CUDA ordinal) and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, by the device
   plugin's rule (``gpushare.deviceplugin.allocate.mps_envs``: the compute share when asked,
-  else the memory share of the GPU; the largest over the claim's GPUs).
+  else the memory share of the GPU; the largest over the claim's GPUs);
+* with ``isolation`` (the node's share backend and view, ``gpushare.deviceplugin.isolation``),
+  for a share of a GPU (a claim that takes less than a whole GPU): the same edits as Allocate
+  gives (the share-view library's ``LD_PRELOAD``, ``GPUSHARE_SHARE_MIB`` and read-only mount,
+  ``GPUSHARE_SHARE_ENFORCE``, ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST``); when the node requires
+  an enforced share and has none, the claim is refused (``ClaimError``) naming what is missing.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 from gpushare.core.handshake import Step
 from gpushare.deviceplugin.allocate import mps_envs
 from gpushare.deviceplugin.inventory import PhysicalGpu
+from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.dra import ClaimError, allocated_devices, text_field
 
@@ -142,10 +148,17 @@ def cdi_device_id(claim_uid: str) -> str:
     return f"{CDI_KIND}={claim_uid}"
 
 
-def cdi_spec(claim: PreparedClaim, unit: MemoryUnit, *, mps: bool = False) -> dict[str, Any]:
+def cdi_spec(
+    claim: PreparedClaim,
+    unit: MemoryUnit,
+    *,
+    mps: bool = False,
+    isolation: NodeIsolation | None = None,
+) -> dict[str, Any]:
     """The CDI spec of ``claim`` (module doc): one device named by the claim's UID, with the MPS
-    limits when ``mps``; an empty ``devices`` list when the claim has none of this driver's
-    devices."""
+    limits when ``mps`` and the share's edits with ``isolation``; an empty ``devices`` list
+    when the claim has none of this driver's devices. ``ClaimError`` when the node requires
+    an enforced share it does not have."""
     if not claim.devices:
         return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": []}
     gpus = sorted({d.gpu.index: d.gpu for d in claim.devices}.values(), key=lambda g: g.index)
@@ -162,13 +175,34 @@ def cdi_spec(claim: PreparedClaim, unit: MemoryUnit, *, mps: bool = False) -> di
         env["GPUSHARE_CORES_PERCENT"] = str(cores)
     if mps:
         env.update(_mps_limits(claim, unit))
+    edits: dict[str, Any] = {}
+    shared = [d for d in claim.devices if d.memory_units < d.gpu.units(unit)]
+    if isolation is not None and shared:
+        refusal = isolation.refusal()
+        if refusal:
+            raise ClaimError(f"claim {claim.namespace}/{claim.name}: {refusal}")
+        by_gpu = sorted(claim.devices, key=lambda d: d.gpu.index)
+        share = isolation.edits([(d.gpu.uuid, d.memory_units * unit.mib) for d in by_gpu])
+        env.update(share.envs)
+        if share.mounts:
+            edits["mounts"] = [
+                {
+                    "hostPath": m.host_path,
+                    "containerPath": m.container_path,
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                }
+                for m in share.mounts
+            ]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": [
             {
                 "name": claim.uid,
-                "containerEdits": {"env": [f"{key}={value}" for key, value in env.items()]},
+                "containerEdits": {
+                    "env": [f"{key}={value}" for key, value in env.items()],
+                    **edits,
+                },
             }
         ],
     }

@@ -30,7 +30,10 @@ Where gpushare differs, on purpose:
 * detail rows: one per pod with its amount on each GPU (a multi-GPU pod fills several cells),
   and for a pod with several GPU containers one ``  - <container>`` row per container below it;
   a ``STATE`` column (``assigned``, ``assumed``: bound, not yet started by the device plugin,
-  ``unplaced``: bound without a GPU) appears when a pod on the node is not assigned;
+  ``unplaced``: bound without a GPU) appears when a pod on the node is not assigned; an
+  ``ISOLATION`` column (``enforced (mps)``, ``enforced (driver)``, ``advisory (library)``,
+  ``view only``, ``none``, ``whole GPU``: docs/share-view.md) when the node's inventory says
+  how its shares are held;
 * compute (docs/compute.md): only when some pod holds compute or whole GPUs, GPU columns read
   ``GPU0(Allocated/Total,Compute)`` with cells ``8/16,50%`` (the compute held by pods that ask
   it, in % of the GPU) or ``16/16,whole``, and pod cells ``8,50%`` or ``16,whole``; pending
@@ -219,12 +222,16 @@ def render_summary(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pod_rows(node: NodeReport, pod: PodReport, state: bool) -> list[list[str]]:
+def _pod_rows(
+    node: NodeReport, pod: PodReport, state: bool, isolation: bool
+) -> list[list[str]]:
     indices = [gpu.index for gpu in node.gpus]
     row = [pod.name, pod.namespace, *(_pod_cell(pod, i, node.two_dimensional) for i in indices)]
     row += [str(pod.total) if not pod.placed else "0"] if node.unplaced else []
     if state:
         row.append("assigned" if pod.assigned else "assumed" if pod.placed else "unplaced")
+    if isolation:
+        row.append(pod.isolation or "-")
     rows = [row]
     if len(pod.containers) > 1:
         for container in pod.containers:
@@ -257,9 +264,11 @@ def _node_block(node: NodeReport) -> list[str]:
     header = ["NAME", "NAMESPACE", *(f"GPU{gpu.index}({column})" for gpu in node.gpus)]
     header += ["PENDING(Allocated)"] if node.unplaced else []
     header += ["STATE"] if state else []
+    isolation = any(pod.isolation for pod in node.pods)
+    header += ["ISOLATION"] if isolation else []
     rows = [header]
     for pod in node.pods:
-        rows += _pod_rows(node, pod, state)
+        rows += _pod_rows(node, pod, state, isolation)
     rows.append(["Allocated :", f"{node.allocated} ({_percent(node.allocated, node.total)}%)"])
     rows.append(["Total :", str(node.total)])
     table = _table(rows)
@@ -311,15 +320,18 @@ def _node_json(node: NodeReport) -> dict[str, Any]:
         "total": node.total,
         "gpus": [_gpu_json(gpu, compute=node.two_dimensional) for gpu in node.gpus],
         "pods": [
-            {
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "assigned": pod.assigned,
-                "placed": pod.placed,
-                "total": pod.total,
-                "gpus": [{"index": index, "amount": amount} for index, amount in pod.gpus],
-                "containers": [_container_json(c) for c in pod.containers],
-            }
+            _with(
+                {
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "assigned": pod.assigned,
+                    "placed": pod.placed,
+                    "total": pod.total,
+                    "gpus": [{"index": index, "amount": amount} for index, amount in pod.gpus],
+                    "containers": [_container_json(c) for c in pod.containers],
+                },
+                isolation=pod.isolation,
+            )
             for pod in node.pods
         ],
     }
@@ -338,7 +350,7 @@ def _gpu_json(gpu: GpuReport, *, compute: bool) -> dict[str, Any]:
     }
     if compute:
         data["compute_milli"], data["whole"] = gpu.compute_milli, gpu.whole
-    return data
+    return _with(data, isolation=gpu.isolation)
 
 
 def _with(data: dict[str, Any], **optional: object) -> dict[str, Any]:
@@ -408,7 +420,9 @@ def report_json(report: Report) -> dict[str, Any]:
     container's ``compute_milli``/``whole`` when set; an ask's ``basis`` (``"MiB"``,
     ``"% of the GPU"``), ``compute_milli``, ``whole`` when set; a fit's
     ``compute_free_per_gpu`` when the pod asks compute or whole GPUs. A pending pod that
-    holds GPUs (preemption) has ``waiting``, its hold as in ``holds``.
+    holds GPUs (preemption) has ``waiting``, its hold as in ``holds``. Where the inventory
+    says how shares are held (docs/share-view.md), each GPU and each placed pod has
+    ``isolation`` (``"enforced (mps)"``, ``"view only"``, ``"whole GPU"``, ...).
     """
     return {
         "node": report.node,

@@ -120,6 +120,10 @@ class GpuReport:
     """Compute held on it by pods that ask compute (thousandths of the GPU; docs/compute.md)."""
     whole: bool = False
     """Whether a pod holds it whole."""
+    isolation: str = ""
+    """How shares of it are held and shown, as a pod is told (``enforced (mps)``, ``view
+    only``, ...: ``gpushare.core.isolation.Isolation.said``); ``""``: the inventory does not
+    say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +152,9 @@ class PodReport:
     containers: tuple[ContainerReport, ...]
     assigned: bool
     total: int
+    isolation: str = ""
+    """How its share is held: ``whole GPU``, or its (first) GPU's ``GpuReport.isolation``;
+    ``""`` when unknown (not placed, or the inventory does not say)."""
 
     @property
     def placed(self) -> bool:
@@ -719,6 +726,10 @@ def _node_report(
     name); one the ledger refuses is a skipped pod, charged and named in ``problems``."""
     gpus = info.node.gpus
     position = {gpu.index: i for i, gpu in enumerate(gpus)}
+    said = [
+        isolation.said() if isolation is not None else ""
+        for isolation in (*info.isolation, *(None,) * (len(gpus) - len(info.isolation)))
+    ]
     assumed = [0] * len(gpus)
     pods: list[PodReport] = []
     skipped = list(book.blocked)
@@ -744,6 +755,7 @@ def _node_report(
                                        c.compute_milli, c.exclusive)
                        for c in allocation.containers]),
                 assigned, sum(per_gpu.values()),
+                _pod_isolation(allocation, said, position),
             )
         )  # fmt: skip
     recorded = ledger.state(info.node.name)
@@ -768,7 +780,7 @@ def _node_report(
         uuid = info.uuids[i] if i < len(info.uuids) else ""
         reports.append(
             GpuReport(gpu.index, gpu.model, uuid, gpu.capacity, used[i], assumed[i],
-                      max(state.gpu_free[i], 0), gpu.healthy, compute[i], whole[i])
+                      max(state.gpu_free[i], 0), gpu.healthy, compute[i], whole[i], said[i])
         )  # fmt: skip
     pods.sort(key=lambda p: (p.namespace, p.name))
     report = NodeReport(
@@ -778,6 +790,14 @@ def _node_report(
         info.serves,
     )  # fmt: skip
     return report, state
+
+
+def _pod_isolation(allocation: Allocation, said: list[str], position: dict[int, int]) -> str:
+    """``PodReport.isolation`` of a placed pod (``said``: per GPU position)."""
+    if any(c.exclusive for c in allocation.containers):
+        return "whole GPU"
+    indices = sorted(allocation.per_gpu())
+    return said[position[indices[0]]] if indices else ""
 
 
 def _no_clock() -> float:

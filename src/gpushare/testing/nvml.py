@@ -78,6 +78,8 @@ class FakeNvml:
         """Each GPU's compute mode (`device_set_compute_mode` writes it; tests read it)."""
         self.set_compute_mode_error: NvmlError | None = None
         """Raised by `device_set_compute_mode` when set (e.g. `ERROR_NO_PERMISSION`)."""
+        self.memory_limits_missing = "driver 580.159.04 (fake) has no nvmlDeviceSetMemoryLimits_v1"
+        """What `driver_memory_limits` answers (`""`: the driver limits memory per cgroup)."""
 
     # -- test controls -------------------------------------------------------------------------
 
@@ -260,3 +262,7 @@ class FakeNvml:
         es = self._event_set(event_set)
         with self._cond:
             es.freed = True
+
+    def driver_memory_limits(self) -> str:
+        self._record("driver_memory_limits")
+        return self.memory_limits_missing

@@ -7,7 +7,10 @@ format (the package docstring, ``gpushare.testing.nodes``) is compact JSON::
     {"unit":"GiB","gpus":[{"index":0,"uuid":"GPU-...","model":"Tesla-V100-SXM2-16GB",
                            "memory":16,"healthy":true}]}
 
-and, when the node serves one kind of request only (``gpushare.core.serves``, the node's
+with, per GPU, how its shares are held and shown once the device plugin knows
+(``gpushare.core.isolation``): ``"enforcement":"mps"|"driver"|"library"|"none"`` and
+``"view":true|false`` after ``healthy`` (absent: not said, a device plugin before them); and,
+when the node serves one kind of request only (``gpushare.core.serves``, the node's
 configuration), ``"serves":"shared"`` or ``"serves":"whole"`` after ``gpus``. Absent (every
 annotation written before it existed, and every node serving both): ``both``.
 """
@@ -19,6 +22,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpushare.core.isolation import Isolation
 from gpushare.core.serves import Serves
 from gpushare.kube.codec.common import MemoryUnit, is_int
 
@@ -35,7 +39,8 @@ class InventoryGpu:
     ``index``: the device index (NVML order, >= 0); ``uuid``: the NVML UUID (``GPU-...``;
     ``""`` when unknown); ``model``: the product name; ``memory``: the whole GPU in the node's
     unit (``"GiB"``/``"MiB"``), an integer > 0; ``healthy``: false for a GPU that takes no new
-    allocations. Checked by :func:`inventory_annotation`, not at construction.
+    allocations; ``isolation``: how its shares are held and shown (``None``: not said).
+    Checked by :func:`inventory_annotation`, not at construction.
     """
 
     index: int
@@ -43,17 +48,23 @@ class InventoryGpu:
     model: str
     memory: int
     healthy: bool = True
+    isolation: Isolation | None = None
 
     def to_json(self) -> dict[str, object]:
         """The GPU's entry of the annotation: ``{"index", "uuid", "model", "memory",
-        "healthy"}`` in that order (unchecked)."""
-        return {
+        "healthy"}`` in that order, then ``"enforcement"`` and ``"view"`` when ``isolation``
+        is set (unchecked)."""
+        entry: dict[str, object] = {
             "index": self.index,
             "uuid": self.uuid,
             "model": self.model,
             "memory": self.memory,
             "healthy": self.healthy,
         }
+        if self.isolation is not None:
+            entry["enforcement"] = self.isolation.enforcement.value
+            entry["view"] = self.isolation.view
+        return entry
 
 
 def _check(gpu: InventoryGpu) -> None:

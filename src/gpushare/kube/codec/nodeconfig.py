@@ -12,6 +12,8 @@ decoder is the caller's, :func:`node_config`)::
         reservedMemory: 10%        # held back per GPU: "10%", 0.1, "2048MiB" or "2GiB"
         excludeGpus: [3, GPU-8f0c...]   # left out of sharing: index or UUID (or "0,3")
         serves: whole              # shared | whole | both
+        enforcement: mps           # mps | driver | library | none (absent: the best there is)
+        requireEnforcement: true   # refuse shared containers unless mps or driver holds them
       - selector: {gpu.example.com/pool: training}   # nodes by label (matchLabels)
         serves: shared
 
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NoReturn
 
+from gpushare.core.isolation import Enforcement
 from gpushare.core.serves import Serves
 from gpushare.kube.codec.common import CodecError, Json, MemoryUnit, is_int, mapping, shown
 
@@ -62,7 +65,14 @@ NODE_CONFIG_NAME = "gpushare-node-config"
 NODE_CONFIG_KEY = "config.yaml"
 """The ``data`` key holding the document."""
 
-_SETTINGS = ("memoryUnit", "reservedMemory", "excludeGpus", "serves")
+_SETTINGS = (
+    "memoryUnit",
+    "reservedMemory",
+    "excludeGpus",
+    "serves",
+    "enforcement",
+    "requireEnforcement",
+)
 _ACCEPTED = {
     "memoryUnit": "GiB or MiB",
     "reservedMemory": (
@@ -73,6 +83,8 @@ _ACCEPTED = {
         'GPU indices or UUIDs, a list [0, "GPU-..."] or a string "0,3" (the node\'s GPUs)'
     ),
     "serves": "shared, whole or both",
+    "enforcement": 'mps, driver, library or none (docs/share-view.md, "Enforcement backends")',
+    "requireEnforcement": "true or false",
     "name": "a node name",
     "selector": "a map of label to value, e.g. {gpu.example.com/pool: training}",
 }
@@ -111,6 +123,8 @@ class NodeConfig:
     excluded_indices: frozenset[int] = frozenset()
     excluded_uuids: frozenset[str] = frozenset()
     serves: Serves | None = None
+    enforcement: Enforcement | None = None
+    require_enforcement: bool | None = None
     sources: tuple[str, ...] = field(default=(), compare=False)
 
     def describe(self, default_unit: MemoryUnit) -> str:
@@ -120,6 +134,8 @@ class NodeConfig:
             f"memoryUnit {self.memory_unit or default_unit}, reservedMemory "
             f"{self.reserved or '0'}, excludeGpus {','.join(excluded) or 'none'}, serves "
             f"{self.serves or Serves.BOTH}"
+            f"{f', enforcement {self.enforcement}' if self.enforcement else ''}"
+            f"{', requireEnforcement' if self.require_enforcement else ''}"
         )
 
 
@@ -164,6 +180,12 @@ class _Reader:
         serves = raw.get("serves")
         if serves is not None and serves not in tuple(Serves):
             self.error(f"{where}.serves", serves, "unknown kind")
+        enforcement = raw.get("enforcement")
+        if enforcement is not None and enforcement not in tuple(Enforcement):
+            self.error(f"{where}.enforcement", enforcement, "unknown backend")
+        required = raw.get("requireEnforcement")
+        if required is not None and not isinstance(required, bool):
+            self.error(f"{where}.requireEnforcement", required, "not a boolean")
         indices, uuids = self.excluded(raw.get("excludeGpus"), f"{where}.excludeGpus")
         return NodeConfig(
             memory_unit=None if unit is None else MemoryUnit(unit),
@@ -171,6 +193,8 @@ class _Reader:
             excluded_indices=indices,
             excluded_uuids=uuids,
             serves=None if serves is None else Serves(serves),
+            enforcement=None if enforcement is None else Enforcement(enforcement),
+            require_enforcement=required,
             sources=(source,),
         )
 
@@ -234,6 +258,12 @@ def _merge(first: NodeConfig, then: NodeConfig) -> NodeConfig:
         excluded_indices=first.excluded_indices if excluded else then.excluded_indices,
         excluded_uuids=first.excluded_uuids if excluded else then.excluded_uuids,
         serves=first.serves or then.serves,
+        enforcement=first.enforcement or then.enforcement,
+        require_enforcement=(
+            first.require_enforcement
+            if first.require_enforcement is not None
+            else then.require_enforcement
+        ),
         sources=first.sources + then.sources,
     )
 

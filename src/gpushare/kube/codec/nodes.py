@@ -3,8 +3,10 @@ it is a GPU-share node). Inventory format: the package docstring. Pure; no I/O."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpushare.core.isolation import Enforcement, Isolation
 from gpushare.core.model import Gpu, Node
 from gpushare.core.serves import Serves
 from gpushare.kube.codec.common import (
@@ -47,7 +49,8 @@ class NodeInfo:
     inventory, ``None`` when unknown; ``source`` is ``"inventory"``, ``"capacity"`` (Alibaba's
     fallback) or ``"none"``; ``uuids`` per GPU position (``""`` when unknown); ``labelled``:
     label ``gpushare=true``; ``serves``: the kinds of request the node serves (the inventory's
-    ``serves``, ``both`` when absent).
+    ``serves``, ``both`` when absent); ``isolation`` per GPU position: how its shares are
+    held and shown (``None``: the inventory does not say).
     """
 
     node: Node
@@ -58,6 +61,7 @@ class NodeInfo:
     labelled: bool = False
     serves: Serves = Serves.BOTH
     mismatch: str = ""
+    isolation: tuple[Isolation | None, ...] = ()
 
     @property
     def refusal(self) -> str:
@@ -71,7 +75,9 @@ class NodeInfo:
         )
 
 
-def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str], Serves]:
+def _inventory(
+    raw: str, subject: str
+) -> tuple[MemoryUnit, list[Gpu], list[str], Serves, list[Isolation | None]]:
     def bad(problem: str) -> CodecError:
         return CodecError(subject, f"annotation {INVENTORY}", raw, problem, _INVENTORY_ACCEPTED)
 
@@ -86,7 +92,7 @@ def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]
     items = document.get("gpus")
     if not isinstance(items, list) or len(items) > 1024:
         raise bad("no gpus list of at most 1024 GPUs")
-    gpus: list[tuple[Gpu, str]] = []
+    gpus: list[tuple[Gpu, str, Isolation | None]] = []
     for item in items:
         if not isinstance(item, dict):
             raise bad("a GPU entry is not an object")
@@ -103,12 +109,31 @@ def _inventory(raw: str, subject: str) -> tuple[MemoryUnit, list[Gpu], list[str]
             )
         if not (isinstance(model, str) and isinstance(uuid, str) and isinstance(healthy, bool)):
             raise bad(f"GPU {index}: model and uuid must be strings, healthy a boolean")
-        gpus.append((Gpu(index, model, memory, healthy), uuid))
-    indices = [gpu.index for gpu, _ in gpus]
+        gpus.append((Gpu(index, model, memory, healthy), uuid, _isolation(item, index, bad)))
+    indices = [gpu.index for gpu, _, _ in gpus]
     if len(set(indices)) != len(indices):
         raise bad(f"GPU indices repeat: {indices}")
-    gpus.sort(key=lambda pair: pair[0].index)
-    return unit, [gpu for gpu, _ in gpus], [uuid for _, uuid in gpus], Serves(serves)
+    gpus.sort(key=lambda entry: entry[0].index)
+    return (
+        unit,
+        [gpu for gpu, _, _ in gpus],
+        [uuid for _, uuid, _ in gpus],
+        Serves(serves),
+        [isolation for _, _, isolation in gpus],
+    )
+
+
+def _isolation(item: Json, index: int, bad: Callable[[str], CodecError]) -> Isolation | None:
+    """A GPU entry's ``enforcement`` and ``view`` (both or neither)."""
+    enforcement, view = item.get("enforcement"), item.get("view")
+    if enforcement is None and view is None:
+        return None
+    if enforcement not in tuple(Enforcement) or not isinstance(view, bool):
+        raise bad(
+            f"GPU {index}: enforcement must be mps, driver, library or none and view a boolean "
+            "(both or neither)"
+        )
+    return Isolation(Enforcement(enforcement), view)
 
 
 def _mismatch(obj: Json, subject: str, announced: int, unit: MemoryUnit) -> str:
@@ -143,10 +168,10 @@ def node_info(obj: Json) -> NodeInfo:
     labelled = labels.get(GPUSHARE_LABEL) == "true"
     annotations = annotations_of(obj, subject)
     if INVENTORY in annotations:
-        unit, gpus, uuids, serves = _inventory(annotations[INVENTORY], subject)
+        unit, gpus, uuids, serves, isolation = _inventory(annotations[INVENTORY], subject)
         return NodeInfo(
             Node(name, tuple(gpus)), labelled, unit, "inventory", tuple(uuids), labelled, serves,
-            _mismatch(obj, subject, sum(g.capacity for g in gpus), unit),
+            _mismatch(obj, subject, sum(g.capacity for g in gpus), unit), tuple(isolation),
         )  # fmt: skip
     status = mapping(obj.get("status"), subject, "status")
     capacity = mapping(status.get("capacity"), subject, "status.capacity")
