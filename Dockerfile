@@ -7,6 +7,8 @@
 #         this file on a base made from Debian's packages (docs/install.md)
 # The NVIDIA driver library (NVML) is not in the image: the NVIDIA container runtime mounts it
 # into the device plugin's container (chart value devicePlugin.runtimeClassName).
+# /opt/gpushare/lib/libgpushare-share.so: the share view for shared containers (docs/share-view.md),
+# compiled in the `native` stage with the base's own gcc.
 #
 # PYTHON_IMAGE: the base of every stage. Any image with Python >= 3.11 as `python3` on PATH
 # (with its venv module) and groupadd/useradd: python:3.11-slim by default, or the Debian
@@ -41,7 +43,20 @@ FROM deps AS app
 COPY src ./src
 RUN /opt/gpushare/venv/bin/pip install --no-deps --target /opt/gpushare/app .
 
-# ---- runtime: the two directories, no build context, no compilers ------------------------------
+# ---- native: libgpushare-share.so (native/share/, docs/share-view.md) --------------------------
+# Compiled by the base distribution's gcc on the base itself, so that it links against the glibc
+# of the image it ships in, with the flags of scripts/build-native.sh (what `make native` runs).
+# Only the library leaves this stage.
+FROM ${PYTHON_IMAGE} AS native
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY scripts/build-native.sh ./scripts/
+COPY native ./native
+RUN bash scripts/build-native.sh build/native
+
+# ---- runtime: the directories above, no build context, no compilers ----------------------------
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
@@ -51,6 +66,7 @@ RUN groupadd --system --gid 10001 gpushare \
         --shell /usr/sbin/nologin gpushare
 COPY --from=deps /opt/gpushare/venv /opt/gpushare/venv
 COPY --from=app /opt/gpushare/app /opt/gpushare/app
+COPY --from=native /src/build/native/libgpushare-share.so /opt/gpushare/lib/libgpushare-share.so
 # The extender's port (the device plugin's metrics port is set by its flag).
 EXPOSE 12345
 USER 10001:10001

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The exact versions every install here (CI's too) and the image's take: scripts/constraints.py.
 CONSTRAINTS := constraints.txt
 
-.PHONY: run demo demo-real-node demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints containerd
+.PHONY: run demo demo-real-node demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints containerd native bench-share-view
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -73,10 +73,15 @@ helm:
 image:
 	scripts/build-image.sh
 
+# libgpushare-share.so, the share view preloaded into shared containers (docs/share-view.md):
+# build/native/, compiled with the machine's cc (Debian's gcc is installed when missing).
+native:
+	scripts/build-native.sh
+
 manifests: helm
 	scripts/render-manifests.sh
 
-pytest: $(STAMP) controlplane node-runtime containerd observe-tools helm image
+pytest: $(STAMP) controlplane node-runtime containerd observe-tools helm image native
 	$(BIN)/pytest
 
 bench: $(STAMP)
@@ -93,6 +98,10 @@ bench-inspect: $(STAMP)
 
 bench-metrics: $(STAMP)
 	$(BIN)/python bench/metrics_scrape.py
+
+# The share view library's cost per intercepted call against the stub drivers (no GPU needed).
+bench-share-view: $(STAMP)
+	$(BIN)/python bench/share_view.py
 
 bench-scheduling: $(STAMP) controlplane
 	$(BIN)/python bench/scheduling.py

@@ -22,8 +22,8 @@
 #   ${GPUSHARE_IMAGE_CACHE:-$HOME/.cache/gpushare/image}/base/<fingerprint>.tar   the base rootfs
 #   ${GPUSHARE_IMAGE_CACHE:-$HOME/.cache/gpushare/image}/storage                  buildah's images
 # The archive is rebuilt only when the Dockerfile, .dockerignore, pyproject.toml, constraints.txt,
-# README.md, src/ less the test harness and the demo (what the Dockerfile copies) or this script
-# change; its stamp file records that.
+# README.md, src/ less the test harness and the demo, native/ and scripts/build-native.sh (what
+# the Dockerfile copies) or this script change; its stamp file records that.
 #
 # Usage:
 #   scripts/build-image.sh               build (or reuse) the archive, print progress
@@ -95,13 +95,15 @@ fingerprint_base() {
         | sha256sum | cut -c1-16
 }
 # What the Dockerfile copies (pyproject.toml, constraints.txt, README.md, src/ less what
-# .dockerignore drops: gpushare.testing and gpushare.demo), the recipe itself, and this script.
+# .dockerignore drops: gpushare.testing and gpushare.demo; native/ and scripts/build-native.sh
+# for the share-view library), the recipe itself, and this script.
 fingerprint_image() {
     (
         cd "$ROOT"
         printf '%s\n' "$BASE_REF"
-        find Dockerfile .dockerignore pyproject.toml constraints.txt README.md src \
-            scripts/build-image.sh -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
+        find Dockerfile .dockerignore pyproject.toml constraints.txt README.md src native \
+            scripts/build-native.sh scripts/build-image.sh \
+            -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
             ! -path '*.egg-info/*' ! -path 'src/gpushare/testing/*' ! -path 'src/gpushare/demo/*' \
             -print0 \
             | LC_ALL=C sort -z | xargs -0 sha256sum

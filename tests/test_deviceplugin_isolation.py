@@ -43,7 +43,10 @@ from gpushare.testing.podsource import MemoryPods
 GPUS = parse_fake_gpus("2x16GiB:T4")
 NODE = Node("n1", (Gpu(0, "T4", 16), Gpu(1, "T4", 16)))
 UUID = {g.index: g.uuid for g in GPUS}
-LIBRARY = ShareLibrary(Path("/var/lib/gpushare/lib/libgpushare-share-0123456789abcdef.so"))
+LIBRARY = ShareLibrary(
+    Path("/var/lib/gpushare/lib/libgpushare-share-0123456789abcdef.so"),
+    Path("/var/lib/gpushare/lib/ld.so.preload"),
+)
 NO_DRIVER = "driver 580.159.04 has no nvmlDeviceSetMemoryLimits_v1"
 
 # -- choosing the backend ----------------------------------------------------------------------
@@ -205,8 +208,11 @@ class Given:
 
 SHARE = (ContainerAllocation("main", (1,), 4),)
 WHOLE = (ContainerAllocation("main", (1,), 16, 1000, True),)
-VIEW_ENVS = {"LD_PRELOAD": str(CONTAINER_LIBRARY), "GPUSHARE_SHARE_MIB": f"{UUID[1]}=4096"}
-LIBRARY_MOUNT = {str(CONTAINER_LIBRARY): str(LIBRARY.host_path)}
+VIEW_ENVS = {"GPUSHARE_SHARE_MIB": f"{UUID[1]}=4096"}
+LIBRARY_MOUNT = {
+    str(CONTAINER_LIBRARY): str(LIBRARY.host_path),
+    "/etc/ld.so.preload": str(LIBRARY.preload_path),
+}
 SHARE_VARIABLES = ("LD_PRELOAD", "GPUSHARE_SHARE_MIB", "GPUSHARE_SHARE_ENFORCE",
                    "NVIDIA_GPU_MEMORY_LIMIT", "NVIDIA_GPU_MEMORY_REQUEST")  # fmt: skip
 
@@ -299,11 +305,16 @@ def test_a_claim_for_a_share_gets_the_same_edits_in_its_cdi_spec() -> None:
             "hostPath": str(LIBRARY.host_path),
             "containerPath": str(CONTAINER_LIBRARY),
             "options": ["ro", "nosuid", "nodev", "bind"],
-        }
+        },
+        {
+            "hostPath": str(LIBRARY.preload_path),
+            "containerPath": "/etc/ld.so.preload",
+            "options": ["ro", "nosuid", "nodev", "bind"],
+        },
     ]
     (whole,) = cdi_spec(_claim(16), MemoryUnit.GIB, isolation=isolation)["devices"]
     assert "mounts" not in whole["containerEdits"]
-    assert not any(e.startswith("LD_PRELOAD=") for e in whole["containerEdits"]["env"])
+    assert not any(e.startswith("GPUSHARE_SHARE") for e in whole["containerEdits"]["env"])
 
 
 def test_a_claim_for_a_share_a_node_cannot_enforce_is_refused_when_required() -> None:
@@ -323,13 +334,14 @@ def test_the_library_is_installed_under_its_hash_and_kept_for_running_containers
     source.write_bytes(b"\x7fELF first")
     first = install_library(source, tmp_path / "host")
     assert first.host_path.read_bytes() == b"\x7fELF first"
+    assert first.preload_path.read_text() == f"{CONTAINER_LIBRARY}\n"
     assert install_library(source, tmp_path / "host") == first
     source.write_bytes(b"\x7fELF second")
     second = install_library(source, tmp_path / "host")
     assert second != first
     assert first.host_path.is_file()  # a container started before still maps it
     assert sorted(p.name for p in (tmp_path / "host").iterdir()) == sorted(
-        [first.host_path.name, second.host_path.name]
+        [first.host_path.name, second.host_path.name, "ld.so.preload"]
     )
 
 

@@ -24,6 +24,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, ServiceAccount
 
 from gpushare.testing.controlplane import Binaries, ControlPlane, wait_for
+from gpushare.testing.native import build_share_library
 from gpushare.testing.node import RealNode, node_cluster
 from gpushare.testing.node.gpu import GpuStack, delete_pods
 
@@ -41,12 +42,17 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Contro
 
 
 @pytest.fixture(scope="session")
-def gpu_stack(real_node: tuple[ControlPlane, RealNode]) -> Iterator[GpuStack]:
+def gpu_stack(
+    real_node: tuple[ControlPlane, RealNode], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GpuStack]:
     """gpushare's extender and device plugin (2 fake 16 GiB GPUs) and their kube-scheduler;
     the plugin also serves the Tencent and HAMi dialects (``tests/node/test_node_dialects.py``;
-    the Alibaba pods' tests see no difference)."""
+    the Alibaba pods' tests see no difference) and gives shared containers the share-view
+    library (``tests/node/test_node_share_view.py``)."""
     plane, node = real_node
-    with GpuStack(plane, node, dialects=("tencent", "hami")).running() as stack:
+    library = build_share_library(tmp_path_factory.mktemp("share-view"))
+    stack = GpuStack(plane, node, dialects=("tencent", "hami"), share_library=library)
+    with stack.running():
         yield stack
 
 

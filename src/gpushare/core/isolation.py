@@ -13,7 +13,7 @@ order of strength:
   r615+ / CUDA 13.4), applied by the NVIDIA container toolkit's CDI hook from
   ``NVIDIA_GPU_MEMORY_LIMIT`` and ``NVIDIA_GPU_MEMORY_REQUEST`` (MiB); memory only.
 * ``library``: the share-view library (``libgpushare-share.so``) refuses allocations past the
-  share: advisory, a process can unset ``LD_PRELOAD``.
+  share: advisory, code inside the process that a program can go around.
 * ``none``: nothing holds a container to its share.
 
 Independently the share-view library, where the node has it, makes CUDA and NVML report the

@@ -26,7 +26,7 @@ formats; several GPUs comma-separated in index order):
   pipe, log and shared-memory directories (``gpushare.deviceplugin.mps.MpsPaths``);
 * for a share of a GPU (not a whole one), with ``isolation`` (the node's backend and the
   share-view library, ``gpushare.deviceplugin.isolation``): the share-view library
-  (``LD_PRELOAD``, ``GPUSHARE_SHARE_MIB`` and its mount), ``GPUSHARE_SHARE_ENFORCE`` for the
+  (``GPUSHARE_SHARE_MIB`` and its mounts), ``GPUSHARE_SHARE_ENFORCE`` for the
   ``library`` backend, ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` for ``driver``. When the node
   configuration requires an enforced share and the node has none, the shared container is
   refused (FAILED_PRECONDITION and a ``FailedGPUAllocation`` Event naming what is missing).

@@ -11,9 +11,12 @@ the share (docs/share-view.md; the backends and what a pod is told: ``gpushare.c
   mounts, the same for Allocate (``gpushare.deviceplugin.allocate``) and the DRA driver's CDI
   spec (``gpushare.dra.prepare``):
 
-  - the view (the library installed): ``LD_PRELOAD`` naming the library at
-    :data:`CONTAINER_LIBRARY`, ``GPUSHARE_SHARE_MIB`` (``<uuid>=<MiB>`` per GPU, comma
-    separated) and the read-only mount of the library;
+  - the view (the library installed): read-only mounts of the library at
+    :data:`CONTAINER_LIBRARY` and of a one-line ``/etc/ld.so.preload`` naming it (glibc's
+    dynamic linker then loads it into every dynamically linked process; a static binary, or a
+    musl image whose linker does not read the file, is left as it is, where ``LD_PRELOAD``
+    of a glibc library would stop a musl program at start), and ``GPUSHARE_SHARE_MIB``
+    (``<uuid>=<MiB>`` per GPU, comma separated);
   - ``library``: also ``GPUSHARE_SHARE_ENFORCE=1`` (the library refuses allocations past the
     share);
   - ``driver``: ``NVIDIA_GPU_MEMORY_LIMIT`` and ``NVIDIA_GPU_MEMORY_REQUEST`` (MiB, the share
@@ -39,6 +42,7 @@ from gpushare.deviceplugin.nvml import Nvml
 
 __all__ = [
     "CONTAINER_LIBRARY",
+    "CONTAINER_PRELOAD",
     "DEFAULT_LIBRARY_DIR",
     "IMAGE_LIBRARY",
     "LIBRARY_NAME",
@@ -61,14 +65,17 @@ DEFAULT_LIBRARY_DIR = Path("/var/lib/gpushare/lib")
 """The host directory the device plugin installs it into (a hostPath in the DaemonSet)."""
 CONTAINER_LIBRARY = Path("/usr/local/gpushare/lib") / LIBRARY_NAME
 """Where a shared container finds it (mounted read-only)."""
-_DRIVER_LIMITS = "nvmlDeviceSetMemoryLimits_v1"
+CONTAINER_PRELOAD = Path("/etc/ld.so.preload")
+"""The dynamic linker's list of libraries to load first (glibc, ``ld.so(8)``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ShareLibrary:
-    """The library installed on the node: ``host_path`` (what kubelet mounts)."""
+    """The library installed on the node: ``host_path`` and the preload list naming it where
+    containers see it, ``preload_path`` (what kubelet mounts)."""
 
     host_path: Path
+    preload_path: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,25 +96,33 @@ class ShareEdits:
 
 def install_library(source: Path, directory: Path) -> ShareLibrary:
     """Copy ``source`` into ``directory`` as ``libgpushare-share-<sha256[:16]>.so`` (module
-    doc), atomically (a temporary file renamed); an existing copy with that name is kept.
+    doc), with ``ld.so.preload`` beside it naming :data:`CONTAINER_LIBRARY`, each atomically
+    (a temporary file renamed); an existing copy with that name is kept.
     Raises ``OSError`` naming the path when ``source`` cannot be read or ``directory`` written.
     """
     data = source.read_bytes()
     digest = hashlib.sha256(data).hexdigest()[:16]
     target = directory / f"libgpushare-share-{digest}.so"
-    if target.is_file() and target.stat().st_size == len(data):
-        return ShareLibrary(target)
+    preload = directory / "ld.so.preload"
     directory.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".install-", suffix=".so")
+    if not (target.is_file() and target.stat().st_size == len(data)):
+        _write_atomically(target, data, 0o755)
+    listed = f"{CONTAINER_LIBRARY}\n".encode()
+    if not (preload.is_file() and preload.read_bytes() == listed):
+        _write_atomically(preload, listed, 0o644)
+    return ShareLibrary(target, preload)
+
+
+def _write_atomically(target: Path, data: bytes, mode: int) -> None:
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".install-")
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
-        os.chmod(temporary, 0o755)
+        os.chmod(temporary, mode)
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    return ShareLibrary(target)
 
 
 def share_edits(
@@ -122,9 +137,11 @@ def share_edits(
     if not shares_mib:
         return ShareEdits(envs)
     if isolation.view and library is not None:
-        envs["LD_PRELOAD"] = str(CONTAINER_LIBRARY)
         envs["GPUSHARE_SHARE_MIB"] = ",".join(f"{uuid}={mib}" for uuid, mib in shares_mib)
-        mounts = (Mount(str(library.host_path), str(CONTAINER_LIBRARY)),)
+        mounts = (
+            Mount(str(library.host_path), str(CONTAINER_LIBRARY)),
+            Mount(str(library.preload_path), str(CONTAINER_PRELOAD)),
+        )
         if isolation.enforcement is Enforcement.LIBRARY:
             envs["GPUSHARE_SHARE_ENFORCE"] = "1"
     if isolation.enforcement is Enforcement.DRIVER:

@@ -27,7 +27,7 @@ formats, ``gpushare.deviceplugin.allocate``):
   else the memory share of the GPU; the largest over the claim's GPUs);
 * with ``isolation`` (the node's share backend and view, ``gpushare.deviceplugin.isolation``),
   for a share of a GPU (a claim that takes less than a whole GPU): the same edits as Allocate
-  gives (the share-view library's ``LD_PRELOAD``, ``GPUSHARE_SHARE_MIB`` and read-only mount,
+  gives (the share-view library's ``GPUSHARE_SHARE_MIB`` and read-only mounts,
   ``GPUSHARE_SHARE_ENFORCE``, ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST``); when the node requires
   an enforced share and has none, the claim is refused (``ClaimError``) naming what is missing.
 """

@@ -222,9 +222,7 @@ def render_summary(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pod_rows(
-    node: NodeReport, pod: PodReport, state: bool, isolation: bool
-) -> list[list[str]]:
+def _pod_rows(node: NodeReport, pod: PodReport, state: bool, isolation: bool) -> list[list[str]]:
     indices = [gpu.index for gpu in node.gpus]
     row = [pod.name, pod.namespace, *(_pod_cell(pod, i, node.two_dimensional) for i in indices)]
     row += [str(pod.total) if not pod.placed else "0"] if node.unplaced else []

@@ -207,6 +207,9 @@ class GpuStack:
     fake_gpus: str = "2x16GiB:T4"
     dialects: tuple[str, ...] = ()
     policy: str = "binpack"
+    share_library: Path | None = None
+    """The share-view library the plugin installs and gives shared containers
+    (``--share-library``; ``None``: no view)."""
     workdir: Path = field(init=False)
     extender: ManagedProcess = field(init=False)
     plugin: ManagedProcess = field(init=False)
@@ -248,6 +251,11 @@ class GpuStack:
             )  # fmt: skip
             if self.dialects:
                 self._plugin_argv += ["--dialects", ",".join(self.dialects)]
+            if self.share_library is not None:
+                self._plugin_argv += [
+                    "--share-library", str(self.share_library),
+                    "--share-library-dir", str(self.workdir / "share-lib"),
+                ]  # fmt: skip
             self.start_plugin()
             self._stack.callback(lambda: self._stop(self.plugin))
             self._stack.enter_context(
