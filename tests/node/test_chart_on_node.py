@@ -53,6 +53,7 @@ from gpushare.testing.live_extender import http_get
 from gpushare.testing.node import DEVICE_PLUGIN_DIR, RealNode
 from gpushare.testing.node.gpu import (
     annotated_usage,
+    container_env,
     delete_pods,
     gpu_pod,
     ledger_usage,
@@ -239,7 +240,11 @@ def test_helm_install_runs_gpushare_as_pods_and_a_gpu_pod_starts_through_them(
 
     plugin = component_pod(kube, "device-plugin")
     _assert_running_on(plugin, node, f"{FULLNAME}-device-plugin")
-    assert _volumes(plugin) == {"device-plugins": str(DEVICE_PLUGIN_DIR), "host-proc": "/proc"}
+    assert _volumes(plugin) == {
+        "device-plugins": str(DEVICE_PLUGIN_DIR),
+        "host-proc": "/proc",
+        "share-view": "/var/lib/gpushare/lib",
+    }
     # The DaemonSet has no readiness probe: Ready when started, its socket a moment later.
     wait_for(f"the plugin's socket in {DEVICE_PLUGIN_DIR} on the host", plugin_sockets, 60.0)
 
@@ -275,6 +280,14 @@ def test_helm_install_runs_gpushare_as_pods_and_a_gpu_pod_starts_through_them(
         seen = gpu_env_matches_annotations(kube, started, node.name)
         assert seen == {"main": [0]}  # binpack: the first GPU
         wait_event(kube, NAMESPACE, "cuda-share", "GPUAssigned", node.name)
+        # The share view from the image, installed on the host by the DaemonSet and given by
+        # Allocate (docs/share-view.md); declared GPUs have no NVML: the library's advisory
+        # refusal is the strongest backend there.
+        env = container_env(kube, "cuda-share", NAMESPACE, "main")
+        assert env["GPUSHARE_SHARE_MIB"] == f"{env['NVIDIA_VISIBLE_DEVICES']}=4096"
+        assert env["GPUSHARE_SHARE_ENFORCE"] == "1"
+        wait_event(kube, NAMESPACE, "cuda-share", "GPUAllocated", "share advisory (library)")
+        assert list(Path("/var/lib/gpushare/lib").glob("libgpushare-share-*.so"))
 
         status, report = extender_get(f"{PREFIX}/inspect/{node.name}")
         assert status == 200, report
