@@ -4,7 +4,10 @@
 # `bash bench/gpu/run.sh [pytest args]`. With a `.whl/` folder of the runtime's wheels (cp312,
 # made with `pip download`; docs/usage.md, "Enforced shares (MPS)") they are installed into
 # /tmp/site first; else the current python must have them (`.venv`).
-# Writes the log to $OUT/gpu-checks.log when $OUT is set.
+# Writes the log to $OUT/gpu-checks.log when $OUT is set. test_gpu_share_view.py (the
+# share-view library under PyTorch: `bash bench/gpu/run.sh -k share_view`, with build/native/
+# carried) also writes $OUT/share-view.json and share-view.md; its probe runs with the
+# machine's python3 (GPUSHARE_PROBE_PYTHON), which must have PyTorch.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-python3}
