@@ -1130,11 +1130,21 @@ def test_dockerfile_structure() -> None:
     assert stages == [
         "FROM ${PYTHON_IMAGE} AS deps",
         "FROM deps AS app",
+        "FROM ${PYTHON_IMAGE} AS native",
         "FROM ${PYTHON_IMAGE} AS runtime",
     ]
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
     deps = lines[lines.index(stages[0]) : lines.index(stages[1])]
-    runtime = lines[lines.index(stages[2]) :]
+    native = lines[lines.index(stages[2]) : lines.index(stages[3])]
+    runtime = lines[lines.index(stages[3]) :]
+    # The share-view library is compiled in a stage of its own; only the library reaches the
+    # runtime, which has no compiler (docs/share-view.md).
+    assert "RUN bash scripts/build-native.sh build/native" in native
+    assert [ln for ln in runtime if "--from=native" in ln] == [
+        "COPY --from=native /src/build/native/libgpushare-share.so "
+        "/opt/gpushare/lib/libgpushare-share.so"
+    ]
+    assert not any("gcc" in ln for ln in runtime)
     # The dependencies' layer is made from pyproject.toml and the pins alone: src/ changes do
     # not rebuild it.
     assert not any(ln.startswith("COPY src") for ln in deps)

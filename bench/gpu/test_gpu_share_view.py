@@ -8,7 +8,7 @@ Run on a lent GPU (root; the machine's ``python3`` has PyTorch) with ``build/nat
     bash bench/gpu/run.sh -k share_view
 
 (about 2.5 minutes; without ``build/native/`` the library is built into /tmp/gpushare-native
-when ``cc`` exists, else the check fails saying so). Targets, from the issue: PyTorch's
+when ``cc`` exists, else the check fails saying so). Targets: PyTorch's
 ``total_memory`` and ``mem_get_info()`` total = share ± 1 %; ``nvidia-smi`` memory.total,
 memory.used = the share; a vLLM-style sizing (0.9 × total as one pool, then a bf16 matmul loop)
 starts and runs in each; with MPS a process past its share still fails at ≤ share + 1 %; each

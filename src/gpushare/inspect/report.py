@@ -793,7 +793,10 @@ def _node_report(
 
 
 def _pod_isolation(allocation: Allocation, said: list[str], position: dict[int, int]) -> str:
-    """``PodReport.isolation`` of a placed pod (``said``: per GPU position)."""
+    """``PodReport.isolation`` of a placed pod (``said``: per GPU position); ``""`` on a node
+    whose inventory says nothing of it."""
+    if not any(said):
+        return ""
     if any(c.exclusive for c in allocation.containers):
         return "whole GPU"
     indices = sorted(allocation.per_gpu())
