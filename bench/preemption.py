@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from gpushare.kube.codec import ALLOCATION
 from gpushare.testing.controlplane import (
@@ -83,6 +83,8 @@ class Result:
     preempt_ms: float
     filter_ms: float
     seconds: float
+    phases: Phases | None = None
+    calls: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def per_bound(self) -> float:
@@ -109,6 +111,12 @@ def arrivals(count: int, rng: random.Random) -> list[tuple[str, int, int]]:
     ]
 
 
+def calls(url: str, verb: str) -> int:
+    """How many ``verb`` requests the extender answered (its ``/metrics``)."""
+    name = "gpushare_extender_request_duration_seconds_count"
+    return int(sample_sum(f"{url}/metrics", name, {"verb": verb}))
+
+
 def mean_ms(url: str, verb: str) -> float:
     """The extender's mean handling time of ``verb``, ms (its ``/metrics``); 0 when none."""
     name = "gpushare_extender_request_duration_seconds"
@@ -118,9 +126,10 @@ def mean_ms(url: str, verb: str) -> float:
 
 
 @contextlib.contextmanager
-def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[str]:
+def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[tuple[str, str | None]]:
     """The extender of ``mode`` and a kube-scheduler for ``SCHEDULER`` calling it, for the
-    ``with`` body; yields the extender's URL."""
+    ``with`` body; yields the extender's URL and its holds ConfigMap (``None``: no
+    preemption)."""
     preempting = mode == "gpushare"
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
@@ -141,7 +150,7 @@ def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[str]:
             podInitialBackoffSeconds=1,
             podMaxBackoffSeconds=10,
         ):
-            yield url
+            yield url, holds if preempting else None
     finally:
         extender.stop()
         if LOG_LEVEL[0] != "warning":  # keep it: the control plane's directory goes at the end
@@ -163,10 +172,10 @@ def run(plane: ControlPlane, kube: Client, mode: str, args: argparse.Namespace) 
         half = len(seeds) // 2
         case.seed_waves([seeds[:half], seeds[half:]])  # two start times
         print(f"[{mode}]   {time.monotonic() - started:.0f} s", flush=True)
-        with serving(plane, mode, mode) as url, plane.client() as watcher:
+        with serving(plane, mode, mode) as (url, holds), plane.client() as watcher:
             return measure(
                 case, mode, args, rng=rng, url=url, seeds={s.name: s for s in seeds},
-                watcher=watcher,
+                watcher=watcher, holds=holds,
             )  # fmt: skip
 
 
@@ -221,43 +230,143 @@ def _ok(url: str) -> bool:
 
 
 class BoundWatch:
-    """When each of ``names`` is first seen bound (monotonic seconds), from a watch of the
-    namespace in a thread of its own (its own client: a sync client is not shared across
-    threads); use as a context manager."""
+    """What happens to each pod of the namespace, from a watch in a thread of its own (its own
+    client: a sync client is not shared across threads), in monotonic seconds: when each of
+    ``names`` is first seen refused (``PodScheduled`` false), nominated
+    (``status.nominatedNodeName``) and bound; when every other pod is first seen going
+    (``deletionTimestamp`` or deleted). With ``holds`` (``namespace/name`` of the extender's
+    holds ConfigMap), when a hold for each of ``names`` is first seen. Use as a context
+    manager."""
 
-    def __init__(self, kube: Client, namespace: str, names: set[str]) -> None:
+    def __init__(
+        self, kube: Client, namespace: str, names: set[str], holds: str | None = None
+    ) -> None:
         self._kube, self._namespace, self._names = kube, namespace, names
         self.bound_at: dict[str, float] = {}
+        self.refused_at: dict[str, float] = {}
+        self.nominated_at: dict[str, float] = {}
+        self.gone_at: dict[str, float] = {}
+        self.held_at: dict[str, float] = {}
+        self._holds = holds
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, daemon=True)]
+        if holds is not None:
+            self._threads.append(threading.Thread(target=self._run_holds, daemon=True))
 
     def __enter__(self) -> BoundWatch:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(15)
+        for thread in self._threads:
+            thread.join(15)
+
+    def _seen(self, kind: str, pod: Pod) -> None:
+        meta, spec, status = pod.metadata, pod.spec, pod.status
+        if meta is None or meta.name is None:
+            return
+        now, name = time.monotonic(), str(meta.name)
+        if name not in self._names:
+            if kind == "DELETED" or meta.deletionTimestamp is not None:
+                self.gone_at.setdefault(name, now)
+            return
+        if spec is not None and spec.nodeName:
+            self.bound_at.setdefault(name, now)
+        if status is not None and status.nominatedNodeName:
+            self.nominated_at.setdefault(name, now)
+        for condition in (status.conditions if status is not None else None) or []:
+            if condition.type == "PodScheduled" and condition.status == "False":
+                self.refused_at.setdefault(name, now)
 
     def _run(self) -> None:
         version = None
         while not self._stop.is_set():
             try:
-                for _, pod in self._kube.watch(
+                for kind, pod in self._kube.watch(
                     Pod, namespace=self._namespace, resource_version=version, server_timeout=5
                 ):
-                    meta, spec = pod.metadata, pod.spec
-                    if meta is None:
-                        continue
-                    version = meta.resourceVersion
-                    name = meta.name
-                    fresh = name in self._names and name not in self.bound_at
-                    if fresh and spec is not None and spec.nodeName:
-                        self.bound_at[str(name)] = time.monotonic()
+                    if pod.metadata is not None:
+                        version = pod.metadata.resourceVersion
+                    self._seen(kind, pod)
                     if self._stop.is_set():
                         return
             except Exception:  # the server ended the watch mid-stream: watch again from there
                 continue
+
+    def _run_holds(self) -> None:
+        assert self._holds is not None
+        namespace, _, name = self._holds.partition("/")
+        with Client(self._kube.config) as client:
+            while not self._stop.is_set():
+                try:
+                    for _, configmap in client.watch(
+                        ConfigMap, namespace=namespace, fields={"metadata.name": name},
+                        server_timeout=5,
+                    ):  # fmt: skip
+                        now = time.monotonic()
+                        for raw in (configmap.data or {}).values():
+                            held = json.loads(raw).get("pod", "")
+                            self.held_at.setdefault(held.rpartition("/")[2], now)
+                        if self._stop.is_set():
+                            return
+                except Exception:  # as above
+                    continue
+
+
+@dataclass
+class Phases:
+    """Medians (and p99) over the bound preemptors, seconds, of each step from creation to
+    binding (module doc): ``refused`` (created → first seen unschedulable), ``held`` (→ the
+    extender's hold written), ``nominated`` (→ kube-scheduler's nomination), ``victims_gone``
+    (→ the last low pod on its GPUs going), ``bound`` (victims gone → bound)."""
+
+    refused: tuple[float, float]
+    held: tuple[float, float]
+    nominated: tuple[float, float]
+    victims_gone: tuple[float, float]
+    bound_after_victims: tuple[float, float]
+    held_count: int
+    nominated_count: int
+
+
+def phases(
+    watch: BoundWatch,
+    created: dict[str, float],
+    placements: dict[str, tuple[str, set[int]]],
+    seeds: dict[str, Seed],
+) -> Phases:
+    """The per-step times of ``watch`` (see :class:`Phases`); a preemptor's victims are the
+    low pods gone from the GPUs it was bound to."""
+    since: dict[str, list[float]] = {k: [] for k in ("refused", "held", "nominated", "gone")}
+    after: list[float] = []
+    for name, bound in watch.bound_at.items():
+        start = created[name]
+        for key, seen in (("refused", watch.refused_at), ("held", watch.held_at),
+                          ("nominated", watch.nominated_at)):  # fmt: skip
+            if name in seen:
+                since[key].append(seen[name] - start)
+        node, gpus = placements.get(name, ("", set()))
+        gone = [
+            watch.gone_at[s.name]
+            for s in seeds.values()
+            if s.node == node
+            and set(s.gpus) & gpus
+            and s.name in watch.gone_at
+            and watch.gone_at[s.name] <= bound
+        ]
+        if gone:
+            since["gone"].append(max(gone) - start)
+            after.append(bound - max(gone))
+
+    def q(values: list[float]) -> tuple[float, float]:
+        return (_quantile(sorted(values), 0.5), _quantile(sorted(values), 0.99))
+
+    return Phases(
+        q(since["refused"]), q(since["held"]), q(since["nominated"]), q(since["gone"]), q(after),
+        len(since["held"]), len(since["nominated"]),
+    )  # fmt: skip
 
 
 def measure(
@@ -269,11 +378,12 @@ def measure(
     url: str,
     seeds: dict[str, Seed],
     watcher: Client,
+    holds: str | None = None,
 ) -> Result:
     """Send the preemptors, wait, judge (module doc)."""
     created: dict[str, float] = {}
     wanted = arrivals(args.preemptors, rng)
-    with BoundWatch(watcher, case.name, {name for name, _, _ in wanted}) as watch:
+    with BoundWatch(watcher, case.name, {name for name, _, _ in wanted}, holds) as watch:
         start = time.monotonic()
         for name, gib, gpus in wanted:
             case.submit(preemptor(name, gib, gpus=gpus))
@@ -293,19 +403,23 @@ def measure(
     pods = case.pods()
     evicted = [s for name, s in seeds.items() if name not in pods]
     where: dict[str, set[int]] = {}
+    placements: dict[str, tuple[str, set[int]]] = {}
     for name in bound_at:
         placed = case.placement(name)
         if placed is not None:
             where.setdefault(placed[0], set()).update(placed[1])
+            placements[name] = (placed[0], set(placed[1]))
     wasted = [s for s in evicted if not where.get(s.node, set()) & set(s.gpus)]
     waits = sorted(bound_at[n] - created[n] for n in bound_at)
     means = {verb: mean_ms(url, verb) for verb in ("preempt", "filter")}
+    answered = {verb: calls(url, verb) for verb in ("preempt", "filter", "bind")}
     over = len(case.overcommitted())
     _check_records(pods)
     return Result(
         mode, len(wanted), len(bound_at), len(evicted), len(wasted),
         _quantile(waits, 0.5), _quantile(waits, 0.99), over,
         means.get("preempt", 0.0), means.get("filter", 0.0), elapsed,
+        phases(watch, created, placements, seeds), answered,
     )  # fmt: skip
 
 
@@ -315,6 +429,10 @@ def _quantile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def _pair(values: tuple[float, float]) -> str:
+    return f"{values[0]:.1f}/{values[1]:.1f}"
 
 
 def _check_records(pods: dict[str, Pod]) -> None:
@@ -335,6 +453,12 @@ def main() -> int:
         "--extender-log-level", default="warning", help="the extenders' --log-level (logs: "
         "the control plane's temporary directory)",
     )  # fmt: skip
+    parser.add_argument(
+        "--modes",
+        default="gpushare,kube-scheduler",
+        help="the runs, in order: gpushare (the extender's preemption), kube-scheduler (its own "
+        "on node totals); comma-separated",
+    )
     parser.add_argument(
         "--cases",
         action="store_true",
@@ -361,7 +485,7 @@ def main() -> int:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps([asdict(r) for r in replayed], indent=2))
             return 0
-        for mode in ("gpushare", "kube-scheduler"):
+        for mode in args.modes.split(","):
             results.append(run(plane, kube, mode, args))
     print(f"load averages at end: {os.getloadavg()}")
     header = (
@@ -375,6 +499,17 @@ def main() -> int:
             f"{r.wasted:>8}{r.p50_s:>8.1f}{r.p99_s:>8.1f}{r.overcommitted:>6}"
             f"{r.preempt_ms:>12.1f}{r.filter_ms:>11.1f}"
         )
+    print("per-step times of the bound preemptors, s from creation (p50 / p99):")
+    for r in results:
+        if r.phases is None:
+            continue
+        f = r.phases
+        print(
+            f"  {r.mode:<15} refused {_pair(f.refused)}  held {_pair(f.held)} ({f.held_count})"
+            f"  nominated {_pair(f.nominated)} ({f.nominated_count})  victims gone "
+            f"{_pair(f.victims_gone)}  then bound after {_pair(f.bound_after_victims)}"
+        )
+        print(f"  {r.mode:<15} extender calls: {r.calls}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))

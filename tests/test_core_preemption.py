@@ -26,6 +26,7 @@ from gpushare.core.preemption import (
     VictimCost,
     best_preemption,
     plan_preemption,
+    preemption_floor,
 )
 from gpushare.testing.core import pod_request, resident, state_with
 
@@ -475,3 +476,20 @@ def test_the_choice_is_the_cheapest_and_minimal_by_brute_force(
         assert all(r.priority < priority and not r.terminating for r in chosen)
         assert _verdict(state, pod, leaving + chosen)
         assert _irredundant(state, pod, residents, plan)
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenarios())
+def test_no_preemption_costs_less_than_the_floor_weighing_starts_from(
+    scenario: tuple[NodeState, tuple[Resident, ...], PodRequest, int, dict[str, int]],
+) -> None:
+    """``preemption_floor`` is a lower bound: nodes are weighed from the lowest floor up and
+    the rest left out once the best set found costs no more than the next floor."""
+    state, residents, pod, priority, budgets = scenario
+    plan = plan_preemption(state, pod, priority, residents, now_s=NOW_S, budgets=budgets)
+    floor = preemption_floor(state, pod, priority, residents, now_s=NOW_S)
+    if floor is None:
+        assert not plan.helps
+    elif plan.helps:
+        assert plan.cost is not None
+        assert floor <= plan.cost

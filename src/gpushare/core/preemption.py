@@ -60,6 +60,7 @@ __all__ = [
     "VictimCost",
     "best_preemption",
     "plan_preemption",
+    "preemption_floor",
     "with_holds",
 ]
 
@@ -199,6 +200,15 @@ def plan_preemption(
     candidates = [
         r for r in residents if r.priority < priority and not r.terminating and r.key != pod.key
     ]
+    if (
+        better_than is not None
+        and candidates
+        and not leaving
+        and _floor(candidates, now_s) >= better_than
+    ):
+        # Nothing leaving, so no set costs 0: one victim at least, of the lowest priority and
+        # the least work here. Cut before the search is built (most nodes of a full cluster).
+        return Preemption(PreemptionStatus.COSTLIER, name, now)
     search = _Search(
         _without(state, leaving),
         pod,
@@ -302,6 +312,84 @@ def with_holds(
 def _steps(prefix_sums: Sequence[float]) -> list[float]:
     """The items of a prefix-sum sequence (``_Group.work_s``)."""
     return [b - a for a, b in itertools.pairwise(prefix_sums)]
+
+
+def preemption_floor(
+    state: NodeState,
+    pod: PodRequest,
+    priority: int,
+    residents: Sequence[Resident],
+    *,
+    now_s: float,
+    pending: Sequence[PendingPod] = (),
+) -> VictimCost | None:
+    """A cost no preemption on this node goes below (:func:`plan_preemption`'s arguments):
+    zero where the pod fits now or once terminating pods are gone; else one victim of the
+    lowest priority and the least work among the candidates; ``None`` where there is no
+    candidate (nothing to evict can help). Cheap: no search. Weighing nodes from the lowest
+    floor up, a node whose floor is no less than the best set found cannot beat it."""
+    if any(r.terminating and r.key != pod.key for r in residents):
+        return VictimCost()
+    if handshake_fit(state, pod, pending).fits:
+        return VictimCost()
+    candidates = [
+        r for r in residents if r.priority < priority and not r.terminating and r.key != pod.key
+    ]
+    if not candidates:
+        return None
+    needed = _fewest_on_one_gpu(state, pod, candidates)
+    if needed is None:
+        return None
+    return _floor(candidates, now_s, needed)
+
+
+def _fewest_on_one_gpu(
+    state: NodeState, pod: PodRequest, candidates: Sequence[Resident]
+) -> int | None:
+    """For a pod asking a memory share of one GPU (one container, no compute, no whole GPU,
+    any GPU of the node): the fewest candidates whose memory, on the GPU that needs fewest,
+    makes room (largest first); ``None`` when no GPU can be freed enough. 1 for any other
+    pod (a bound: one victim at least)."""
+    containers = pod.gpu_containers
+    if len(containers) != 1:
+        return 1
+    (container,) = containers
+    if (
+        container.gpu_count != 1
+        or container.exclusive
+        or container.compute_milli
+        or container.allowed_models
+        or container.allowed_positions
+    ):
+        return 1
+    position = {gpu.index: i for i, gpu in enumerate(state.node.gpus)}
+    on_gpu: list[list[int]] = [[] for _ in state.node.gpus]
+    for resident in candidates:
+        for index, amount in resident.allocation.per_gpu().items():
+            if index in position:
+                on_gpu[position[index]].append(amount)
+    best: int | None = None
+    for i, gpu in enumerate(state.node.gpus):
+        if not gpu.healthy or gpu.capacity < container.gpu_share:
+            continue
+        room, count = state.gpu_free[i], 0
+        for amount in sorted(on_gpu[i], reverse=True):
+            if room >= container.gpu_share:
+                break
+            room, count = room + amount, count + 1
+        if room >= container.gpu_share and (best is None or count < best):
+            best = count
+    return None if best is None else max(best, 1)
+
+
+def _floor(candidates: Sequence[Resident], now_s: float, needed: int = 1) -> VictimCost:
+    """No set of ``candidates`` (not empty) costs less: ``needed`` victims at least, the
+    highest of them of the lowest priority here, losing the least work ``needed`` of them
+    can."""
+    works = sorted(
+        0.0 if r.started_s is None else max(0.0, now_s - r.started_s) for r in candidates
+    )
+    return VictimCost(0, min(r.priority for r in candidates), needed, sum(works[:needed]))
 
 
 def _without(state: NodeState, gone: Iterable[Resident]) -> NodeState:

@@ -81,6 +81,7 @@ from gpushare.core.preemption import (
     VictimCost,
     best_preemption,
     plan_preemption,
+    preemption_floor,
     with_holds,
 )
 from gpushare.core.resolve import NotOnNode, on_node
@@ -415,13 +416,15 @@ class Preemptor:
 
     def plans(self, pod: Json, request: PodAsk, nodes: Iterable[str]) -> list[Preemption]:
         """What preemption can do for ``pod`` (read as ``request``) on each of ``nodes``
-        (unknown and non-GPU-share nodes left out); a node whose best set costs no less than
-        one already found is ``COSTLIER`` (``best_preemption`` over them is the best)."""
+        (unknown and non-GPU-share nodes left out). Nodes are weighed from the lowest
+        ``preemption_floor`` up; once the cheapest set found costs no more than the next
+        node's floor, that node and the rest are left out (none can beat it), and a node whose
+        best set costs no less than one already found is ``COSTLIER``: ``best_preemption``
+        over the list is the best of all the nodes."""
         key, priority = request.key, pod_priority(pod)
         allowed = self.budgets.allowed()
         now = self._wall()
-        out = []
-        incumbent: VictimCost | None = None  # the cheapest set so far: later nodes must beat it
+        weighed: list[tuple[VictimCost, int, NodeState, PodRequest, list[Resident]]] = []
         for name in nodes:
             info = self.state.cluster.node(name)
             view = self.view(name, key, priority)
@@ -430,13 +433,27 @@ class Preemptor:
             placed = on_node(request, node_view(info))
             if isinstance(placed, NotOnNode):
                 continue
+            state = view.without(self.state.reservations.allocation(key))
+            residents = self.residents(name)
+            floor = preemption_floor(
+                state, placed, priority, residents, now_s=now,
+                pending=self.state.reservations.pending(name),
+            )  # fmt: skip
+            if floor is not None:
+                weighed.append((floor, len(weighed), state, placed, residents))
+        weighed.sort(key=lambda entry: (entry[0], entry[1]))
+        out = []
+        incumbent: VictimCost | None = None  # the cheapest set so far: later nodes must beat it
+        for floor, _, state, placed, residents in weighed:
+            if incumbent is not None and floor >= incumbent:
+                break
             plan = plan_preemption(
-                view.without(self.state.reservations.allocation(key)),
+                state,
                 placed,
                 priority,
-                self.residents(name),
+                residents,
                 now_s=now,
-                pending=self.state.reservations.pending(name),
+                pending=self.state.reservations.pending(state.node.name),
                 budgets=allowed,
                 max_checks=self.options.max_checks,
                 better_than=incumbent,

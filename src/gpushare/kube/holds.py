@@ -1,8 +1,12 @@
 """Keep preemption holds in their ConfigMap (``gpushare.kube.codec.preemption``, "Holds").
 
-:class:`HoldStore` writes one hold per call with a JSON merge patch of the ConfigMap's
-``data`` (``{"data": {"<uid>": "<hold>"}}`` to put, ``{"data": {"<uid>": null}}`` to drop): no
-read-modify-write, so it needs no resourceVersion and never conflicts with itself. Only the
+:class:`HoldStore` writes holds with JSON merge patches of the ConfigMap's ``data``
+(``{"data": {"<uid>": "<hold>"}}`` to put, ``{"data": {"<uid>": null}}`` to drop): no
+read-modify-write, so it needs no resourceVersion and never conflicts with itself. Writes are
+coalesced: one patch is in flight at a time, and every put and drop asked meanwhile goes into
+the next one together (the latest word per preemptor), each caller returning when the patch
+that carries its change is answered. Many preemptors at once cost a few writes, not one
+serialised write each on the one object. Only the
 leading extender writes; every replica reads the ConfigMap through its cache
 (``ClusterCache(holds=...)``). When the ConfigMap is missing (the chart creates it), the first
 put creates it. Failures raise :class:`~gpushare.kube.errors.ApiCallError`.
@@ -15,6 +19,7 @@ should be able to write it (``gpushare.kube.writers``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 
 from lightkube import AsyncClient
@@ -62,14 +67,48 @@ class HoldStore:
         self._client = client
         self.namespace = namespace
         self.name = name
+        self._pending: dict[str, str | None] = {}
+        self._waiting: list[asyncio.Future[None]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.patches = 0
+        """Patches sent (tests, benchmarks)."""
 
     async def put(self, hold: Hold) -> None:
         """Record ``hold`` under its preemptor's UID (replacing any earlier one)."""
-        await self._patch({hold.uid: hold_json(hold)})
+        await self._write({hold.uid: hold_json(hold)})
 
     async def drop(self, uid: str) -> None:
         """Remove the hold of preemptor ``uid`` (nothing when there is none)."""
-        await self._patch({uid: None})
+        await self._write({uid: None})
+
+    async def _write(self, data: dict[str, str | None]) -> None:
+        """Queue ``data`` for the next patch and wait for that patch (module doc)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.update(data)
+        self._waiting.append(done)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain(), name="gpushare-holds-writer")
+        await done
+
+    async def _drain(self) -> None:
+        while self._pending:
+            data, waiting = self._pending, self._waiting
+            self._pending, self._waiting = {}, []
+            try:
+                self.patches += 1
+                await self._patch(data)
+            except Exception as error:
+                for done in waiting:
+                    if not done.done():
+                        done.set_exception(error)
+            except BaseException:  # cancelled (shutdown): so are the callers waiting on it
+                for done in waiting + self._waiting:
+                    done.cancel()
+                raise
+            else:
+                for done in waiting:
+                    if not done.done():
+                        done.set_result(None)
 
     async def _patch(self, data: dict[str, str | None]) -> None:
         what = f"PATCH configmaps {self.namespace}/{self.name}"
