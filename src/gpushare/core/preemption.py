@@ -330,7 +330,7 @@ def preemption_floor(
     floor up, a node whose floor is no less than the best set found cannot beat it."""
     if any(r.terminating and r.key != pod.key for r in residents):
         return VictimCost()
-    if handshake_fit(state, pod, pending).fits:
+    if not _short_everywhere(state, pod) and handshake_fit(state, pod, pending).fits:
         return VictimCost()
     candidates = [
         r for r in residents if r.priority < priority and not r.terminating and r.key != pod.key
@@ -341,6 +341,16 @@ def preemption_floor(
     if needed is None:
         return None
     return _floor(candidates, now_s, needed)
+
+
+def _short_everywhere(state: NodeState, pod: PodRequest) -> bool:
+    """Whether no GPU of the node has the free memory a one-container, one-GPU pod asks (it
+    cannot fit now: the fit check is not needed)."""
+    containers = pod.gpu_containers
+    if len(containers) != 1 or containers[0].gpu_count != 1 or containers[0].exclusive:
+        return False
+    share = containers[0].gpu_share
+    return all(free < share for free in state.gpu_free)
 
 
 def _fewest_on_one_gpu(
