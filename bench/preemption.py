@@ -395,10 +395,11 @@ def measure(
     wanted = arrivals(args.preemptors, rng)
     with BoundWatch(watcher, case.name, {name for name, _, _ in wanted}, holds) as watch:
         start = time.monotonic()
+        gap_s = 1.0 / args.arrivals_per_s if args.arrivals_per_s > 0 else 0.0
         for name, gib, gpus in wanted:
             case.submit(preemptor(name, gib, gpus=gpus))
             created[name] = time.monotonic()
-            time.sleep(0.05)
+            time.sleep(gap_s)
         deadline = time.monotonic() + args.settle
         ticks = 0
         while len(watch.bound_at) < len(wanted) and time.monotonic() < deadline:
@@ -463,6 +464,12 @@ def main() -> int:
         "--extender-log-level", default="warning", help="the extenders' --log-level (logs: "
         "the control plane's temporary directory)",
     )  # fmt: skip
+    parser.add_argument(
+        "--arrivals-per-s",
+        type=float,
+        default=20.0,
+        help="preemptors created per second (0: one burst, as fast as the API server takes them)",
+    )
     parser.add_argument(
         "--rounds", type=int, default=3, help="rounds of every mode (medians when more than one)"
     )
