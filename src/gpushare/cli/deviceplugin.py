@@ -20,6 +20,7 @@ from gpushare.cli.options import (
     log_level_option,
     run_until_signalled,
     setup_logging,
+    share_library_options,
 )
 from gpushare.deviceplugin.daemon import DaemonOptions, DevicePluginDaemon
 from gpushare.deviceplugin.dialects import (
@@ -165,21 +166,7 @@ from gpushare.kube.errors import KubeError
     help="nvidia.com/gpu devices advertised per GPU with --dialects hami (HAMi's "
     "deviceSplitCount): kubelet admits at most GPUs x this many nvidia.com/gpu on the node.",
 )
-@click.option(
-    "--share-library-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Host directory to install the share-view library into (mounted at the same path in "
-    "the plugin's pod): shared containers then see their share in CUDA and nvidia-smi "
-    "(docs/share-view.md). Unset: they see the whole GPU.",
-)
-@click.option(
-    "--share-library",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="The share-view library to install (libgpushare-share.so; default: the image's "
-    "/opt/gpushare/lib/libgpushare-share.so).",
-)
+@share_library_options
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),

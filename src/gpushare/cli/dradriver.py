@@ -22,6 +22,7 @@ from gpushare.cli.options import (
     log_level_option,
     run_until_signalled,
     setup_logging,
+    share_library_options,
 )
 from gpushare.core.isolation import Enforcement
 from gpushare.deviceplugin.isolation import installed_library, node_isolation
@@ -110,21 +111,7 @@ from gpushare.kube.errors import Failure, KubeError
     "free first, from the claims of this node's pods (gpushare's best fit; the driver watches "
     "them), or by index.",
 )
-@click.option(
-    "--share-library-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Host directory to install the share-view library into (mounted at the same path in "
-    "the driver's pod): containers with a share then see it in CUDA and nvidia-smi "
-    "(docs/share-view.md). Unset: they see the whole GPU.",
-)
-@click.option(
-    "--share-library",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="The share-view library to install (default: the image's "
-    "/opt/gpushare/lib/libgpushare-share.so).",
-)
+@share_library_options
 @click.option(
     "--enforcement",
     type=click.Choice([e.value for e in Enforcement]),

@@ -37,6 +37,27 @@ def kube_options(command: F) -> F:
     )(command)
 
 
+def share_library_options(command: F) -> F:
+    """``--share-library-dir DIR`` and ``--share-library FILE`` (docs/share-view.md): where on
+    the host the share-view library is installed for shared containers (unset: no view), and
+    which library file (default: the image's)."""
+    command = click.option(
+        "--share-library",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="The share-view library to install (libgpushare-share.so; default: the image's "
+        "/opt/gpushare/lib/libgpushare-share.so).",
+    )(command)
+    return click.option(
+        "--share-library-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Host directory to install the share-view library into (mounted at the same path "
+        "in this pod): shared containers then see their share in CUDA and nvidia-smi "
+        "(docs/share-view.md). Unset: they see the whole GPU.",
+    )(command)
+
+
 def connect_or_exit(kubeconfig: Path | None, context: str | None) -> AsyncClient:
     """The client of ``--kubeconfig``/``--context`` (``gpushare.kube.client.connect``); a bad
     or missing configuration ends the command with one line (``click.ClickException``): the
