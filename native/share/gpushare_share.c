@@ -1184,14 +1184,23 @@ static CUresult h_cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 /* ---- NVML (what nvidia-smi reads) -------------------------------------------------------- */
 
+/* The view of NVML device dev: false when it is not a listed GPU (or the view is off), else
+ * its share and what the container's processes hold, in bytes. */
+static bool nvml_share(nvmlDevice_t dev, uint64_t *share, uint64_t *used) {
+    if (!active()) return false;
+    int g = gpu_of_nvml(dev);
+    if (g < 0) return false;
+    *share = cfg.gpu[g].bytes;
+    *used = used_total(g);
+    return true;
+}
+
 static nvmlReturn_t h_nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
     pfn_nvml_mem real = REAL(nvmlDeviceGetMemoryInfo, pfn_nvml_mem);
     if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = real(dev, mem);
-    if (r != NVML_SUCCESS || !mem || !active()) return r;
-    int g = gpu_of_nvml(dev);
-    if (g < 0) return r;
-    uint64_t used = used_total(g), share = cfg.gpu[g].bytes;
+    uint64_t share, used;
+    if (r != NVML_SUCCESS || !mem || !nvml_share(dev, &share, &used)) return r;
     mem->total = share;
     mem->used = used;
     mem->free = used < share ? share - used : 0;
@@ -1202,10 +1211,8 @@ static nvmlReturn_t h_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2
     pfn_nvml_mem_v2 real = REAL(nvmlDeviceGetMemoryInfo_v2, pfn_nvml_mem_v2);
     if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = real(dev, mem);
-    if (r != NVML_SUCCESS || !mem || !active()) return r;
-    int g = gpu_of_nvml(dev);
-    if (g < 0) return r;
-    uint64_t used = used_total(g), share = cfg.gpu[g].bytes;
+    uint64_t share, used;
+    if (r != NVML_SUCCESS || !mem || !nvml_share(dev, &share, &used)) return r;
     mem->total = share;
     /* the driver's reservation is the card's, not the share's: total = used + free */
     mem->reserved = 0;

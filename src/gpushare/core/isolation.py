@@ -80,7 +80,7 @@ class Available:
         if backend is Enforcement.DRIVER and self.driver_missing:
             return f"the driver cannot limit memory per container: {self.driver_missing}"
         if backend is Enforcement.LIBRARY and not self.library:
-            return "the share-view library is not installed (device plugin --share-library)"
+            return "the share-view library is not installed (--share-library-dir)"
         return ""
 
 

@@ -200,15 +200,6 @@ def plan_preemption(
     candidates = [
         r for r in residents if r.priority < priority and not r.terminating and r.key != pod.key
     ]
-    if (
-        better_than is not None
-        and candidates
-        and not leaving
-        and _floor(candidates, now_s) >= better_than
-    ):
-        # Nothing leaving, so no set costs 0: one victim at least, of the lowest priority and
-        # the least work here. Cut before the search is built (most nodes of a full cluster).
-        return Preemption(PreemptionStatus.COSTLIER, name, now)
     search = _Search(
         _without(state, leaving),
         pod,
@@ -392,7 +383,7 @@ def _fewest_on_one_gpu(
     return None if best is None else max(best, 1)
 
 
-def _floor(candidates: Sequence[Resident], now_s: float, needed: int = 1) -> VictimCost:
+def _floor(candidates: Sequence[Resident], now_s: float, needed: int) -> VictimCost:
     """No set of ``candidates`` (not empty) costs less: ``needed`` victims at least, the
     highest of them of the lowest priority here, losing the least work ``needed`` of them
     can."""

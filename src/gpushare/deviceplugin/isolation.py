@@ -43,7 +43,6 @@ from gpushare.deviceplugin.nvml import Nvml
 __all__ = [
     "CONTAINER_LIBRARY",
     "CONTAINER_PRELOAD",
-    "DEFAULT_LIBRARY_DIR",
     "IMAGE_LIBRARY",
     "LIBRARY_NAME",
     "Mount",
@@ -61,8 +60,6 @@ log = logging.getLogger(__name__)
 LIBRARY_NAME = "libgpushare-share.so"
 IMAGE_LIBRARY = Path("/opt/gpushare/lib") / LIBRARY_NAME
 """Where the image has the library (the Dockerfile builds it from ``native/share``)."""
-DEFAULT_LIBRARY_DIR = Path("/var/lib/gpushare/lib")
-"""The host directory the device plugin installs it into (a hostPath in the DaemonSet)."""
 CONTAINER_LIBRARY = Path("/usr/local/gpushare/lib") / LIBRARY_NAME
 """Where a shared container finds it (mounted read-only)."""
 CONTAINER_PRELOAD = Path("/etc/ld.so.preload")

@@ -71,6 +71,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpushare.core.ask import PodAsk
+from gpushare.core.handshake import PendingPod
 from gpushare.core.model import Allocation, ContainerAllocation, NodeState, PodRequest
 from gpushare.core.preemption import (
     DEFAULT_MAX_CHECKS,
@@ -437,7 +438,9 @@ class Preemptor:
         key, priority = request.key, pod_priority(pod)
         allowed = self.budgets.allowed()
         now = self._wall()
-        weighed: list[tuple[VictimCost, int, NodeState, PodRequest, list[Resident]]] = []
+        weighed: list[
+            tuple[VictimCost, int, NodeState, PodRequest, list[Resident], tuple[PendingPod, ...]]
+        ] = []
         for name in nodes:
             info = self.state.cluster.node(name)
             view = self.view(name, key, priority)
@@ -448,16 +451,16 @@ class Preemptor:
                 continue
             state = view.without(self.state.reservations.allocation(key))
             residents = self.residents(name)
+            pending = self.state.reservations.pending(name)
             floor = preemption_floor(
-                state, placed, priority, residents, now_s=now,
-                pending=self.state.reservations.pending(name),
+                state, placed, priority, residents, now_s=now, pending=pending
             )  # fmt: skip
             if floor is not None:
-                weighed.append((floor, len(weighed), state, placed, residents))
+                weighed.append((floor, len(weighed), state, placed, residents, pending))
         weighed.sort(key=lambda entry: (entry[0], entry[1]))
         out = []
         incumbent: VictimCost | None = None  # the cheapest set so far: later nodes must beat it
-        for floor, _, state, placed, residents in weighed:
+        for floor, _, state, placed, residents, pending in weighed:
             if incumbent is not None and floor >= incumbent:
                 break
             plan = plan_preemption(
@@ -466,7 +469,7 @@ class Preemptor:
                 priority,
                 residents,
                 now_s=now,
-                pending=self.state.reservations.pending(state.node.name),
+                pending=pending,
                 budgets=allowed,
                 max_checks=self.options.max_checks,
                 better_than=incumbent,

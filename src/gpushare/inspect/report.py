@@ -726,10 +726,7 @@ def _node_report(
     name); one the ledger refuses is a skipped pod, charged and named in ``problems``."""
     gpus = info.node.gpus
     position = {gpu.index: i for i, gpu in enumerate(gpus)}
-    said = [
-        isolation.said() if isolation is not None else ""
-        for isolation in (*info.isolation, *(None,) * (len(gpus) - len(info.isolation)))
-    ]
+    said = [i.said() if i is not None else "" for i in info.isolation] or [""] * len(gpus)
     assumed = [0] * len(gpus)
     pods: list[PodReport] = []
     skipped = list(book.blocked)
