@@ -41,6 +41,7 @@ import dataclasses
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import threading
@@ -55,12 +56,15 @@ from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from gpushare.kube.codec import ALLOCATION
 from gpushare.testing.controlplane import (
+    PREEMPTION_CANDIDATE_NODES,
     Binaries,
     ControlPlane,
     ManagedProcess,
     free_ports,
     gpushare_argv,
     gpushare_extender,
+    gpushare_profile,
+    unverified_context,
     wait_until,
 )
 from gpushare.testing.metrics import sample_sum
@@ -92,6 +96,8 @@ class Result:
     """The 1-minute load average when the run ended."""
     phases: Phases | None = None
     calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    cycles: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    """kube-scheduler's attempts and PostFilter runs, ``{what: (count, mean ms)}``."""
 
     @property
     def per_bound(self) -> float:
@@ -124,19 +130,21 @@ def calls(url: str, verb: str) -> int:
     return int(sample_sum(f"{url}/metrics", name, {"verb": verb}))
 
 
+def _mean_ms(url: str, name: str, labels: dict[str, str]) -> float:
+    count = sample_sum(f"{url}/metrics", f"{name}_count", labels)
+    return 1000 * sample_sum(f"{url}/metrics", f"{name}_sum", labels) / count if count else 0.0
+
+
 def mean_ms(url: str, verb: str) -> float:
     """The extender's mean handling time of ``verb``, ms (its ``/metrics``); 0 when none."""
-    name = "gpushare_extender_request_duration_seconds"
-    count = sample_sum(f"{url}/metrics", f"{name}_count", {"verb": verb})
-    total = sample_sum(f"{url}/metrics", f"{name}_sum", {"verb": verb})
-    return 1000 * total / count if count else 0.0
+    return _mean_ms(url, "gpushare_extender_request_duration_seconds", {"verb": verb})
 
 
 @contextlib.contextmanager
-def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[tuple[str, str | None]]:
+def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[tuple[str, str | None, str]]:
     """The extender of ``mode`` and a kube-scheduler for ``SCHEDULER`` calling it, for the
-    ``with`` body; yields the extender's URL and its holds ConfigMap (``None``: no
-    preemption)."""
+    ``with`` body; yields the extender's URL, its holds ConfigMap (``None``: no preemption) and
+    the kube-scheduler's URL."""
     preempting = mode == "gpushare"
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
@@ -150,14 +158,15 @@ def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[tuple[str, str
     try:
         wait_until("extender ready", lambda: _ok(f"{url}/readyz"), 120, processes=[extender])
         entry = gpushare_extender(f"{url}/gpushare-scheduler", preempt=preempting)
+        name = f"kube-scheduler-{tag}"
         with plane.scheduler(
-            f"kube-scheduler-{tag}",
-            profiles=[{"schedulerName": SCHEDULER}],
+            name,
+            profiles=[gpushare_profile(SCHEDULER, candidate_nodes=CANDIDATES[0])],
             extenders=[entry],
             podInitialBackoffSeconds=1,
             podMaxBackoffSeconds=10,
         ):
-            yield url, holds if preempting else None
+            yield url, holds if preempting else None, plane.scheduler_urls[name]
     finally:
         extender.stop()
         if LOG_LEVEL[0] != "warning":  # keep it: the control plane's directory goes at the end
@@ -165,6 +174,10 @@ def serving(plane: ControlPlane, mode: str, tag: str) -> Iterator[tuple[str, str
             kept.parent.mkdir(parents=True, exist_ok=True)
             kept.write_bytes(extender.log_path.read_bytes())
             print(f"[{tag}] extender log: {kept}", flush=True)
+
+
+CANDIDATES = [PREEMPTION_CANDIDATE_NODES]
+"""``--candidate-nodes``: DefaultPreemption's ``minCandidateNodesAbsolute`` (the chart's)."""
 
 
 def run(
@@ -182,10 +195,10 @@ def run(
         half = len(seeds) // 2
         case.seed_waves([seeds[:half], seeds[half:]])  # two start times
         print(f"[{mode}]   {time.monotonic() - started:.0f} s", flush=True)
-        with serving(plane, mode, tag) as (url, holds), plane.client() as watcher:
+        with serving(plane, mode, tag) as (url, holds, scheduler), plane.client() as watcher:
             return measure(
                 case, mode, args, rng=rng, url=url, seeds={s.name: s for s in seeds},
-                watcher=watcher, holds=holds,
+                watcher=watcher, holds=holds, scheduler=scheduler,
             )  # fmt: skip
 
 
@@ -389,6 +402,7 @@ def measure(
     seeds: dict[str, Seed],
     watcher: Client,
     holds: str | None = None,
+    scheduler: str | None = None,
 ) -> Result:
     """Send the preemptors, wait, judge (module doc)."""
     created: dict[str, float] = {}
@@ -423,15 +437,43 @@ def measure(
     wasted = [s for s in evicted if not where.get(s.node, set()) & set(s.gpus)]
     waits = sorted(bound_at[n] - created[n] for n in bound_at)
     means = {verb: mean_ms(url, verb) for verb in ("preempt", "filter")}
+    steps = {
+        step: _mean_ms(url, "gpushare_extender_preemption_step_seconds", {"step": step})
+        for step in ("weigh", "record")
+    }
     answered = {verb: calls(url, verb) for verb in ("preempt", "filter", "bind")}
     over = len(case.overcommitted())
+    cycles = scheduling_cycles(scheduler) if scheduler is not None else {}
+    cycles.update({f"preempt {k}": (0, v) for k, v in steps.items() if v})
     _check_records(pods)
     return Result(
         mode, len(wanted), len(bound_at), len(evicted), len(wasted),
         _quantile(waits, 0.5), _quantile(waits, 0.99), over,
         means.get("preempt", 0.0), means.get("filter", 0.0), elapsed,
-        os.getloadavg()[0], phases(watch, created, placements, seeds), answered,
+        os.getloadavg()[0], phases(watch, created, placements, seeds), answered, cycles,
     )  # fmt: skip
+
+
+def scheduling_cycles(scheduler: str) -> dict[str, tuple[int, float]]:
+    """kube-scheduler's scheduling attempts by result (``scheduled``, ``unschedulable``,
+    ``error``) and its PostFilter (preemption) runs: ``{what: (count, mean ms)}``, from its
+    ``/metrics`` (``scheduler_scheduling_attempt_duration_seconds``,
+    ``scheduler_framework_extension_point_duration_seconds``)."""
+    context = unverified_context()
+    out: dict[str, tuple[int, float]] = {}
+    series = [
+        ("scheduler_scheduling_attempt_duration_seconds", {"result": result}, result)
+        for result in ("scheduled", "unschedulable", "error")
+    ] + [
+        ("scheduler_framework_extension_point_duration_seconds",
+         {"extension_point": point, "profile": SCHEDULER}, point)
+        for point in ("Filter", "PostFilter")
+    ]  # fmt: skip
+    for name, labels, what in series:
+        count = sample_sum(f"{scheduler}/metrics", f"{name}_count", labels, context=context)
+        total = sample_sum(f"{scheduler}/metrics", f"{name}_sum", labels, context=context)
+        out[what] = (int(count), 1000 * total / count if count else 0.0)
+    return out
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -480,12 +522,21 @@ def main() -> int:
         "on node totals); comma-separated",
     )
     parser.add_argument(
+        "--candidate-nodes",
+        type=int,
+        default=PREEMPTION_CANDIDATE_NODES,
+        help="DefaultPreemption's minCandidateNodesAbsolute (percentage 0), the chart's "
+        "scheduler.preemptionCandidateNodes; 0: kube-scheduler's defaults (10 %%, at least 100)",
+    )
+    parser.add_argument(
         "--cases",
         action="store_true",
         help="replay the five preemption cases under both preemptions instead (a table)",
     )
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the control plane stops too
     LOG_LEVEL[0] = args.extender_log_level
+    CANDIDATES[0] = args.candidate_nodes
     print(f"load averages at start: {os.getloadavg()}", flush=True)
     results = []
     with ControlPlane(Binaries.locate()) as plane, plane.client() as kube:
@@ -542,6 +593,8 @@ def main() -> int:
             f"{_pair(f.victims_gone)}  then bound after {_pair(f.bound_after_victims)}"
         )
         print(f"  {r.mode:<15} extender calls: {r.calls}")
+        cycles = ", ".join(f"{k} {n} x {ms:.1f} ms" for k, (n, ms) in r.cycles.items())
+        print(f"  {r.mode:<15} kube-scheduler: {cycles}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))

@@ -42,7 +42,13 @@ from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.dialects import DIALECT_NAMES
 from gpushare.kube.codec.nodeconfig import MemoryReserve, NodeConfig, node_config
 from gpushare.kube.holds import rbac_rules
-from gpushare.testing.controlplane import REPO_ROOT, gpushare_dra_extender, gpushare_extender
+from gpushare.testing.controlplane import (
+    PREEMPTION_CANDIDATE_NODES,
+    REPO_ROOT,
+    gpushare_dra_extender,
+    gpushare_extender,
+    gpushare_profile,
+)
 from gpushare.testing.helm import (
     CHART_DIR,
     MANIFESTS,
@@ -365,7 +371,38 @@ def test_default_scheduler_config_has_gpushare_extender(default_objects: list[Ob
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
+    assert config["profiles"] == [gpushare_profile("default-scheduler")]
     assert config["extenders"] == [with_tls(SERVICE_URL, HOST_CA_FILE, **HOST_CLIENT)]
+
+
+@pytest.mark.parametrize(
+    ("values", "candidate_nodes"),
+    [
+        pytest.param({}, PREEMPTION_CANDIDATE_NODES, id="preemption-on-dry-run-cut-at-10-nodes"),
+        pytest.param(
+            {"scheduler": {"preemptionCandidateNodes": 25}}, 25, id="operator-sets-the-cut"
+        ),
+        pytest.param(
+            {"scheduler": {"preemptionCandidateNodes": 0}}, 0, id="zero-keeps-kube-defaults"
+        ),
+        pytest.param(
+            {"extender": {"preemption": {"enabled": False}}}, 0, id="no-preemption-no-args"
+        ),
+    ],
+)
+def test_scheduler_profiles_cut_the_preemption_dry_run(
+    helm: Path, values: Obj, candidate_nodes: int
+) -> None:
+    """Both wirings get DefaultPreemption's ``minCandidateNodesAbsolute`` from
+    ``scheduler.preemptionCandidateNodes`` while the extender preempts (values.yaml)."""
+    second = {"scheduler": {**values.get("scheduler", {}), "second": {"enabled": True}}}
+    objects = render_objects({**values, **second}, helm=helm)
+    for configmap, name in [
+        ("gpushare-default-scheduler-config", "default-scheduler"),
+        ("gpushare-scheduler-config", "gpushare-scheduler"),
+    ]:
+        config = scheduler_config(find(objects, "ConfigMap", configmap))
+        assert config["profiles"] == [gpushare_profile(name, candidate_nodes=candidate_nodes)]
 
 
 def test_dialect_resources_join_the_extender_entry_advertised_ones_checked_by_kube_scheduler(
@@ -427,7 +464,7 @@ def test_the_extender_url_follows_the_values(
 
 def test_second_scheduler_config_and_deployment(with_scheduler: list[Obj]) -> None:
     config = scheduler_config(find(with_scheduler, "ConfigMap", "gpushare-scheduler-config"))
-    assert config["profiles"] == [{"schedulerName": "gpushare-scheduler"}]
+    assert config["profiles"] == [gpushare_profile("gpushare-scheduler")]
     assert config["leaderElection"] == {
         "leaderElect": True,
         "resourceName": "gpushare-scheduler",

@@ -48,6 +48,7 @@ from gpushare.testing.controlplane import (
     ControlPlane,
     free_ports,
     gpushare_extender,
+    gpushare_profile,
     wait_for,
     wait_until,
 )
@@ -123,7 +124,7 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         exits.enter_context(
             control_plane.scheduler(
                 "kube-scheduler-preempt",
-                profiles=[{"schedulerName": SCHEDULER}],
+                profiles=[gpushare_profile(SCHEDULER)],  # the chart's: dry run cut at 10 nodes
                 extenders=[gpushare_extender(proxy.url + "/gpushare-scheduler", dialects=True)],
                 podInitialBackoffSeconds=1,
                 podMaxBackoffSeconds=2,

@@ -260,3 +260,18 @@ It matches gpushare.testing.controlplane.gpushare_extender: tests/cluster/test_d
 {{- define "gpushare.scheduler.imageTag" -}}
 {{- .Values.scheduler.second.image.tag | default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") -}}
 {{- end -}}
+
+{{- /* The profile of a scheduler wired to the extender, (list $ $schedulerName): with the
+     extender's preemption, DefaultPreemption's dry run cut at
+     scheduler.preemptionCandidateNodes candidate nodes (values.yaml); it matches
+     gpushare.testing.controlplane.gpushare_profile. */ -}}
+{{- define "gpushare.scheduler.profile" -}}
+{{- $ctx := index . 0 -}}
+{{- $profile := dict "schedulerName" (index . 1) -}}
+{{- $candidates := int $ctx.Values.scheduler.preemptionCandidateNodes -}}
+{{- if and $ctx.Values.extender.preemption.enabled (gt $candidates 0) -}}
+{{- $args := dict "minCandidateNodesPercentage" 0 "minCandidateNodesAbsolute" $candidates -}}
+{{- $_ := set $profile "pluginConfig" (list (dict "name" "DefaultPreemption" "args" $args)) -}}
+{{- end -}}
+{{- toYaml (list $profile) -}}
+{{- end -}}

@@ -56,9 +56,11 @@ from gpushare.testing.controlplane.processes import (
     unverified_context,
 )
 from gpushare.testing.controlplane.scheduler_config import (
+    PREEMPTION_CANDIDATE_NODES,
     SCHEDULER_CONFIG_API_VERSION,
     gpushare_dra_extender,
     gpushare_extender,
+    gpushare_profile,
     scheduler_configuration,
 )
 
@@ -68,6 +70,7 @@ __all__ = [
     "KWOK_NODE_ANNOTATION",
     "KWOK_NODE_ANNOTATION_VALUE",
     "KWOK_STAGES",
+    "PREEMPTION_CANDIDATE_NODES",
     "REPO_ROOT",
     "SCHEDULER_CONFIG_API_VERSION",
     "SERVICE_ACCOUNT_ISSUER",
@@ -83,6 +86,7 @@ __all__ = [
     "gpushare_argv",
     "gpushare_dra_extender",
     "gpushare_extender",
+    "gpushare_profile",
     "http_ok",
     "scheduler_configuration",
     "unverified_context",

@@ -88,6 +88,10 @@ class ControlPlane(ApiAccess):
     server: str = field(init=False)
     processes: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
     _finished: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
+    #: The base URL (``https://127.0.0.1:<port>``, a self-signed certificate) of every extra
+    #: kube-scheduler started by :meth:`scheduler`, by name, while it runs; its ``/metrics``
+    #: needs no credentials.
+    scheduler_urls: dict[str, str] = field(init=False, default_factory=dict)
     _ports: _Ports = field(init=False)
     _started: bool = field(init=False, default=False)
 
@@ -212,8 +216,10 @@ class ControlPlane(ApiAccess):
             self.kubeconfig, profiles=profiles, extenders=extenders, **extra
         )
         try:
+            self.scheduler_urls[name] = f"https://127.0.0.1:{port}"
             yield self._start_scheduler(name, port, config)
         finally:
+            self.scheduler_urls.pop(name, None)
             proc = self.processes.pop(name, None)
             if proc is not None:
                 proc.stop()
@@ -351,6 +357,8 @@ class ControlPlane(ApiAccess):
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={workdir / 'certs'}",
+                # Its /metrics too, for the benchmarks (scheduling cycle times, queue lengths).
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
                 "--leader-elect=false",
                 f"--service-account-private-key-file={c.sa_key}",
                 f"--root-ca-file={c.ca_cert}",
@@ -382,6 +390,8 @@ class ControlPlane(ApiAccess):
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={workdir / 'certs'}",
+                # Its /metrics too, for the benchmarks (scheduling cycle times, queue lengths).
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
                 # No --authentication/authorization-kubeconfig: with them kube-scheduler logs an
                 # error many times a second because this apiserver has no front-proxy CA, and
                 # its health endpoints are always allowed anyway.

@@ -11,6 +11,24 @@ from gpushare.kube.codec.dialects import ADVERTISED_NAMES, DIALECT_NAMES
 
 SCHEDULER_CONFIG_API_VERSION = "kubescheduler.config.k8s.io/v1"
 
+PREEMPTION_CANDIDATE_NODES = 10
+"""The chart's ``scheduler.preemptionCandidateNodes``: DefaultPreemption's dry run stops after
+this many candidate nodes (docs/usage.md, "Numbers")."""
+
+
+def gpushare_profile(
+    scheduler_name: str, *, candidate_nodes: int = PREEMPTION_CANDIDATE_NODES
+) -> dict[str, Any]:
+    """A ``profiles`` entry as the chart writes it with the extender's preemption on: named
+    ``scheduler_name``, DefaultPreemption's dry run cut at ``candidate_nodes`` candidate nodes
+    (``minCandidateNodesAbsolute``, ``minCandidateNodesPercentage: 0``); ``candidate_nodes``
+    0: kube-scheduler's defaults (10 % of the nodes, at least 100), no ``pluginConfig``."""
+    profile: dict[str, Any] = {"schedulerName": scheduler_name}
+    if candidate_nodes > 0:
+        args = {"minCandidateNodesPercentage": 0, "minCandidateNodesAbsolute": candidate_nodes}
+        profile["pluginConfig"] = [{"name": "DefaultPreemption", "args": args}]
+    return profile
+
 
 def gpushare_extender(
     url_prefix: str, *, http_timeout: str = "30s", dialects: bool = False, preempt: bool = True
