@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from gpushare.core.model import ContainerAllocation
 from gpushare.core.policies import make_policy
-from gpushare.core.preemption import Hold
+from gpushare.core.preemption import Hold, best_preemption
 from gpushare.extender.app import create_app
 from gpushare.extender.holds import HIGHEST_PRIORITY, BudgetBook, HoldBook
 from gpushare.extender.preemption import (
@@ -690,3 +690,62 @@ def test_a_hold_written_to_last_a_day_ends_at_the_longest_hold(rig: Rig) -> None
     rig.wall.now_s += 600
     run(rig.preemptor.tick())
     assert rig.preemptor.holds.of("default/decoy") is None
+
+
+# --- remembered floors ------------------------------------------------------------------------
+
+
+def _terminating(rig: Rig) -> None:
+    pod = rig.state.cluster.api_pod("default/b1")
+    assert pod is not None
+    rig.state.observe_pod({**pod, "metadata": {**pod["metadata"], "deletionTimestamp": LATE}})
+
+
+def _deleted(rig: Rig) -> None:
+    rig.gone("default/b1")
+
+
+def _refilled(rig: Rig) -> None:
+    rig.gone("default/a1")
+    low(rig, "a3", "n1", 0, 8, EARLY)
+    low(rig, "a4", "n1", 0, 8, EARLY)
+
+
+@pytest.mark.parametrize(
+    ("change", "best_node"),
+    [
+        pytest.param(lambda rig: None, "n1", id="nothing-changed-the-cheaper-node"),
+        pytest.param(_terminating, "n2", id="a-resident-terminating-makes-its-node-wait"),
+        pytest.param(_deleted, "n2", id="a-resident-gone-makes-room"),
+        pytest.param(_refilled, "n2", id="a-node-refilled-costs-more-now"),
+    ],
+)
+def test_remembered_floors_follow_every_change_a_preemptor_reads(
+    rig: Rig, change: Any, best_node: str
+) -> None:
+    """A second preemptor of the same shape after a change chooses as a preemptor that
+    remembers nothing would."""
+    rig.node("n1")
+    rig.node("n2")
+    low(rig, "a1", "n1", 0, 16, EARLY)  # n1: one 16 GiB victim on GPU 0
+    bound_pod(rig.state, "a2", "n1", {1: 16}, priority=HIGH)  # not a victim
+    low(rig, "b1", "n2", 0, 8, LATE)  # n2: two 8 GiB victims on GPU 0 (costlier), newer
+    low(rig, "b2", "n2", 0, 8, LATE)
+    bound_pod(rig.state, "b3", "n2", {1: 16}, priority=HIGH)  # not a victim
+    first = rig.pending(high(16, "h1"))
+    request = pod_request(first)
+    before = best_preemption(rig.preemptor.plans(first, request, ["n1", "n2"]))
+    assert before is not None
+    assert before.node == "n1"
+    change(rig)
+    second = rig.pending(high(16, "h2"))
+    asked = pod_request(second)
+    remembered = best_preemption(rig.preemptor.plans(second, asked, ["n1", "n2"]))
+    fresh = Rig(state=rig.state, budgets=rig.budgets, server=rig.server, wall=rig.wall)
+    anew = best_preemption(fresh.preemptor.plans(second, asked, ["n1", "n2"]))
+    assert remembered is not None
+    assert anew is not None
+    assert (remembered.node, remembered.status, remembered.cost) == (
+        anew.node, anew.status, anew.cost,
+    )  # fmt: skip
+    assert remembered.node == best_node

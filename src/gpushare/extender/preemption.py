@@ -138,6 +138,8 @@ EXTENDER = "gpushare"
 SCHEDULER = "kube-scheduler"
 READ_LIMIT = 200_000
 """Pods whose reading (``Preemptor.residents``) is kept at most; past it, all are read anew."""
+FLOOR_LIMIT = 100_000
+"""Remembered preemption floors (``Preemptor.plans``) at most; past it, all are computed anew."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +358,9 @@ class Preemptor:
         # the state replaces a pod's dict on every change, so an entry is valid while both are
         # the very objects it was read from.
         self._read: dict[str, tuple[Json | None, Allocation, int, Resident]] = {}
+        # (node, its version, the budgets' version, (containers, CPU, memory, priority)) ->
+        # the node's preemption floor for a pod of that shape holding nothing (``plans``).
+        self._floors: dict[tuple[object, ...], VictimCost | None] = {}
 
     # -- views (filter, prioritize, bind) ----------------------------------------------------
 
@@ -434,35 +439,49 @@ class Preemptor:
         ``preemption_floor`` up; once the cheapest set found costs no more than the next
         node's floor, that node and the rest are left out (none can beat it), and a node whose
         best set costs no less than one already found is ``COSTLIER``: ``best_preemption``
-        over the list is the best of all the nodes."""
+        over the list is the best of all the nodes.
+
+        Floors are remembered per node version (``cluster.version``: it moves with the node,
+        every event of a pod bound there, its deletion or start included, pending and skipped
+        pods and holds), the budgets' version, the pod's
+        shape and priority, for pods that hold nothing (no allocation, no hold: the floor is
+        then the same for every such pod). A remembered floor was computed at an earlier
+        ``now``: it can only be lower (work lost grows with time), so it still bounds every
+        set from below and never leaves out a node that could win."""
         key, priority = request.key, pod_priority(pod)
         allowed = self.budgets.allowed()
         now = self._wall()
-        weighed: list[
-            tuple[VictimCost, int, NodeState, PodRequest, list[Resident], tuple[PendingPod, ...]]
-        ] = []
+        shared = self.holds.of(key) is None and self.state.reservations.allocation(key) is None
+        shape = (request.containers, request.cpu_milli, request.memory_mib, priority)
+        floors: list[tuple[VictimCost, int, str]] = []
         for name in nodes:
-            info = self.state.cluster.node(name)
-            view = self.view(name, key, priority)
-            if info is None or view is None or not info.gpushare:
-                continue
-            placed = on_node(request, node_view(info))
-            if isinstance(placed, NotOnNode):
-                continue
-            state = view.without(self.state.reservations.allocation(key))
-            residents = self.residents(name)
-            pending = self.state.reservations.pending(name)
-            floor = preemption_floor(
-                state, placed, priority, residents, now_s=now, pending=pending
-            )  # fmt: skip
+            memo = (name, self.state.cluster.version(name), self.budgets.version, shape)
+            if shared and memo in self._floors:
+                floor = self._floors[memo]
+            else:
+                weighed = self._weighable(name, key, request, priority)
+                if weighed is None:
+                    continue
+                state, placed, residents, pending = weighed
+                floor = preemption_floor(
+                    state, placed, priority, residents, now_s=now, pending=pending
+                )  # fmt: skip
+                if shared:
+                    if len(self._floors) >= FLOOR_LIMIT:
+                        self._floors.clear()  # bounded: old versions are forgotten now and then
+                    self._floors[memo] = floor
             if floor is not None:
-                weighed.append((floor, len(weighed), state, placed, residents, pending))
-        weighed.sort(key=lambda entry: (entry[0], entry[1]))
+                floors.append((floor, len(floors), name))
+        floors.sort()
         out = []
         incumbent: VictimCost | None = None  # the cheapest set so far: later nodes must beat it
-        for floor, _, state, placed, residents, pending in weighed:
+        for floor, _, name in floors:
             if incumbent is not None and floor >= incumbent:
                 break
+            weighed = self._weighable(name, key, request, priority)
+            if weighed is None:
+                continue
+            state, placed, residents, pending = weighed
             plan = plan_preemption(
                 state,
                 placed,
@@ -478,6 +497,23 @@ class Preemptor:
             if plan.helps and plan.cost is not None:
                 incumbent = plan.cost if incumbent is None else min(incumbent, plan.cost)
         return out
+
+    def _weighable(
+        self, name: str, key: str, request: PodAsk, priority: int
+    ) -> tuple[NodeState, PodRequest, list[Resident], tuple[PendingPod, ...]] | None:
+        """Node ``name`` as pod ``key`` of ``priority`` asking ``request`` weighs it: the
+        state without the pod's own allocation, the request on that node, the residents and
+        the pending pods; ``None`` for an unknown or non-GPU-share node, or one the pod can
+        never be placed on."""
+        info = self.state.cluster.node(name)
+        view = self.view(name, key, priority)
+        if info is None or view is None or not info.gpushare:
+            return None
+        placed = on_node(request, node_view(info))
+        if isinstance(placed, NotOnNode):
+            return None
+        state = view.without(self.state.reservations.allocation(key))
+        return state, placed, self.residents(name), self.state.reservations.pending(name)
 
     # -- filter: the nodes kube-scheduler will not send -------------------------------------
 
