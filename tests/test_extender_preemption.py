@@ -417,6 +417,28 @@ def test_the_preemptor_binds_onto_its_held_gpus_and_the_hold_ends(rig: Rig) -> N
     assert rig.store.holds == {}
 
 
+@pytest.mark.parametrize(
+    ("after_s", "passes"),
+    [
+        pytest.param(0, ["n1"], id="while-held-only-the-held-node-passes"),
+        pytest.param(61, ["n1", "n2"], id="past-the-hold-every-node-that-fits"),
+    ],
+)
+def test_a_preemptor_goes_where_its_victims_leave(
+    rig: Rig, after_s: float, passes: list[str]
+) -> None:
+    """Room elsewhere must not take a preemptor whose victims are leaving for it: bound
+    anywhere else, they would have been evicted in vain."""
+    held(rig)
+    rig.state.forget_pod("default/b")
+    rig.node("n2")  # an empty node appears
+    rig.wall.now_s += after_s
+    passed, failed = rig.filter(high(8), "n1", "n2")
+    assert passed == passes
+    if passes == ["n1"]:
+        assert "held for this pod on node n1" in failed["n2"]
+
+
 def test_holds_end_when_they_expire_or_the_preemptor_goes(rig: Rig) -> None:
     held(rig)
     rig.wall.now_s += 61

@@ -27,7 +27,8 @@ its own dry run found victims (docs/usage.md, "Priorities and preemption", has t
   by the API server).
 * **holds**: the GPUs a preemptor is to get are held for it while its victims terminate: pods of
   lower or equal priority cannot take them (``gpushare.core.preemption.with_holds``, in filter,
-  prioritize and bind), pods of higher priority can. A hold ends when the preemptor binds (its
+  prioritize and bind), pods of higher priority can; the preemptor itself passes the filter on
+  the hold's node only (``Scheduler``). A hold ends when the preemptor binds (its
   bind takes the held GPUs), is deleted, finishes or is recreated, or at ``expires``
   (the longest grace period among its victims plus ``hold_margin_s``, at most ``hold_max_s``).
   Holds live in a ConfigMap (``gpushare.kube.holds``) written before any eviction, so a

@@ -105,6 +105,7 @@ from gpushare.kube.codec import (
     object_namespace,
     pod_priority,
     pod_request,
+    pod_uid,
 )
 from gpushare.kube.codec.resolve import node_view
 
@@ -277,6 +278,7 @@ class Scheduler:
                     unresolvable[name] = verdict.reason
                 if verdict.held:
                     held[name] = verdict.reason
+            passed = self._to_own_hold(args.pod, pod.key, passed, failed)
         if pod is not None and not passed and failed and self.preemptor is not None:
             self.preemptor.unschedulable(args.pod, pod, list(failed))
         if not error:
@@ -293,6 +295,31 @@ class Scheduler:
         items = [item for item in args.nodes.items or () if _item_name(item) in keep]
         nodes = NodeList(items, args.nodes.metadata or {})
         return ExtenderFilterResult(nodes, None, failed, unresolvable, error)
+
+    def _to_own_hold(
+        self, pod: Json, key: str, passed: list[str], failed: dict[str, str]
+    ) -> list[str]:
+        """A pod whose victims are leaving a node for it (its live hold there) passes only
+        that node: bound anywhere else, its victims would have been evicted in vain. The other
+        nodes it would fit go to ``failed`` with why. Unchanged for a pod without a hold, or
+        with one for another incarnation (UID) or past its expiry (holds end by then)."""
+        if self.preemptor is None:
+            return passed
+        hold = self.preemptor.waiting(key)
+        if (
+            hold is None
+            or hold.uid != pod_uid(pod)
+            or self.preemptor.now() >= hold.expires_s
+            or passed == [hold.node]
+        ):
+            return passed
+        for name in passed:
+            if name != hold.node:
+                failed[name] = (
+                    f"gpushare: GPUs are held for this pod on node {hold.node} while its "
+                    "preemption victims leave; it goes there"
+                )
+        return [name for name in passed if name == hold.node]
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         """The prioritize verb (module doc). ``RequestError`` for a pod that cannot be read or
