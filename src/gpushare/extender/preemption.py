@@ -359,9 +359,10 @@ class Preemptor:
         # the state replaces a pod's dict on every change, so an entry is valid while both are
         # the very objects it was read from.
         self._read: dict[str, tuple[Json | None, Allocation, int, Resident]] = {}
-        # (node, its version, the budgets' version, (containers, CPU, memory, priority)) ->
-        # the node's preemption floor for a pod of that shape holding nothing (``plans``).
-        self._floors: dict[tuple[object, ...], VictimCost | None] = {}
+        # (node, its version, the budgets' version, the shape's number in ``_shapes``) -> the
+        # node's preemption floor for a pod of that shape holding nothing (``plans``).
+        self._floors: dict[tuple[str, int, int, int], VictimCost | None] = {}
+        self._shapes: dict[tuple[object, ...], int] = {}  # (containers, CPU, memory, priority)
 
     # -- views (filter, prioritize, bind) ----------------------------------------------------
 
@@ -453,10 +454,15 @@ class Preemptor:
         allowed = self.budgets.allowed()
         now = self._wall()
         shared = self.holds.of(key) is None and self.state.reservations.allocation(key) is None
-        shape = (request.containers, request.cpu_milli, request.memory_mib, priority)
+        if shared and (len(self._floors) >= FLOOR_LIMIT or len(self._shapes) >= FLOOR_LIMIT):
+            self._floors.clear()  # bounded: old versions are forgotten now and then
+            self._shapes.clear()
+        asked = (request.containers, request.cpu_milli, request.memory_mib, priority)
+        shape = self._shapes.setdefault(asked, len(self._shapes)) if shared else -1
         floors: list[tuple[VictimCost, int, str]] = []
+        version, budgets = self.state.cluster.version, self.budgets.version
         for name in nodes:
-            memo = (name, self.state.cluster.version(name), self.budgets.version, shape)
+            memo = (name, version(name), budgets, shape)
             if shared and memo in self._floors:
                 floor = self._floors[memo]
             else:
@@ -468,8 +474,6 @@ class Preemptor:
                     state, placed, priority, residents, now_s=now, pending=pending
                 )  # fmt: skip
                 if shared:
-                    if len(self._floors) >= FLOOR_LIMIT:
-                        self._floors.clear()  # bounded: old versions are forgotten now and then
                     self._floors[memo] = floor
             if floor is not None:
                 floors.append((floor, len(floors), name))
