@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from gpushare.core.fit import FitStatus, Reason, check_fit
 from gpushare.core.handshake import (
+    GPUSHARE_SCHEDULER,
+    NO_ASSIGNMENT,
     MatchStatus,
     PendingPod,
     PinStatus,
@@ -82,6 +84,29 @@ def test_no_match_message_names_units_and_candidates() -> None:
     assert "ns/a container main asks 4 on GPU 0" in text
     assert "ns/two container x asks 2 on GPU 1" in text
     assert "cannot be told apart" in match_allocate(4, [A, B]).describe()
+
+
+@pytest.mark.parametrize(
+    ("units", "pods", "says"),
+    [
+        pytest.param(5, [A, TWO], (NO_ASSIGNMENT, "asking 5 unit(s)", "spec.schedulerName",
+                                   GPUSHARE_SCHEDULER),
+                     id="another-tenants-pending-pods-a-pod-without-assignment-is-told-its-own"),
+        pytest.param(4, [], (NO_ASSIGNMENT, "asking 4 unit(s)", "spec.schedulerName"),
+                     id="nothing-pending-says-what-the-pod-lacks"),
+        pytest.param(4, [A, B], ("cannot be told apart from 1 other pending pod(s)",
+                                 "recreate this pod"),
+                     id="ambiguous-counts-the-others-without-naming-them"),
+    ],
+)  # fmt: skip
+def test_refusal_says_what_this_pod_lacks_and_names_no_other_pod(
+    units: int, pods: list[PendingPod], says: tuple[str, ...]
+) -> None:
+    match = match_allocate(units, pods)
+    text = match.refusal()
+    for words in says:
+        assert words in text
+    assert "ns/" not in text
 
 
 def request(key: str, *containers: tuple[str, int, int]) -> PodRequest:

@@ -1,4 +1,4 @@
-"""The request dialects on the node (issue 14, items 3 and 4): the device plugin serves
+"""The request dialects on the node (docs/compute.md): the device plugin serves
 ``tencent.com/vcuda-core``, ``tencent.com/vcuda-memory`` and ``nvidia.com/gpu`` next to
 ``aliyun.com/gpu-mem``, each on its own socket registered with the kubelet stand-in
 (``gpushare.testing.kubelet.FakeKubelet``, real gRPC on unix sockets), and answers each
@@ -295,7 +295,7 @@ CASES = {
             _bound(dialect_pod_json("ali", {"main": {GPU_MEM: 2}}),
                    [ContainerAllocation("main", (0,), 2)]),
         ),
-        NVGPU, 1, refused="no pending pod asks 1 unit(s) next; pending: none",
+        NVGPU, 1, refused="no GPU assignment from gpushare's scheduler for a container asking 1",
     ),
     "a-dialect-pod-never-answers-a-gpu-mem-call": AllocateCase(
         (
@@ -305,11 +305,18 @@ CASES = {
         ),
         GPU_MEM, 2, {"NVIDIA_VISIBLE_DEVICES": UUID[0], "ALIYUN_COM_GPU_MEM_IDX": "0"},
     ),
-    "hami-container-without-nvidia-gpu-is-named": AllocateCase(
+    "hami-container-without-nvidia-gpu-is-counted-as-left-out": AllocateCase(
         (_bound(_hami("h", {"a": {NVGPU: 1, "nvidia.com/gpumem": 1024},
                             "b": {"nvidia.com/gpumem": 1024}}),
                 [ContainerAllocation("a", (0,), 1), ContainerAllocation("b", (0,), 1)]),),
-        NVGPU, 1, refused="GPU container(s) b name no nvidia.com/gpu",
+        NVGPU, 1, refused="1 GPU pod(s) bound here are left out of matching (a GPU container "
+        "names no nvidia.com/gpu",
+    ),
+    "a-pod-without-assignment-beside-another-tenants-pod-is-told-its-own-lack": AllocateCase(
+        (_bound(dialect_pod_json("other-tenant", {"main": {GPU_MEM: 2}}),
+                [ContainerAllocation("main", (0,), 2)]),),
+        GPU_MEM, 4, refused="no GPU assignment from gpushare's scheduler for a container "
+        "asking 4 unit(s): this pod was not placed by gpushare's scheduler extender",
     ),
     "mps-thread-percentage-from-the-compute-share": AllocateCase(
         (_bound(_tencent("t", 30, 40), [ContainerAllocation("main", (0,), 10, 300)]),),
@@ -360,7 +367,8 @@ CASES = {
         (_bound(dialect_pod_json("ali", {"main": {GPU_MEM: 4}},
                                  annotations={"gpushare.io/exclusive": "true"}),
                 [_whole("main", (1,))]),),
-        GPU_MEM, 16, refused="no pending pod asks 16 unit(s) next",
+        GPU_MEM, 16, refused="no GPU assignment from gpushare's scheduler for a container "
+        "asking 16",
     ),
     "mps-alibaba-memory-only-stays-derived-from-memory": AllocateCase(
         (_bound(dialect_pod_json("ali", {"main": {GPU_MEM: 4}}),
@@ -397,6 +405,9 @@ def test_allocate_answers_each_resources_call(socket_dir: Path, case: AllocateCa
         assert refusal.startswith("FAILED_PRECONDITION: ")
         assert case.refused in refusal
         assert pods.patches == []
+        for pod in case.pods:  # kubelet shows it to the admitted pod's owner: no other pod
+            metadata = pod["metadata"]
+            assert f"{metadata['namespace']}/{metadata['name']}" not in refusal
         return
     assert envs is not None, refusal
     assert {k: envs.get(k) for k in case.envs} == case.envs

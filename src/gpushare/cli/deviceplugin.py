@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from gpushare.cli.cdi import cdi_options, gpu_cdi_or_exit
 from gpushare.cli.gpus import inventory_or_exit
 from gpushare.cli.options import (
     connect_or_exit,
@@ -168,6 +169,15 @@ from gpushare.kube.errors import KubeError
 )
 @share_library_options
 @click.option(
+    "--cdi-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/run/cdi"),
+    show_default=True,
+    help="Where gpushare's CDI spec of the node's GPUs is written with --cdi gpushare (a "
+    "directory the container runtime reads: cdi_spec_dirs).",
+)
+@cdi_options
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=DEFAULT_METRICS_PORT,
@@ -206,6 +216,11 @@ def device_plugin(
     split_count: int,
     share_library_dir: Path | None,
     share_library: Path | None,
+    cdi_dir: Path,
+    cdi_mode: str,
+    cdi_dev_root: Path,
+    cdi_library_dirs_text: str,
+    cdi_binary_dirs_text: str,
     metrics_port: int,
     proc_root: Path,
     kubeconfig: Path | None,
@@ -243,6 +258,11 @@ def device_plugin(
             )
     except DeviceListTooLargeError as error:
         raise click.ClickException(str(error)) from None
+    cdi = gpu_cdi_or_exit(
+        cdi_mode=cdi_mode, cdi_dir=cdi_dir, cdi_dev_root=cdi_dev_root,
+        cdi_library_dirs_text=cdi_library_dirs_text, cdi_binary_dirs_text=cdi_binary_dirs_text,
+        inventory=inventory, nvml=nvml,
+    )  # fmt: skip
     options = DaemonOptions(
         node_name=node_name,
         unit=MemoryUnit(memory_unit),
@@ -268,7 +288,7 @@ def device_plugin(
     )
     client = connect_or_exit(kubeconfig, context)
     try:
-        daemon = DevicePluginDaemon(client, inventory, options, nvml=nvml)
+        daemon = DevicePluginDaemon(client, inventory, options, nvml=nvml, cdi=cdi)
         asyncio.run(run_until_signalled(daemon.run))
     except DeviceListTooLargeError as error:
         raise click.ClickException(str(error)) from None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from gpushare.cli.cdi import cdi_options, gpu_cdi_or_exit
 from gpushare.cli.gpus import inventory_or_exit
 from gpushare.cli.options import (
     connect_or_exit,
@@ -77,8 +78,10 @@ from gpushare.kube.errors import Failure, KubeError
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("/var/run/cdi"),
     show_default=True,
-    help="Where the claims' CDI specs are written (the container runtime reads them).",
+    help="Where the claims' CDI specs, and with --cdi gpushare the spec of the node's GPUs, "
+    "are written (the container runtime reads them).",
 )
+@cdi_options
 @click.option(
     "--resync",
     "resync_s",
@@ -136,6 +139,10 @@ def dra_driver(
     plugin_dir: Path,
     registry_dir: Path,
     cdi_dir: Path,
+    cdi_mode: str,
+    cdi_dev_root: Path,
+    cdi_library_dirs_text: str,
+    cdi_binary_dirs_text: str,
     resync_s: float,
     mps: bool,
     placement: str,
@@ -152,6 +159,11 @@ def dra_driver(
     claims kube-scheduler allocates on them."""  # fmt: skip
     setup_logging(log_level)
     inventory, nvml = inventory_or_exit(fake_gpus)
+    gpu_cdi = gpu_cdi_or_exit(
+        cdi_mode=cdi_mode, cdi_dir=cdi_dir, cdi_dev_root=cdi_dev_root,
+        cdi_library_dirs_text=cdi_library_dirs_text, cdi_binary_dirs_text=cdi_binary_dirs_text,
+        inventory=inventory, nvml=nvml,
+    )  # fmt: skip
     isolation = node_isolation(
         mps=mps, nvml=nvml, library=installed_library(share_library, share_library_dir)
     )
@@ -165,7 +177,9 @@ def dra_driver(
     )  # fmt: skip
     client = connect_or_exit(kubeconfig, context)
     try:
-        driver = DraDriver(options, inventory, client, ApiClaims(client), isolation=isolation)
+        driver = DraDriver(
+            options, inventory, client, ApiClaims(client), isolation=isolation, gpu_cdi=gpu_cdi
+        )
         asyncio.run(run_until_signalled(driver.run))
     except ValueError as error:
         raise click.ClickException(str(error)) from None

@@ -54,6 +54,8 @@ from gpushare.core.model import (
 )
 
 __all__ = [
+    "GPUSHARE_SCHEDULER",
+    "NO_ASSIGNMENT",
     "Match",
     "MatchStatus",
     "PendingPod",
@@ -208,6 +210,36 @@ class Match:
                 f"different GPUs, so the pod cannot be told apart: {pending}"
             )
         return f"no pending pod asks {self.units} unit(s) next; pending: {pending}"
+
+    def refusal(self) -> str:
+        """Why the container being admitted gets nothing, for the pod being admitted (kubelet
+        puts it in that pod's status, which its owner reads): what *this* pod lacks and what
+        to do, never the other pods pending on the node (other tenants': ``describe`` names
+        them, for the device plugin's log). kubelet's Allocate call names no pod, so the
+        text speaks of "this pod" without its name. Fixed texts, the units in them."""
+        if self.status is MatchStatus.MATCHED:
+            return self.describe()
+        if self.status is MatchStatus.AMBIGUOUS:
+            others = max(len(self.candidates) - 1, 1)
+            return (
+                f"this pod cannot be told apart from {others} other pending pod(s) that ask "
+                f"{self.units} unit(s) first and were given other GPUs (placed without the "
+                "handshake rule: by another scheduler, or after the extender's pins expired "
+                "while kubelet was down); delete and recreate this pod"
+            )
+        return (
+            f"{NO_ASSIGNMENT} for a container asking {self.units} unit(s): this pod was not "
+            "placed by gpushare's scheduler extender (another scheduler placed it, or "
+            "spec.nodeName was set by hand); set spec.schedulerName to the scheduler wired "
+            f"to gpushare (the chart's: {GPUSHARE_SCHEDULER}) and recreate the pod"
+        )
+
+
+NO_ASSIGNMENT = "no GPU assignment from gpushare's scheduler"
+"""The fixed part of the refusal of a pod that gpushare's extender did not place."""
+GPUSHARE_SCHEDULER = "gpushare-scheduler"
+"""The ``schedulerName`` of the Helm chart's second scheduler, the one wired to the extender
+(``deploy/helm/gpushare``, ``scheduler.second``)."""
 
 
 def _describe_pending(pod: PendingPod) -> str:

@@ -30,21 +30,32 @@ formats; several GPUs comma-separated in index order):
   ``library`` backend, ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` for ``driver``. When the node
   configuration requires an enforced share and the node has none, the shared container is
   refused (FAILED_PRECONDITION and a ``FailedGPUAllocation`` Event naming what is missing).
+* with ``cdi`` (``--cdi``, ``gpushare.deviceplugin.cdi``): the CDI devices of the container's
+  GPUs in ``cdi_devices`` (kubelet's DevicePluginCDIDevices, GA since v1.31, hands them to the
+  runtime), the NVIDIA container toolkit's (``nvidia.com/gpu=<uuid>``) or gpushare's own
+  (``gpushare.io/nvidia-gpu=<uuid>``: device node, control nodes, driver libraries and
+  binaries), so that the node needs no NVIDIA runtime as its default runtime. A GPU the spec
+  lacks (a stale spec) is refused with FAILED_PRECONDITION naming the spec.
 
 Then the step is recorded on the pod (``gpushare.io/assigned-containers``, and
 ``ALIYUN_COM_GPU_MEM_ASSIGNED: "true"`` with the last one). A record that cannot be written for
 a passing reason (API server unreachable) does not fail the answer: equal pending pods are
 interchangeable, and the extender keeps pinning until its timeout. A permanent refusal
 (forbidden, pod gone) fails Allocate. When nothing matches, Allocate fails with
-FAILED_PRECONDITION naming the units asked, the node and the pending pods; it never returns a
-made-up device.
+FAILED_PRECONDITION naming the units asked, the node and what the pod being admitted lacks
+(``gpushare.core.handshake.Match.refusal``: no GPU assignment from gpushare's scheduler, and
+the ``schedulerName`` to set; or that it cannot be told apart from equal pods), never the
+other pods pending there: kubelet writes the message into the admitted pod's status, which
+its owner reads, and the call names no pod. The pending pods (``Match.describe``) go to the
+log and the node's ``FailedGPUAllocation`` Event, for operators. It never returns a made-up
+device.
 
 Events (best effort, never delaying the answer; ``AllocateEvents``): ``GPUAllocated`` (Normal)
 on the matched pod naming the container's GPU(s) and how its share is held (``share enforced
 (mps)``, ``share view only``, ...: ``gpushare.core.isolation.Isolation.said``; ``whole
 GPU``); ``FailedGPUAllocation`` (Warning) on every
-candidate pod of an ambiguous match, on the pod whose record was refused, and on the node when no
-pending pod matches (kubelet then fails the admitted pod with the same message).
+candidate pod of an ambiguous match (the refusal, naming no other pod), on the pod whose record
+was refused, and on the node when no pending pod asks as much (with the pending pods named).
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ import grpc
 
 from gpushare.core.handshake import Match, MatchStatus, PendingPod, Step, match_allocate
 from gpushare.deviceplugin._proto import api_pb2
+from gpushare.deviceplugin.cdi import CdiError, GpuCdi
 from gpushare.deviceplugin.dialects import GPU_MEM_DIALECT, AllocateDialect
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.isolation import NodeIsolation
@@ -182,8 +194,9 @@ class HandshakeAllocator:
     only its pods are matched, by its units; ``mps`` adds the MPS variables (``mps_envs``);
     ``mps_paths`` (a managed daemon) adds them too, with its directories and mounts;
     ``isolation`` the node's share backend and view (module doc; ``None``: neither);
-    ``events`` records Events; ``observe(outcome, seconds)`` is called once per call with
-    ``ok``, ``rejected`` or ``error`` (metrics); ``patch_attempts`` bounds the tries of one
+    ``cdi`` the CDI devices containers are given (module doc; ``None``: none); ``events``
+    records Events; ``observe(outcome, seconds)`` is called once per call with ``ok``,
+    ``rejected`` or ``error`` (metrics); ``patch_attempts`` bounds the tries of one
     annotation patch (``retry_s`` apart, doubling).
     """
 
@@ -197,6 +210,7 @@ class HandshakeAllocator:
         mps: bool = False,
         mps_paths: MpsPaths | None = None,
         isolation: NodeIsolation | None = None,
+        cdi: GpuCdi | None = None,
         patch_attempts: int = 3,
         retry_s: float = 0.1,
         events: AllocateEvents | None = None,
@@ -211,6 +225,7 @@ class HandshakeAllocator:
         self._mps = mps or mps_paths is not None
         self._mps_paths = mps_paths
         self.isolation = isolation
+        self.cdi = cdi
         self._patch_attempts = max(1, patch_attempts)
         self._retry_s = retry_s
         self._lock = asyncio.Lock()
@@ -254,16 +269,23 @@ class HandshakeAllocator:
                 if self.dialect.in_memory_units
                 else f"{units} {self.dialect.resource}"
             )
+            head = f"gpushare: cannot allocate {what} on node {self.node_name}: "
             left_out = "".join(f"; {why}" for why in self._left_out.values())
-            message = (
-                f"gpushare: cannot allocate {what} on node {self.node_name}: "
-                f"{match.describe()}{left_out}"
+            details = f"{head}{match.describe()}{left_out}"  # names pods: operators only
+            unmatched = (
+                f"; {len(self._left_out)} GPU pod(s) bound here are left out of matching "
+                f"(a GPU container names no {self.dialect.resource}; the node's Events say "
+                "which)"
+                if self._left_out
+                else ""
             )
+            message = f"{head}{match.refusal()}{unmatched}"  # this pod's own: no other pod
+            log.warning("Allocate refused: %s", details)
             if match.status is MatchStatus.AMBIGUOUS:
                 for candidate in match.candidates:
                     self._pod_event(candidate.key, FAILED, message, EventType.WARNING)
             elif self._events is not None:
-                self._emit(self._events.node_event(self.node_name, FAILED, message))
+                self._emit(self._events.node_event(self.node_name, FAILED, details))
             raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message)
         gpus = {gpu.index: gpu for gpu in self._advertised.gpus}
         try:
@@ -282,6 +304,12 @@ class HandshakeAllocator:
             )
             self._pod_event(pod.key, FAILED, message, EventType.WARNING)
             raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message)
+        try:
+            cdi_ids = [] if self.cdi is None else self.cdi.ids((g.index, g.uuid) for g in chosen)
+        except CdiError as error:
+            message = f"gpushare: container {step.container} of pod {pod.key}: {error}"
+            self._pod_event(pod.key, FAILED, message, EventType.WARNING)
+            raise AllocateError(grpc.StatusCode.FAILED_PRECONDITION, message) from None
         envs = self._envs(pod, step, chosen)
         mounts: list[api_pb2.Mount] = []
         if isolation is not None:
@@ -311,7 +339,11 @@ class HandshakeAllocator:
         if self._mps_paths is not None:
             envs.update(self._mps_paths.envs())
             mounts += self._mps_paths.mounts()
-        return api_pb2.ContainerAllocateResponse(envs=envs, mounts=mounts)
+        return api_pb2.ContainerAllocateResponse(
+            envs=envs,
+            mounts=mounts,
+            cdi_devices=[api_pb2.CDIDevice(name=name) for name in cdi_ids],
+        )
 
     def _envs(self, pod: PendingPod, step: Step, chosen: list[PhysicalGpu]) -> dict[str, str]:
         """The dialect's variables for ``step`` on ``chosen``, and the MPS ones when on."""

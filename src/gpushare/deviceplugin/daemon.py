@@ -51,6 +51,9 @@
    configuration's ``enforcement``/``requireEnforcement``, published per GPU in the inventory
    and said on every ``GPUAllocated`` Event.
 
+12. With ``cdi`` (``--cdi``, chosen at start by ``gpushare.deviceplugin.cdifiles``), Allocate
+   names the CDI devices of each container's GPUs (``gpushare.deviceplugin.cdi``).
+
 ``run`` returns when ``stop`` is set (SIGTERM/SIGINT in the CLI): the socket is removed, watches
 end. Permanent API failures at start (no such node, forbidden) raise ``ApiCallError`` with the
 fix in its message; passing ones are logged and retried with the next publish.
@@ -72,6 +75,7 @@ from gpushare.deviceplugin.allocate import (
     HandshakeAllocator,
     PodSource,
 )
+from gpushare.deviceplugin.cdi import GpuCdi
 from gpushare.deviceplugin.configcontrol import NodeConfigController
 from gpushare.deviceplugin.dialects import (
     DEFAULT_SPLIT_COUNT,
@@ -204,6 +208,7 @@ def resource_runner(
     mps: bool = False,
     mps_paths: MpsPaths | None = None,
     isolation: NodeIsolation | None = None,
+    cdi: GpuCdi | None = None,
     events: AllocateEvents | None = None,
     observe: Callable[[str, float], None] | None = None,
     on_registered: Callable[[], Awaitable[None]] | None = None,
@@ -211,7 +216,7 @@ def resource_runner(
     """The runner serving ``served`` (``aliyun.com/gpu-mem`` or a dialect's resource) over
     ``gpus`` in ``unit``, and its ``HandshakeAllocator`` (``None`` for a resource answered
     empty, ``EmptyAllocator``). Allocate matches among ``pods``; ``mps``, ``mps_paths``,
-    ``isolation``, ``events`` and ``observe`` as ``HandshakeAllocator`` takes them;
+    ``isolation``, ``cdi``, ``events`` and ``observe`` as ``HandshakeAllocator`` takes them;
     ``on_registered`` as ``PluginRunner`` takes it."""
     service = DevicePluginService(
         gpus, unit, EmptyAllocator(), per_gpu=served.per_gpu, resource=served.resource
@@ -226,6 +231,7 @@ def resource_runner(
             mps=mps,
             mps_paths=mps_paths,
             isolation=isolation,
+            cdi=cdi,
             events=events,
             observe=observe,
         )
@@ -247,7 +253,8 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 class DevicePluginDaemon:
     """The device plugin of one node (module doc). ``client`` is the caller's; ``nvml`` the
-    backend for health checking (``None``: no health checking, e.g. fake GPUs).
+    backend for health checking (``None``: no health checking, e.g. fake GPUs); ``cdi`` the
+    CDI devices Allocate names (module doc, 12; ``None``: none).
 
     Its parts: the node's pods (``pods``), the inventory publisher (``publisher``), one runner
     per served resource (``runners``, ``aliyun.com/gpu-mem``'s first), the GPUs' health
@@ -262,6 +269,7 @@ class DevicePluginDaemon:
         options: DaemonOptions,
         *,
         nvml: Nvml | None = None,
+        cdi: GpuCdi | None = None,
     ) -> None:
         self.options = options
         self._nvml = nvml
@@ -305,6 +313,7 @@ class DevicePluginDaemon:
                 mps=options.mps,
                 mps_paths=mps_paths,
                 isolation=self.isolation,
+                cdi=cdi,
                 events=self.events,
                 observe=self.metrics.observe_allocate,
                 on_registered=self._registered if not self.runners else None,

@@ -212,6 +212,11 @@ class Nvml(Protocol):
         """`nvmlEventSetFree`."""
         ...
 
+    def driver_version(self) -> str:
+        """The driver's version, e.g. `580.159.04` (`nvmlSystemGetDriverVersion`): the suffix
+        of its libraries' file names (`libcuda.so.<version>`, `gpushare.deviceplugin.cdifiles`)."""
+        ...
+
     def driver_memory_limits(self) -> str:
         """Why the driver cannot limit GPU memory per cgroup, `""` when it can: its NVML has
         `nvmlDeviceSetMemoryLimits_v1` (driver r615+, CUDA 13.4; the NVIDIA container
@@ -313,6 +318,9 @@ class PynvmlBackend:
 
     def event_set_free(self, event_set: EventSet) -> None:
         self._call("nvmlEventSetFree", event_set)
+
+    def driver_version(self) -> str:
+        return _text(self._call("nvmlSystemGetDriverVersion"))
 
     def driver_memory_limits(self) -> str:
         lib = self._lib()

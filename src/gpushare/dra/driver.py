@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpushare.deviceplugin.cdi import GpuCdi
 from gpushare.deviceplugin.inventory import Inventory, PhysicalGpu
 from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.dra.nodeclaims import NodeClaims
@@ -84,7 +85,9 @@ class DraDriver:
     """The driver of ``options.node`` (module doc), on ``inventory``, publishing through
     ``client`` and reading claims from ``claims``; ``node_claims`` (with ``best_fit``, made
     from ``client`` when not given) the claims allocated on the node; ``isolation`` the
-    node's share backend and view (``gpushare.deviceplugin.isolation``; ``None``: neither)."""
+    node's share backend and view (``gpushare.deviceplugin.isolation``; ``None``: neither);
+    ``gpu_cdi`` the CDI devices of the node's GPUs each prepared device names too
+    (``gpushare.deviceplugin.cdi``, ``--cdi``; ``None``: none)."""
 
     def __init__(
         self,
@@ -95,6 +98,7 @@ class DraDriver:
         node_claims: NodeClaims | None = None,
         *,
         isolation: NodeIsolation | None = None,
+        gpu_cdi: GpuCdi | None = None,
     ) -> None:
         self.options = options
         self.inventory = inventory
@@ -118,6 +122,7 @@ class DraDriver:
         self.service = DraPluginService(
             driver=options.driver, node=options.node, gpus=inventory.gpus, unit=options.unit,
             claims=claims, cdi_dir=options.cdi_dir, mps=options.mps, isolation=isolation,
+            gpu_cdi=gpu_cdi,
         )  # fmt: skip
         self.generation = 0
         self._published: tuple[Json, float] | None = None  # (body, monotonic time checked)

@@ -11,9 +11,11 @@ the plugin-registration service kubelet discovers it by. docs/dra.md.
   (``gpushare.dra.prepare.prepared_claim``); the claim's CDI spec is written atomically as
   ``<cdi_dir>/gpushare.io-gpu_<claim UID>.json`` before the answer names its CDI device
   (``gpushare.io/gpu=<claim UID>``, on the first device of the claim: one CDI device carries the
-  claim's whole environment). A claim that cannot be prepared gets its error in the answer,
-  the others are prepared all the same; every claim of the request has an entry. Preparing a
-  claim again (kubelet retries, and calls again after a restart) writes the same file.
+  claim's whole environment), and with ``gpu_cdi`` each device also names its GPU's CDI device
+  (``gpushare.dra.prepare.device_cdi_ids``: device node and driver). A claim that cannot be
+  prepared gets its error in the answer, the others are prepared all the same; every claim of
+  the request has an entry. Preparing a claim again (kubelet retries, and calls again after a
+  restart) writes the same file.
 * **NodeUnprepareResources**: removes the claim's CDI spec; a claim never prepared (or already
   unprepared) is fine. Nothing else is kept: the CDI files are the plugin's state, so a plugin
   restart finds every prepared claim as it left it.
@@ -32,12 +34,13 @@ from typing import Any, Protocol
 
 from grpc import aio
 
+from gpushare.deviceplugin.cdi import GpuCdi
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.dra._proto.dra import api_pb2, api_pb2_grpc
 from gpushare.dra._proto.registration import api_pb2 as reg_pb2
 from gpushare.dra._proto.registration import api_pb2_grpc as reg_pb2_grpc
-from gpushare.dra.prepare import ClaimError, cdi_device_id, cdi_spec, prepared_claim
+from gpushare.dra.prepare import ClaimError, cdi_spec, device_cdi_ids, prepared_claim
 from gpushare.dra.slices import device_name
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.errors import KubeError
@@ -99,7 +102,8 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
     ``node`` (module doc): the node's ``gpus`` (called on every request: health and inventory
     stay current), memory counted in ``unit``, claims read from ``claims``, CDI specs in
     ``cdi_dir``, with the CUDA MPS limits when ``mps`` and the share's edits with
-    ``isolation`` (``gpushare.dra.prepare.cdi_spec``)."""
+    ``isolation`` (``gpushare.dra.prepare.cdi_spec``); ``gpu_cdi`` the CDI devices of the
+    node's GPUs (``gpushare.deviceplugin.cdi``; ``None``: none)."""
 
     def __init__(
         self,
@@ -112,8 +116,10 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
         cdi_dir: Path,
         mps: bool = False,
         isolation: NodeIsolation | None = None,
+        gpu_cdi: GpuCdi | None = None,
     ) -> None:
         self.driver = driver
+        self.gpu_cdi = gpu_cdi
         self.mps = mps
         self.isolation = isolation
         self.node = node
@@ -141,17 +147,18 @@ class DraPluginService(api_pb2_grpc.DRAPluginServicer):
                 gpus=self.gpus(), unit=self.unit,
             )  # fmt: skip
             spec = cdi_spec(prepared, self.unit, mps=self.mps, isolation=self.isolation)
+            cdi_ids = device_cdi_ids(prepared, self.gpu_cdi)
             _write_atomically(path, spec)
         except (ClaimError, OSError) as error:
             log.warning("preparing %s: %s", where, error)
             return api_pb2.NodePrepareResourceResponse(error=str(error))
         devices = []
-        for i, device in enumerate(prepared.devices):
+        for device, ids in zip(prepared.devices, cdi_ids, strict=True):
             answer = api_pb2.Device(
                 request_names=[device.request],
                 pool_name=self.node,
                 device_name=device_name(device.gpu.index),
-                cdi_device_ids=[cdi_device_id(claim.uid)] if i == 0 else [],
+                cdi_device_ids=ids,
             )
             if device.share_id:
                 answer.share_id = device.share_id

@@ -30,6 +30,13 @@ formats, ``gpushare.deviceplugin.allocate``):
   gives (the share-view library's ``GPUSHARE_SHARE_MIB`` and read-only mounts,
   ``GPUSHARE_SHARE_ENFORCE``, ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST``); when the node requires
   an enforced share and has none, the claim is refused (``ClaimError``) naming what is missing.
+
+The claim's GPUs themselves (device nodes, driver libraries and binaries) come as the device
+plugin gives them (``gpushare.deviceplugin.cdi``, ``--cdi``): :func:`device_cdi_ids` adds to
+each allocated device's CDI IDs its GPU's device in the NVIDIA container toolkit's spec
+(``nvidia.com/gpu=<uuid>``) or in gpushare's (``gpushare.io/nvidia-gpu=<uuid>``), so that the
+node needs no NVIDIA runtime as its default runtime; the claim's own device (its environment)
+stays on the first.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from typing import Any
 
 from gpushare.core.handshake import Step
 from gpushare.deviceplugin.allocate import mps_envs
+from gpushare.deviceplugin.cdi import CdiError, GpuCdi
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.kube.codec import MemoryUnit
@@ -53,6 +61,7 @@ __all__ = [
     "PreparedDevice",
     "cdi_device_id",
     "cdi_spec",
+    "device_cdi_ids",
     "prepared_claim",
 ]
 
@@ -146,6 +155,23 @@ def _mps_limits(claim: PreparedClaim, unit: MemoryUnit) -> dict[str, str]:
 def cdi_device_id(claim_uid: str) -> str:
     """The CDI device ID of a claim's device: ``gpushare.io/gpu=<claim UID>``."""
     return f"{CDI_KIND}={claim_uid}"
+
+
+def device_cdi_ids(claim: PreparedClaim, gpu_cdi: GpuCdi | None) -> list[list[str]]:
+    """The CDI device IDs of each of ``claim``'s devices, in order (module doc): the claim's
+    own (:func:`cdi_device_id`) on the first, then each device's GPU in ``gpu_cdi``
+    (``None``: none). ``ClaimError`` naming the claim and the spec when ``gpu_cdi`` lacks a
+    GPU (a stale spec)."""
+    found: list[list[str]] = []
+    for i, device in enumerate(claim.devices):
+        ids = [cdi_device_id(claim.uid)] if i == 0 else []
+        if gpu_cdi is not None:
+            try:
+                ids += gpu_cdi.ids([(device.gpu.index, device.gpu.uuid)])
+            except CdiError as error:
+                raise ClaimError(f"claim {claim.namespace}/{claim.name}: {error}") from None
+        found.append(ids)
+    return found
 
 
 def cdi_spec(

@@ -80,6 +80,8 @@ class FakeNvml:
         """Raised by `device_set_compute_mode` when set (e.g. `ERROR_NO_PERMISSION`)."""
         self.memory_limits_missing = "driver 580.159.04 (fake) has no nvmlDeviceSetMemoryLimits_v1"
         """What `driver_memory_limits` answers (`""`: the driver limits memory per cgroup)."""
+        self.version = "580.159.04"
+        """What `driver_version` answers."""
 
     # -- test controls -------------------------------------------------------------------------
 
@@ -262,6 +264,10 @@ class FakeNvml:
         es = self._event_set(event_set)
         with self._cond:
             es.freed = True
+
+    def driver_version(self) -> str:
+        self._record("driver_version")
+        return self.version
 
     def driver_memory_limits(self) -> str:
         self._record("driver_memory_limits")

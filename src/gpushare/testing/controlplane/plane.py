@@ -82,6 +82,9 @@ class ControlPlane(ApiAccess):
     startup_timeout: float = 90.0
     bind_address: str = "127.0.0.1"
     controller_manager: bool = False
+    kwok: bool = True
+    """Run kwok (fake nodes); ``False`` where only real nodes join and kwok's binary is not
+    there (the real-node run on a lent GPU machine, ``bench/gpu/node.sh``)."""
     root: Path = field(init=False)
     credentials: Credentials = field(init=False)
     kubeconfig: Path = field(init=False)
@@ -138,7 +141,8 @@ class ControlPlane(ApiAccess):
                     self.kubeconfig, extenders=self.extenders, **self.scheduler_extra
                 ),
             )
-            self._start_kwok()
+            if self.kwok:
+                self._start_kwok()
         except BaseException:
             self.stop()
             raise

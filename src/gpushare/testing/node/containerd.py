@@ -96,9 +96,10 @@ state = "{root / "state"}"
 """
 
 
-def containerd2_config(root: Path, bin_dir: Path) -> str:
-    """containerd 2.x configuration (version 4) with everything under ``root``, the runc shim of
-    ``bin_dir`` (not the first on ``PATH``, which may be another version's), and CDI specs read
+def containerd2_config(root: Path, bin_dir: Path, snapshotter: str = "overlayfs") -> str:
+    """containerd 2.x configuration (version 4) with everything under ``root``, ``snapshotter``
+    for images (``native`` where overlay mounts are refused: ``bench/gpu/node.sh``), the runc
+    shim of ``bin_dir`` (not the first on ``PATH``, which may be another version's), CDI specs read
     from ``root/cdi`` (the DRA driver's ``--cdi-dir``; CDI is always on in 2.x). The settings of
     :func:`containerd_config`, in 2.x's places: the CRI plugin is split into
     ``io.containerd.cri.v1.images`` and ``io.containerd.cri.v1.runtime``, and the sockets are
@@ -119,7 +120,7 @@ imports = []
 [plugins.'io.containerd.internal.v1.opt']
   path = '{root / "opt"}'
 [{images}]
-  snapshotter = 'overlayfs'
+  snapshotter = '{snapshotter}'
 [{images}.pinned_images]
   sandbox = '{PAUSE_IMAGE}'
 [{runtime}]
@@ -145,14 +146,20 @@ imports = []
 
 class Containerd:
     """One containerd process over ``root``: Debian's 1.6 (:func:`containerd_config`), or with
-    ``bin_dir`` the 2.x built by ``scripts/build-containerd.sh`` (:func:`containerd2_config`;
-    CDI specs in :attr:`cdi_dir`)."""
+    ``bin_dir`` the 2.x built by ``scripts/build-containerd.sh`` (:func:`containerd2_config`
+    with ``snapshotter``; CDI specs in :attr:`cdi_dir`)."""
 
     def __init__(
-        self, root: Path, *, bin_dir: Path | None = None, startup_timeout_s: float = 60.0
+        self,
+        root: Path,
+        *,
+        bin_dir: Path | None = None,
+        startup_timeout_s: float = 60.0,
+        snapshotter: str = "overlayfs",
     ) -> None:
         self.root = root
         self.bin_dir = bin_dir
+        self.snapshotter = snapshotter
         self.socket = root / "containerd.sock"
         self.cdi_dir = root / "cdi"
         self.startup_timeout_s = startup_timeout_s
@@ -165,7 +172,9 @@ class Containerd:
         )
         self.config = root / "config.toml"
         self.config.write_text(
-            containerd_config(root) if bin_dir is None else containerd2_config(root, bin_dir)
+            containerd_config(root)
+            if bin_dir is None
+            else containerd2_config(root, bin_dir, snapshotter)
         )
 
     def _binary(self, name: str) -> str:

@@ -316,6 +316,22 @@ class GpuStack:
     def stop_plugin(self) -> None:
         self.plugin.stop()
 
+    @contextlib.contextmanager
+    def plugin_flags(self, *flags: str) -> Iterator[ManagedProcess]:
+        """The plugin restarted with ``flags`` added (e.g. ``--cdi`` pointed at a stand-in
+        driver) for the block, and as it was after it, whatever happened; each waits for
+        kubelet to hold its devices."""
+        before = list(self._plugin_argv)
+        self.stop_plugin()
+        self._plugin_argv = [*before, *flags]
+        try:
+            yield self.start_plugin()
+        finally:
+            self.stop_plugin()
+            self.plane.keep_log(self.plugin)
+            self._plugin_argv = before
+            self.start_plugin()
+
     def total_units(self) -> int:
         """The ``aliyun.com/gpu-mem`` devices the plugin advertises (its default unit, GiB)."""
         return sum(gpu.units(MemoryUnit.GIB) for gpu in parse_fake_gpus(self.fake_gpus))

@@ -55,6 +55,8 @@ class RealNode:
     name: str = "gpushare-node"
     kube_proxy: bool = True
     startup_timeout_s: float = 120.0
+    snapshotter: str = "overlayfs"
+    """containerd's snapshotter (``native`` where the machine refuses overlay mounts)."""
     containerd: Containerd = field(init=False)
     kubelet: ManagedProcess | None = field(init=False, default=None)
     proxy: ManagedProcess | None = field(init=False, default=None)
@@ -88,7 +90,9 @@ class RealNode:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             archive = write_image_archive(self.root / "images.tar")
-            self.containerd = Containerd(self.root / "containerd", bin_dir=containerd_dir())
+            self.containerd = Containerd(
+                self.root / "containerd", bin_dir=containerd_dir(), snapshotter=self.snapshotter
+            )
             self.containerd.start()
             self.containerd.import_images(archive)
             self._write_kubelet_config()
@@ -239,7 +243,11 @@ class RealNode:
 
     def _start_containerd_again(self) -> None:
         """A new containerd process over the same root and binaries."""
-        self.containerd = Containerd(self.containerd.root, bin_dir=self.containerd.bin_dir)
+        self.containerd = Containerd(
+            self.containerd.root,
+            bin_dir=self.containerd.bin_dir,
+            snapshotter=self.containerd.snapshotter,
+        )
         self.containerd.start()
 
     # ---- kube-proxy ------------------------------------------------------------------
