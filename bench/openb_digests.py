@@ -6,8 +6,8 @@ policy) below, seed 42, one run through ``gpushare.sim.experiment.run_one`` (one
 failed_by_kind, empty_frag_amount_pct))`` followed by the bytes of the three curve arrays
 (numpy's repr rounds to 8 digits; the bytes do not): every binned curve value bit for bit,
 how many pods were placed, the failures by kind and the empty cluster's fragmentation.
-``--check`` compares against ``RECORDED`` (taken before issue
-14's simulator work, at a00401e) and exits 1 on any difference. About 1 min of one core per
+``--check`` compares against ``RECORDED`` (taken before the simulator went two-dimensional,
+docs/compute.md, at a00401e) and exits 1 on any difference. About 1 min of one core per
 workload on an idle machine. The fast version of this check is
 ``tests/test_sim_two_dimensional.py`` (the embedded trace and a slice of openb default).
 """

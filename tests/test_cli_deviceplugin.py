@@ -1,5 +1,5 @@
 """``gpushare device-plugin``: absurd flags end at once in one line naming the value, the flag
-and what is accepted (issue 11, defect 6: these ran forever before any check)."""
+and what is accepted (these once ran forever before any check)."""
 
 from __future__ import annotations
 

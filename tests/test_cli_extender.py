@@ -107,7 +107,7 @@ def test_bad_kubeconfig(tmp_path: Path, text: str, context: str | None) -> None:
 def test_it_listens_on_loopback_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Issue 11: not every interface by default; in a pod the chart passes the pod's IP."""
+    """Not every interface by default; in a pod the chart passes the pod's IP."""
     heard: list[str] = []
     monkeypatch.setattr("uvicorn.run", lambda app, host, **kw: heard.append(host))
 

@@ -23,11 +23,14 @@ from gpushare.cli.inspect import (
     inspect,
 )
 from gpushare.cli.main import main
-from gpushare.kube.codec import MemoryUnit
+from gpushare.kube.codec import PLACEMENT, MemoryUnit, node_info
 from gpushare.kube.errors import ApiCallError, Failure
 from gpushare.kube.snapshot import ClusterObjects
 from gpushare.testing.controlplane import unverified_kubeconfig
-from gpushare.testing.extender import node_json, plain_node_json
+from gpushare.testing.extender import node_json, plain_node_json, pod_json
+from gpushare.testing.pods import bound_gpu_pod
+
+HOSTNAME = "kubernetes.io/hostname"
 
 UNREACHABLE = "https://127.0.0.1:1"
 
@@ -227,6 +230,85 @@ def test_json_output(cluster: list[dict[str, Any]]) -> None:
     document = json.loads(result.stdout)
     assert [(n["name"], n["total"], n["unit"]) for n in document["nodes"]] == [("gpu-1", 32, "GiB")]
     assert result.stdout.startswith('{\n  "node": null,')
+
+
+# ---- one pod (--pod) -----------------------------------------------------------------------------
+
+WHY = (
+    "gpushare: pod team-a/placed bound to node gpu-1: container main on GPU 0 (4 GiB each); "
+    "policy binpack; scores 0-10 of the 2 node(s) it fits: gpu-1 10, gpu-2 0"
+)
+
+
+@pytest.fixture
+def with_pods(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster of two 8 GiB nodes: gpu-1 full with a pod the extender placed (and explained),
+    a pod the default scheduler bound to gpu-2 without a GPU, and a pod pinned to gpu-1."""
+    gpu_1 = node_json("gpu-1", [8], unit=MemoryUnit.GIB)
+    placed = bound_gpu_pod("team-a", "placed", node_info(gpu_1).node, [("main", (0,), 8)],
+                           assume_ns=1).to_dict()  # fmt: skip
+    placed["metadata"]["annotations"][PLACEMENT] = WHY
+    pods = (
+        placed,
+        pod_json("stray", 4, namespace="team-a", node="gpu-2", scheduler=None),
+        pod_json("pinned", 4, namespace="team-a", node_selector={HOSTNAME: "gpu-1"}),
+    )
+    nodes = (gpu_1, node_json("gpu-2", [8], unit=MemoryUnit.GIB))
+
+    async def fake_read_cluster(
+        client: object, *, namespace: str | None = None, holds: tuple[str, str] | None = None
+    ) -> ClusterObjects:
+        return ClusterObjects(nodes, pods)
+
+    monkeypatch.setattr(inspect_cli, "read_cluster", fake_read_cluster)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "k.yaml")))
+
+
+@pytest.mark.parametrize(
+    ("pod", "lines"),
+    [
+        pytest.param("team-a/placed", ["NODE: gpu-1", f"WHY HERE: {WHY}"],
+                     id="a-placed-pod-says-why-it-went-there-from-the-extenders-record"),
+        pytest.param("team-a/stray", ["NODE: gpu-2", "WARNING: pod team-a/stray on node "
+                                      "gpu-2 asks GPU memory but was placed by scheduler "
+                                      "'default-scheduler', bypassing gpushare"],
+                     id="a-pod-that-bypassed-gpushare-is-a-warning"),
+        pytest.param("team-a/pinned", ["STATE: pending", "WAITS: fits nowhere it may go "
+                                       "(1 of 2 node(s) ruled out by nodeSelector)"],
+                     id="a-pending-pod-waits-only-for-the-nodes-it-may-go-to"),
+    ],
+)  # fmt: skip
+def test_one_pod(with_pods: None, pod: str, lines: list[str]) -> None:
+    result = run("--pod", pod)
+    assert result.exit_code == 0, result.output
+    shown = [" ".join(line.split()) for line in result.stdout.splitlines()]
+    for line in lines:
+        assert any(row.startswith(line) for row in shown), (line, shown)
+
+
+def test_one_pod_errors(with_pods: None) -> None:
+    assert one_error_line(run("--pod", "team-a/nope")) == (
+        "pod team-a/nope not found among the pods asking GPU memory"
+    )
+    result = run("--pod", "no-namespace")
+    assert result.exit_code == 2
+    assert "'no-namespace' is not NAMESPACE/NAME" in result.output
+    document = json.loads(run("--pod", "team-a/placed", "-o", "json").stdout)
+    assert (document["node"], document["placement"]) == ("gpu-1", WHY)
+
+
+def test_summary_warns_of_pods_that_bypassed_gpushare(with_pods: None) -> None:
+    result = run()
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "WARNING: GPU pods placed without gpushare's scheduler" in text
+    rows = [" ".join(line.split()) for line in text.splitlines()]
+    assert "team-a stray gpu-2 default-scheduler" in rows
+    assert "set spec.schedulerName: gpushare-scheduler and recreate them" in rows
+    bypassed = json.loads(run("-o", "json").stdout)["bypassed"]
+    assert [(b["name"], b["scheduler"], b["use"]) for b in bypassed] == [
+        ("stray", "default-scheduler", "gpushare-scheduler")
+    ]
 
 
 # ---- options ------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Every command that takes a kubeconfig answers a bad one with one line naming the file and the
-problem, never a traceback (issue 11, defect 8: ``--kubeconfig /etc/passwd`` ended in
+problem, never a traceback (``--kubeconfig /etc/passwd`` once ended in
 ``AttributeError`` in ``gpushare device-plugin``). Commands × bad kubeconfigs, table-driven."""
 
 from __future__ import annotations
@@ -77,6 +77,14 @@ def _write(text: str | bytes) -> Callable[[Path], Path]:
     return make
 
 
+def _pem(tmp: Path) -> Path:
+    """A file that exists where a certificate is named (its content is never read: the check
+    of the missing key comes first)."""
+    path = tmp / "admin.crt"
+    path.write_text("not read\n")
+    return path
+
+
 BAD = {
     "not YAML": BadKubeconfig(_write("clusters: [unclosed\n"), r"not YAML at line \d+"),
     "/etc/passwd (YAML, a string)": BadKubeconfig(
@@ -111,6 +119,35 @@ BAD = {
     "context naming no user": BadKubeconfig(
         _write(GOOD.replace("context: {cluster: c, user: u}", "context: {cluster: c}")),
         r"context 'test' names no user",
+    ),
+    "client certificate gone (a cluster torn down)": BadKubeconfig(
+        _write(
+            GOOD.replace(
+                "user: {token: not-a-real-token}",
+                "user: {client-certificate: /nonexistent/demo/admin.crt, "
+                "client-key: /nonexistent/demo/admin.key}",
+            )
+        ),
+        r"users entry 'u' points client-certificate at /nonexistent/demo/admin\.crt, which "
+        r"does not exist",
+    ),
+    "client key gone, relative to the kubeconfig's folder": BadKubeconfig(
+        lambda tmp: _write(
+            GOOD.replace(
+                "user: {token: not-a-real-token}",
+                f"user: {{client-certificate: {_pem(tmp)}, client-key: gone/admin.key}}",
+            )
+        )(tmp),
+        r"users entry 'u' points client-key at /\S+/gone/admin\.key, which does not exist",
+    ),
+    "certificate authority gone": BadKubeconfig(
+        _write(
+            GOOD.replace(
+                "insecure-skip-tls-verify: true", "certificate-authority: /nonexistent/ca.crt"
+            )
+        ),
+        r"clusters entry 'c' points certificate-authority at /nonexistent/ca\.crt, which "
+        r"does not exist",
     ),
     "no current context": BadKubeconfig(
         _write(GOOD.replace("current-context: test\n", "")),

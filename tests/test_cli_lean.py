@@ -1,4 +1,4 @@
-"""A lean runtime (issue 13, item 5): the extender, the device plugin and ``kubectl inspect
+"""A lean runtime: the extender, the device plugin and ``kubectl inspect
 gpushare`` start without the simulator's polars and matplotlib (the ``sim`` extra), and
 ``gpushare simulate`` without that extra says what to install. Each case runs the real command
 in a fresh interpreter, so the modules it loads are exactly those a user's start-up loads.

@@ -1,7 +1,8 @@
 """GPU-aware preemption (``gpushare.core.preemption``): the cheapest set of lower-priority pods
 whose eviction makes a pod fit one node's GPUs, or why none helps.
 
-The first five cases are issue 25's table, one node at a time (kube-scheduler's node choice is
+The first five cases are the table of docs/usage.md, "What kube-scheduler does without
+gpushare's preemption", one node at a time (kube-scheduler's node choice is
 ``best_preemption`` over them); the rest are the fit rules every other decision uses. A property
 test checks the choice against brute force on small nodes: feasible, cheapest, minimal.
 """
@@ -60,7 +61,7 @@ ASK_16 = pod_request((16, 1), key="ns/high")
 ASK_8 = pod_request((8, 1), key="ns/high")
 
 CASES = [
-    # --- issue 25's cases ------------------------------------------------------------------
+    # --- the cases of docs/usage.md, "What kube-scheduler does without gpushare's preemption"
     Case(
         "case 1: 8+8 / 8+8 of lows, asks 16: the two lows of one GPU (the newer pair)",
         (16, 16),

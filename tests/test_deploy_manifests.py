@@ -57,6 +57,7 @@ from gpushare.testing.helm import (
     locate_helm,
     manifest_text,
     parse_yaml,
+    render_notes,
     render_objects,
 )
 from gpushare.testing.rbac import (
@@ -65,6 +66,11 @@ from gpushare.testing.rbac import (
     NAMESPACED_GRANTS,
 )
 from gpushare.testing.rbac import EXTENDER_RULES as TEST_EXTENDER_RULES
+from gpushare.testing.schedconfig import (
+    RELEASES,
+    SchedulerConfigRefusedError,
+    decode_scheduler_config,
+)
 
 SCHEDULER_DIR = REPO_ROOT / "deploy" / "scheduler"
 EXTENDER_RULES = cluster_rules(preemption=True, dra_scoring=False)  # what its clients need
@@ -84,6 +90,12 @@ MOUNTED_CLIENT = {
     "keyFile": "/etc/kubernetes/gpushare-extender-client/tls.key",
 }
 Obj = dict[str, Any]
+PROMETHEUS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+"""The peer the extender's NetworkPolicy admits for Prometheus by default
+(``extender.networkPolicy.prometheus``: kube-prometheus-stack in namespace monitoring)."""
 
 
 @pytest.fixture(scope="module")
@@ -534,6 +546,126 @@ def test_legacy_policy_is_marked_legacy_and_equivalent() -> None:
     assert "--policy-config-file=/etc/kubernetes/legacy-policy.json" in readme
 
 
+# kube-scheduler 1.23 and 1.24 read kubescheduler.config.k8s.io/v1beta2 and v1beta3 (v1 came in
+# 1.25): each file in both releases, decoded by the release's own configuration API.
+BETA_ON_RELEASES = [(api_version, r) for api_version in ("v1beta2", "v1beta3") for r in RELEASES]
+
+
+def beta_config_path(api_version: str) -> Path:
+    return SCHEDULER_DIR / f"kube-scheduler-config-{api_version}.yaml"
+
+
+def without_zero_values(value: Any) -> Any:
+    """``value`` less the keys whose value is false, zero, empty or null, at any depth: what a
+    Go struct field at its zero value with ``omitempty`` encodes to (nothing)."""
+    if isinstance(value, dict):
+        kept = {k: without_zero_values(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in (None, False, 0, "", [], {})}
+    if isinstance(value, list):
+        return [without_zero_values(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("api_version", "release"),
+    [pytest.param(*p, id=f"{p[0]}-file-decodes-strictly-on-{p[1]}") for p in BETA_ON_RELEASES],
+)
+def test_beta_scheduler_config_is_the_v1_config_as_its_release_decodes_it(
+    api_version: str, release: str
+) -> None:
+    """The v1beta2/v1beta3 files hold the v1 file's profile and extender entry (verbs, managed
+    resources, TLS, weight, timeout), key for key, and the release's kube-scheduler types know
+    every key: it decodes them strictly into the same values."""
+    (v1,) = parse_yaml((SCHEDULER_DIR / "kube-scheduler-config.yaml").read_text())
+    (beta,) = parse_yaml(beta_config_path(api_version).read_text())
+    assert beta == {**v1, "apiVersion": f"kubescheduler.config.k8s.io/{api_version}"}
+    decoded = decode_scheduler_config(beta_config_path(api_version), release)
+    assert decoded["kubeScheduler"] == RELEASES[release]
+    assert decoded["apiVersion"] == f"kubescheduler.config.k8s.io/{api_version}"
+    config = decoded["config"]
+    assert config["clientConnection"]["kubeconfig"] == v1["clientConnection"]["kubeconfig"]
+    (entry,) = config["extenders"]
+    assert without_zero_values(entry) == without_zero_values(
+        with_tls("https://10.96.0.250:12345/gpushare-scheduler", HOST_CA_FILE, **HOST_CLIENT)
+    )
+    assert without_zero_values(config["extenders"]) == without_zero_values(v1["extenders"])
+    for profile in config["profiles"]:
+        for plugin in profile.get("pluginConfig", []):
+            plugin["args"].pop("apiVersion", None)  # the typed args' TypeMeta, if set
+            plugin["args"].pop("kind", None)
+    assert config["profiles"] == [gpushare_profile("default-scheduler")] == v1["profiles"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "refusal"),  # refusal: a regular expression (1.24 names the field's path too)
+    [
+        pytest.param(
+            ("enableHTTPS: true", "enableHttps: true"),
+            r'unknown field "(extenders\[0\]\.)?enableHttps"',
+            id="the-legacy-policy-spelling-enableHttps-is-refused",
+        ),
+        pytest.param(
+            ("ignoredByScheduler: false", "ignoreByScheduler: false"),
+            r'unknown field "(extenders\[0\]\.managedResources\[0\]\.)?ignoreByScheduler"',
+            id="a-misspelt-managed-resource-key-is-refused",
+        ),
+        pytest.param(
+            ("caFile:", "caFilePath:"),
+            r'unknown field "(extenders\[0\]\.tlsConfig\.)?caFilePath"',
+            id="a-tls-key-the-release-lacks-is-refused",
+        ),
+        pytest.param(
+            ("minCandidateNodesAbsolute: 10", "minCandidateNodesAbsolut: 10"),
+            r'DefaultPreemption: strict decoding error: unknown field "minCandidateNodesAbsolut"',
+            id="a-misspelt-default-preemption-arg-is-refused",
+        ),
+        pytest.param(
+            ("weight: 10", "weight: ten"),
+            r"cannot unmarshal string into Go struct field Extender\.extenders\.weight of type",
+            id="a-weight-that-is-no-number-is-refused",
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    ("api_version", "release"),
+    [pytest.param(*p, id=f"{p[0]}-file-on-{p[1]}") for p in BETA_ON_RELEASES],
+)
+def test_the_release_refuses_a_misspelt_copy_of_the_beta_config(
+    api_version: str, release: str, edit: tuple[str, str], refusal: str, tmp_path: Path
+) -> None:
+    """The check can fail: a copy of the file with one key misspelt (``edit``: the text
+    replaced and its replacement) is refused, naming the field, the file and the release."""
+    old, new = edit
+    text = beta_config_path(api_version).read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} must occur once in the {api_version} file"
+    misspelt = tmp_path / f"kube-scheduler-config-{api_version}.yaml"
+    misspelt.write_text(text.replace(old, new), encoding="utf-8")
+    with pytest.raises(SchedulerConfigRefusedError) as refused:
+        decode_scheduler_config(misspelt, release)
+    assert re.search(refusal, str(refused.value)), refused.value
+    assert str(misspelt) in str(refused.value)
+    assert RELEASES[release] in str(refused.value)  # the release that refused it
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_v1_config_is_refused_by_releases_before_1_25(release: str) -> None:
+    """Why the v1beta files exist: kube-scheduler 1.23/1.24 know no kubescheduler v1."""
+    with pytest.raises(SchedulerConfigRefusedError) as refused:
+        decode_scheduler_config(SCHEDULER_DIR / "kube-scheduler-config.yaml", release)
+    assert 'for version "kubescheduler.config.k8s.io/v1"' in str(refused.value)
+    assert "accepted: kind KubeSchedulerConfiguration of kubescheduler.config.k8s.io/v1beta2" in (
+        str(refused.value)
+    )
+
+
+def test_the_docs_say_which_scheduler_config_fits_which_kubernetes() -> None:
+    readme = (SCHEDULER_DIR / "README.md").read_text(encoding="utf-8")
+    install = (REPO_ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    for name in ("kube-scheduler-config-v1beta2.yaml", "kube-scheduler-config-v1beta3.yaml"):
+        assert name in readme
+        assert name in install
+
+
 # ---- workloads -----------------------------------------------------------------------------
 
 
@@ -573,7 +705,7 @@ def test_extender_deployment(helm: Path, default_objects: list[Obj]) -> None:
     args = _args(main)
     assert args[0] == "extender"
     assert _flag_names(args) <= flags(extender)
-    assert "--policy=fgd-spare" in args  # issue 17: gpushare's policy is the default
+    assert "--policy=fgd-spare" in args  # gpushare's policy is the default
     assert not any(a.startswith("--gpu-unit") for a in args)  # derived from the inventory
     assert "--port=12345" in args
     # The pod's IP only, not every interface (kubelet expands $(POD_IP) from the env).
@@ -839,10 +971,10 @@ def test_the_node_config_configmap_carries_the_values_the_plugin_reads(helm: Pat
 
 
 def test_device_plugin_with_managed_mps(helm: Path, default_objects: list[Obj]) -> None:
-    """``devicePlugin.mpsManaged`` (issue 16): the flags, SYS_ADMIN for the compute mode, the
-    driver's compute capability for the MPS binaries, the host directory and its shm/ as
-    /dev/shm, a PID namespace shared with the pause container (which reaps the daemon); off by
-    default; refused with fake GPUs."""
+    """``devicePlugin.mpsManaged`` (docs/usage.md, "Enforced shares (MPS)"): the flags, SYS_ADMIN
+    for the compute mode, the driver's compute capability for the MPS binaries, the host directory
+    and its shm/ as /dev/shm, a PID namespace shared with the pause container (which reaps the
+    daemon); off by default; refused with fake GPUs."""
     default = container(find(default_objects, "DaemonSet", "gpushare-device-plugin"))
     assert not any(a.startswith("--mps") for a in _args(default))
     assert "add" not in default["securityContext"]["capabilities"]
@@ -1082,8 +1214,35 @@ SCHEDULER_PEER = {
                 {"namespaceSelector": {"matchLabels": {"n": "monitoring"}}},
             ],
         ),
+        ({"serviceMonitor": {"enabled": True}}, [PROMETHEUS_PEER]),
+        (
+            {
+                "extender": {
+                    "networkPolicy": {
+                        "prometheus": {
+                            "enabled": True,
+                            "namespace": "obs",
+                            "podLabels": {"a": "vm"},
+                        }
+                    }
+                }
+            },
+            [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}},
+                    "podSelector": {"matchLabels": {"a": "vm"}},
+                }
+            ],
+        ),
     ],
-    ids=["default", "second scheduler", "control-plane hosts", "all peers"],
+    ids=[
+        "default",
+        "second scheduler",
+        "control-plane hosts",
+        "all peers",
+        "the ServiceMonitor admits Prometheus",
+        "Prometheus of another namespace and labels",
+    ],
 )
 def test_only_kube_scheduler_may_reach_the_extender(
     helm: Path, values: dict[str, Any], peers: list[Obj] | None
@@ -1093,7 +1252,7 @@ def test_only_kube_scheduler_may_reach_the_extender(
     deployment = find(objects, "Deployment", "gpushare-extender")
     assert policy["podSelector"] == deployment["spec"]["selector"]
     assert policy["policyTypes"] == ["Ingress"]
-    # the replicas reach the leader's peer port (mutual TLS), and only that (issue 26, item 1)
+    # the replicas reach the leader's peer port (mutual TLS), and only that
     replicas = {
         "ports": [{"port": "peer", "protocol": "TCP"}],
         "from": [{"podSelector": deployment["spec"]["selector"]}],
@@ -1159,6 +1318,141 @@ def test_the_grafana_dashboard_ships_as_a_sidecar_configmap(helm: Path) -> None:
     assert not [o for o in render_objects(helm=helm) if "grafana" in o["metadata"]["name"]]
 
 
+EXTENDER_ENDPOINT_TLS = {
+    "scheme": "https",
+    "tlsConfig": {
+        "serverName": SERVER_NAME,
+        "ca": {"secret": {"name": "gpushare-extender-tls", "key": "ca.crt"}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param({}, {}, id="off-by-default"),
+        pytest.param(
+            {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}},
+            {("ServiceMonitor", "gpushare-extender"): EXTENDER_ENDPOINT_TLS},
+            id="extender-over-https-checked-against-the-release-ca",
+        ),
+        pytest.param(
+            {"serviceMonitor": {"enabled": True}, "extender": {"tls": {"enabled": False}}},
+            {("ServiceMonitor", "gpushare-extender"): {"scheme": "http"}},
+            id="extender-over-plain-http-without-tls",
+        ),
+        pytest.param(
+            {"podMonitor": {"enabled": True, "labels": {"release": "kps"}, "interval": "15s"}},
+            {("PodMonitor", "gpushare-device-plugin"): {"port": "metrics", "interval": "15s"}},
+            id="device-plugin-metrics-port",
+        ),
+        pytest.param(
+            {"podMonitor": {"enabled": True}, "devicePlugin": {"metricsPort": 0}},
+            {},
+            id="no-pod-monitor-when-the-plugin-serves-no-metrics",
+        ),
+        pytest.param(
+            {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+            {
+                ("ServiceMonitor", "gpushare-extender"): {"port": "http", "path": "/metrics"},
+                ("PodMonitor", "gpushare-device-plugin"): {"port": "metrics", "path": "/metrics"},
+            },
+            id="both",
+        ),
+    ],
+)
+def test_prometheus_scrapes_the_extender_and_the_device_plugin_when_asked(
+    helm: Path, values: dict[str, Any], expected: dict[tuple[str, str], Obj]
+) -> None:
+    """ServiceMonitor (extender Service, port http) and PodMonitor (device plugin pods, port
+    metrics) for the Prometheus Operator, off by default, each selecting exactly its
+    component's objects in the release namespace; docs/install.md, "Monitoring"."""
+    objects = render_objects(values, helm=helm)
+    monitors = {
+        (o["kind"], o["metadata"]["name"]): o
+        for o in objects
+        if o["kind"] in {"ServiceMonitor", "PodMonitor"}
+    }
+    assert set(monitors) == set(expected)
+    for (kind, name), fields in expected.items():
+        monitor = monitors[kind, name]
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["namespace"] == "kube-system"
+        key = "serviceMonitor" if kind == "ServiceMonitor" else "podMonitor"
+        labels = values[key].get("labels", {})
+        assert labels.items() <= monitor["metadata"]["labels"].items()
+        spec = monitor["spec"]
+        assert spec["namespaceSelector"] == {"matchNames": ["kube-system"]}
+        if kind == "ServiceMonitor":
+            service = find(objects, "Service", name)
+            assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+            assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+            (endpoint,) = spec["endpoints"]
+        else:
+            daemonset = find(objects, "DaemonSet", name)
+            assert spec["selector"] == daemonset["spec"]["selector"]
+            ports = container(daemonset)["ports"]
+            assert [p["name"] for p in ports] == ["metrics"]
+            (endpoint,) = spec["podMetricsEndpoints"]
+        assert endpoint["path"] == "/metrics"
+        assert endpoint["interval"] == fields.get("interval", "30s")
+        assert fields.items() <= endpoint.items()
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        pytest.param(
+            {"scheduler": {"second": {"enabled": True}}},
+            [
+                "registry.k8s.io/kube-scheduler:v1.",
+                "helm's own",
+                "default with helm template or --dry-run=client",
+                "must not be newer than the API server",
+                "--set scheduler.second.image.tag=",
+            ],
+            id="helms-version-and-how-to-choose",
+        ),
+        pytest.param(
+            {"scheduler": {"second": {"enabled": True, "image": {"tag": "v1.31.4"}}}},
+            [
+                "registry.k8s.io/kube-scheduler:v1.31.4",
+                "(scheduler.second.image.tag)",
+                "must not be newer than the API server",
+            ],
+            id="the-tag-set",
+        ),
+        pytest.param(
+            {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+            [
+                "ServiceMonitor gpushare-extender and PodMonitor gpushare-device-plugin",
+                "admits Prometheus from namespace monitoring",
+            ],
+            id="the-monitors",
+        ),
+    ],
+)
+def test_the_install_notes_say_what_was_chosen(
+    helm: Path, values: dict[str, Any], says: list[str]
+) -> None:
+    notes = render_notes(values, helm=helm)
+    for text in says:
+        assert text in notes, notes
+
+
+def test_the_notes_name_no_scheduler_image_without_the_second_scheduler(helm: Path) -> None:
+    assert "kube-scheduler:" not in render_notes(helm=helm)
+
+
+def test_the_alert_rules_header_names_the_charts_value() -> None:
+    """The rules file says how the chart ships it with a value that exists."""
+    header = (CHART_DIR / "alerts" / "gpushare-alerts.yaml").read_text(encoding="utf-8")
+    named = re.findall(r"`([A-Za-z.]+)=true`", header.split("groups:")[0])
+    assert named == ["prometheusRule.enabled"]
+    (values,) = parse_yaml((CHART_DIR / "values.yaml").read_text(encoding="utf-8"))
+    assert values["prometheusRule"]["enabled"] is False
+
+
 def test_dockerfile_structure() -> None:
     """The Dockerfile's shape (tests/node/test_chart_on_node.py builds and runs the image)."""
     text = (REPO_ROOT / "Dockerfile").read_text(encoding="utf-8")
@@ -1187,7 +1481,7 @@ def test_dockerfile_structure() -> None:
     assert not any(ln.startswith("COPY src") for ln in deps)
     assert "COPY pyproject.toml constraints.txt README.md ./" in deps
     # The runtime dependencies of the distribution gpushare-k8s at the pinned versions, without
-    # the simulator's extra (issue 13): the stub stands in for it, then goes.
+    # the simulator's extra: the stub stands in for it, then goes.
     deps_text = "\n".join(deps)
     assert re.search(
         r"/opt/gpushare/venv/bin/pip install --constraint constraints.txt \. ", deps_text

@@ -211,7 +211,7 @@ def _allocate(ids: Sequence[str], containers: int = 1) -> api_pb2.AllocateReques
 
 
 HUGE_PREFERRED = {
-    # issue 11, defect 7: 100,000 IDs (short, so that they fit gRPC's 4 MiB) held the loop 30 s
+    # 100,000 IDs (short, so that they fit gRPC's 4 MiB) once held the event loop for 30 s
     "100,000 IDs never advertised": (
         lambda ids: _preferred([f"d{n}" for n in range(100_000)], size=60_000),
         grpc.StatusCode.INVALID_ARGUMENT,

@@ -204,8 +204,7 @@ def test_disabled_health_checking_touches_no_nvml() -> None:
 def test_run_reports_an_xid_and_stops_promptly_when_cancelled() -> None:
     """Cancelling does not wait for the NVML wait in flight (30 s here): the task ends at once,
     and the event set is freed when that wait returns (an event ends it below). Waits on
-    conditions only: no bound on wall time but the 10 s a hung cancellation would overrun
-    (issue 26, item 7)."""
+    conditions only: no bound on wall time but the 10 s a hung cancellation would overrun."""
     fake = FakeNvml([T4, A100])
     seen: asyncio.Queue[Change] = asyncio.Queue()
 

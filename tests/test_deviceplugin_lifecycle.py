@@ -316,7 +316,7 @@ def test_register_fails_when_plugin_does_not_answer(socket_dir: Path) -> None:
     _run(main())
 
 
-def test_register_reaches_a_kubelet_that_listens_where_a_dead_one_refused_issue26(
+def test_register_reaches_a_kubelet_that_listens_where_a_dead_one_refused(
     socket_dir: Path,
 ) -> None:
     """A node reboot: the dead kubelet's socket refuses, the new kubelet listens on the same path

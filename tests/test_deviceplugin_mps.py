@@ -1,8 +1,8 @@
-"""The managed MPS control daemon (issue 16): started with the GPUs in EXCLUSIVE_PROCESS, a crash
-restarted with the GPUs unhealthy meanwhile and Events on the node, ``quit`` and the compute
-modes restored on stop. The daemon is ``gpushare.testing.mps_control`` (the documented command
-protocol, a real separate process, killed for a crash); NVML is ``FakeNvml``. A real GPU's daemon
-is exercised by ``bench/gpu`` (see docs/usage.md)."""
+"""The managed MPS control daemon (docs/usage.md, "Enforced shares (MPS)"): started with the GPUs in
+EXCLUSIVE_PROCESS, a crash restarted with the GPUs unhealthy meanwhile and Events on the node,
+``quit`` and the compute modes restored on stop. The daemon is ``gpushare.testing.mps_control`` (the
+documented command protocol, a real separate process, killed for a crash); NVML is ``FakeNvml``. A
+real GPU's daemon is exercised by ``bench/gpu`` (see docs/usage.md)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
+from gpushare.core.explain import MESSAGE_MAX_BYTES
 from gpushare.core.model import Allocation, ContainerAllocation
 from gpushare.extender import ExtenderState, create_app
 from gpushare.extender.cluster import REQUESTED_LIMIT
@@ -32,6 +33,7 @@ from gpushare.kube.codec import (
     ALLOCATION,
     GPU_COUNT_ANNOTATION,
     GPU_MEM,
+    PLACEMENT,
     MemoryUnit,
     allocation_annotations,
     node_info,
@@ -189,7 +191,7 @@ def test_filter_nodes_mode_learns_nodes_from_the_request_only_in_memory() -> Non
 
 
 def test_filter_nodes_request_never_changes_node_state() -> None:
-    """Issue 11, defect 1: a ``Nodes`` body claiming N2 has 8 x 80 GiB changes nothing; the
+    """A ``Nodes`` body claiming N2 has 8 x 80 GiB changes nothing; the
     nodes are candidates by name, judged on what the state (the API server) says."""
     state = design_state()
     before = (snapshot(state), state.cluster.node(N2), state.cluster.nodes())
@@ -327,6 +329,44 @@ def test_bind_design_example_lands_on_n3_gpu0() -> None:
     assert state.reservations.is_assumed("wiring/gpu-a")
     assert events.events[-1].ok
     assert "container main on GPU 0 (8138 MiB each)" in events.events[-1].message
+
+
+@pytest.mark.parametrize(
+    ("names", "scored", "node", "says"),
+    [
+        pytest.param([N1, N2, N3], True, N1,
+                     ("container main on GPU 1 (4069 MiB each)", "policy binpack",
+                      "scores 0-10 of the 3 node(s) it fits: ", f"{N1} 10, "),
+                     id="the-event-names-the-gpus-the-policy-and-the-best-nodes-scores"),
+        pytest.param([N1, N2, N3], True, N3,
+                     (f"bound to node {N3}", f"{N1} 10", f"{N3} 0"),
+                     id="a-node-kube-scheduler-chose-over-gpushares-best-shows-its-low-score"),
+        pytest.param([N1], False, N1,
+                     ("policy binpack; the only node that passed the filter (not scored)",),
+                     id="a-lone-node-kube-scheduler-did-not-score-is-said-so"),
+    ],
+)  # fmt: skip
+def test_bind_event_says_why_the_pod_went_there_from_the_scores_sent(
+    names: list[str], scored: bool, node: str, says: tuple[str, ...]
+) -> None:
+    state = design_state()
+    binder, events = RecordingBinder(), RecordingEvents()
+    body = filter_body(4069) | {"NodeNames": names}
+    with TestClient(app_for(state, binder, events=events)) as client:
+        passed = client.post(f"{PREFIX}/filter", json=body).json()["NodeNames"]
+        assert node in passed
+        if scored:
+            sent = client.post(f"{PREFIX}/prioritize", json=body).json()
+            assert {e["Host"]: e["Score"] for e in sent}[N1] == 10
+        bind = fixture("bind_request") | {"Node": node}
+        assert client.post(f"{PREFIX}/bind", json=bind).json() == {"Error": ""}
+    (event,) = events.events
+    assert event.ok
+    for words in says:
+        assert words in event.message
+    (call,) = binder.calls
+    assert call.annotations[PLACEMENT] == event.message  # what inspect --pod shows
+    assert len(event.message.encode()) <= MESSAGE_MAX_BYTES
 
 
 def binpack_state() -> ExtenderState:
@@ -530,7 +570,7 @@ BAD_BODIES: list[tuple[str, str, bytes, str]] = [
     ("bind, empty body", "bind", b"", "malformed JSON"),
     ("bind, missing PodUID", "bind", b'{"PodName": "a", "PodNamespace": "b", "Node": "n"}',
      "missing required field `PodUID`"),
-    # Issue 11, defect 4: these were 200 "internal error" with a traceback.
+    # These were once 200 "internal error" with a traceback.
     ("filter, invalid UTF-8 in the pod", "filter",
      b'{"Pod": {"metadata": {"name": "p\xff\xfe"}}, "NodeNames": ["a"]}', "not valid UTF-8"),
     ("bind, invalid UTF-8 in a name", "bind",
@@ -702,7 +742,7 @@ def test_a_pod_seen_before_its_node_is_counted_when_the_node_arrives() -> None:
     assert state.reservations.ledger_state("late").gpu_free == (GPU, GPU - 4069)
 
 
-# -- log noise (issue 11, defect 5): one line each, no traceback ------------------------------
+# -- log noise: one line each, no traceback --------------------------------------------------
 
 
 def test_client_disconnect_mid_body_is_one_line(caplog: pytest.LogCaptureFixture) -> None:

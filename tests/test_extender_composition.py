@@ -1,4 +1,4 @@
-"""The extender's parts are small objects with public names (issue 13, item 2).
+"""The extender's parts are small objects with public names.
 
 * No module imports another module's private name (``from gpushare.x import _y``); scanned over
   the whole package, ``gpushare.sim.trace`` and ``gpushare.testing`` excepted (not yet done).
@@ -32,8 +32,8 @@ from gpushare.testing.extender import node_json, pod_json
 
 PACKAGE = Path(gpushare.__file__).parent
 NOT_YET = ("sim/trace/", "testing/", "deviceplugin/_proto/")
-"""Left out: ``sim.trace`` and ``testing`` still import private names across modules (outside
-issue 13's extender item); ``_proto`` is generated."""
+"""Left out: ``sim.trace`` and ``testing`` still import private names across modules (beyond
+the extender, not cleaned up yet); ``_proto`` is generated."""
 
 
 def sources() -> list[tuple[str, ast.Module]]:

@@ -1,4 +1,4 @@
-"""Fuzzing the extender's three POST routes with hypothesis (issue 4, "Bad input").
+"""Fuzzing the extender's three POST routes with hypothesis (docs/extender.md, "Routes").
 
 Any body — random bytes, random JSON, or requests shaped like kube-scheduler's with garbage in
 the pod, the annotations, the quantities and the nodes — gets 200 or 400, never a 500 and never

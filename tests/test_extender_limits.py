@@ -1,8 +1,8 @@
-"""Request limits (issue 11, defect 3), on the real server: uvicorn with the settings the
+"""Request limits (docs/extender.md, "Limits"), on the real server: uvicorn with the settings the
 extender runs with (``gpushare.extender.limits``), a real loopback socket, raw HTTP written
 byte by byte so that a request can be left half-sent, as a slowloris client leaves it.
 
-No test bounds wall time (issue 26, item 7: two busy cores are CI's normal state): the only
+No test bounds wall time (two busy cores are CI's normal state): the only
 timeouts that can close a connection within ``WAIT_S`` are the ones a test is about (the head
 and body timeouts, 0.5 s; the keep-alive timeout is far longer than ``WAIT_S``), so a
 connection closed by the server before ``WAIT_S`` was closed by them."""

@@ -437,8 +437,9 @@ def test_events_need_a_uid(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_a_skipped_pod_gets_a_warning_event_once() -> None:
-    """Issue 11, defect 2: the feeder hands each newly skipped pod to ``on_skip`` (the live
-    extender's ``ApiEventSink.skipped``), which records a Warning naming why."""
+    """A bound pod the ledger cannot record is said on it: the feeder hands each newly skipped
+    pod to ``on_skip`` (the live extender's ``ApiEventSink.skipped``), which records a Warning
+    naming why."""
     recorder = FakeRecorder()
     sink = ApiEventSink(recorder)
     seen: list[tuple[str, str]] = []

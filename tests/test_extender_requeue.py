@@ -309,8 +309,8 @@ def test_the_filter_reports_pods_it_refused_everywhere(
     debug_line: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Remembered for a requeue, and one debug line with the reasons (issue 26: a pod parked
-    by kube-scheduler must say why in the extender's log)."""
+    """Remembered for a requeue, and one debug line with the reasons (a pod parked by
+    kube-scheduler must say why in the extender's log)."""
     state = ExtenderState()
     state.upsert_node(node_json("n1", [16, 16]))
     state.cluster.mark_synced()

@@ -1,7 +1,7 @@
-"""Bound pods the ledger cannot record still count (issue 11, defect 2).
+"""Bound pods the ledger cannot record still count (docs/extender.md, "Skipped pods").
 
 A pod bound to a node holds *something* there: the extender never takes its GPU as free on a
-guess. Table: each impossible allocation the issue names, fed through the real feeder, and
+guess. Table: each impossible allocation a bound pod can carry, fed through the real feeder, and
 what the pod is then counted as (``gpushare.extender.state``, "Skipped pods"). Then the five
 problems together on one node through the app: ``/inspect`` (violations, skipped), ``/metrics``,
 filter's reason with the numbers, and agreement with ``gpushare inspect``'s problem list.
@@ -114,7 +114,7 @@ def test_skipped_pods_leave_when_they_go_or_fit() -> None:
 ISSUE_PODS = [A8] + [case[1] for case in CASES if case[0] != "a GPU already full"]
 
 
-def test_the_issues_problems_show_in_inspect_metrics_and_filter() -> None:
+def test_the_five_skipped_pods_show_in_inspect_metrics_and_filter() -> None:
     feeder = feeder_with(*ISSUE_PODS)
     state = feeder.state
     app = create_app(state, expire_interval_s=None)
@@ -156,7 +156,7 @@ def test_the_issues_problems_show_in_inspect_metrics_and_filter() -> None:
     assert result["NodeNames"] == []
     reason = result["FailedNodes"][NODE]
     assert reason.startswith("gpushare: no GPU has enough free; container main; requested 8; ")
-    # charged above capacity: the GPUs read 0 free, never less (issue 26, item 5); the
+    # charged above capacity: the GPUs read 0 free, never less; the
     # skipped pods' lines say what is charged
     assert "free/capacity per GPU 0/40, 0/40" in reason
     assert "pod default/neg on node n: allocation cannot be read" in reason

@@ -1,5 +1,5 @@
 """The extender says on a pod when kube-scheduler will not retry it as nodes grow
-(docs/interfaces.md, Pitfalls: 31; issue 26): which pods, what the Event says, and that it is
+(docs/interfaces.md, Pitfalls: 31): which pods, what the Event says, and that it is
 said once per condition, only while deciding, and forgotten with the pod. The behaviour of
 kube-scheduler itself is measured in tests/cluster/test_extender_stranded.py."""
 
@@ -110,7 +110,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_which_pods_kube_scheduler_will_not_retry_as_nodes_grow_issue26(case: Case) -> None:
+def test_which_pods_kube_scheduler_will_not_retry_as_nodes_grow(case: Case) -> None:
     found = stranded(case.pod)
     if not case.says:
         assert found is None

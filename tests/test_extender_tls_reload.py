@@ -1,4 +1,4 @@
-"""A renewed certificate is served without a restart (issue 26, item 6;
+"""A renewed certificate is served without a restart (docs/install.md, "TLS";
 ``gpushare.extender.tlsreload``): a real uvicorn HTTPS server, its certificate files replaced
 as kubelet replaces a Secret's (a new file renamed over the old), ``TlsReloader.check`` loads
 them into the live context, and the next handshake presents the new certificate; a half-written

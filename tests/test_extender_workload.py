@@ -135,7 +135,7 @@ def test_cached_scores_follow_a_new_workload() -> None:
     assert encode(long_lived.prioritize(args)) == expected
 
 
-# ---- one whole GPU derived from the node inventory (issue 17: nothing to configure) ----------
+# ---- one whole GPU derived from the node inventory (nothing to configure) --------------------
 
 
 @pytest.mark.parametrize(

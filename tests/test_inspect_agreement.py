@@ -1,10 +1,10 @@
-"""``kubectl inspect gpushare`` and the extender give the same verdict and the same reason for
-every pending pod, the device-plugin handshake's pins included (issue 13, item 1): both call
+"""``kubectl inspect gpushare`` and the extender give the same verdict and the same reason for every
+pending pod, the device-plugin handshake's pins included: both call
 ``gpushare.core.handshake.handshake_verdict``. Bound pods the extender's ledger skips but counts
-(issue 11: over a GPU's capacity, on a GPU index the node lacks, an allocation that cannot be
-read) count in both, by ``gpushare.core.skipped``'s rule. Each case builds one node (two
-16 GiB GPUs) with bound pods as the watch feeds them, asks the extender's filter over HTTP (its
-ASGI app) and builds the inspect report from the same objects, as the kubectl plugin reads
+(docs/extender.md, "Skipped pods": over a GPU's capacity, on a GPU index the node lacks, an
+allocation that cannot be read) count in both, by ``gpushare.core.skipped``'s rule. Each case builds
+one node (two 16 GiB GPUs) with bound pods as the watch feeds them, asks the extender's filter over
+HTTP (its ASGI app) and builds the inspect report from the same objects, as the kubectl plugin reads
 them."""
 
 from __future__ import annotations

@@ -113,8 +113,8 @@ def multi_gpu() -> Snapshot:
     return Snapshot((n,), pods)
 
 
-def assumed_pod() -> Snapshot:
-    """One pod started by the device plugin, one bound but not yet started (assumed)."""
+def starting_pod() -> Snapshot:
+    """One pod started by the device plugin, one bound but not yet started (starting)."""
     n = node("n1", [16, 16], "10.0.0.1")
     pods = (
         bound("default", "running", n, [("main", (0,), 4)]),
@@ -196,7 +196,7 @@ CASES: list[tuple[str, Callable[[], Snapshot], str | None]] = [
     ("pending_nowhere", pending_nowhere, None),
     ("unhealthy_gpu", unhealthy_gpu, None),
     ("multi_gpu", multi_gpu, None),
-    ("assumed_pod", assumed_pod, None),
+    ("starting_pod", starting_pod, None),
     ("node_filter", node_filter, "n1"),
     ("garbage_inventory", garbage_inventory, None),
     ("mixed_units", mixed_units, None),

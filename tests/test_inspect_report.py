@@ -147,8 +147,8 @@ def test_a_multi_gpu_pod_is_counted_per_gpu_and_per_container() -> None:
     assert [g.allocated for g in r.nodes[0].gpus] == [8, 8, 4, 0]
 
 
-def test_a_bound_pod_the_device_plugin_has_not_assigned_is_allocated_and_assumed() -> None:
-    """Bound, ALIYUN_COM_GPU_MEM_ASSIGNED "false": allocated and assumed."""
+def test_a_bound_pod_the_device_plugin_has_not_assigned_is_allocated_and_starting() -> None:
+    """Bound, ALIYUN_COM_GPU_MEM_ASSIGNED "false": allocated, and starting (``assumed``)."""
     n = node("n1", [16, 16])
     pods = [bound("run", n, [("main", (0,), 4)]), bound("new", n, [("m", (1,), 6)], assigned=False)]
     r = report([n], pods)
@@ -339,6 +339,97 @@ def test_records_that_break_whole_gpus_or_compute_are_skipped_as_the_extender_sk
 def test_a_pod_that_fits_now_is_pending_with_the_nodes_it_fits_on() -> None:
     r = report([node("n1", [16]), node("n2", [4])], [pod_json("p", 8)])
     assert r.pending[0].reason.startswith("fits now on 1 of 2 node(s) (n1): ")
+
+
+HOSTNAME = "kubernetes.io/hostname"
+FULL_N1 = "no GPU has enough free; container main; requested 8; free/capacity per GPU 0/8 (GiB)"
+
+
+def _in(*names: str) -> list[Json]:
+    """Required node affinity: a term whose hostname is one of ``names``."""
+    return [{"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": list(names)}]}]
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason"),
+    [
+        pytest.param(pod_json("p", 8, node_selector={HOSTNAME: "n1"}),
+                     "fits nowhere it may go (3 of 4 node(s) ruled out by nodeSelector): "
+                     f"node n1: {FULL_N1}",
+                     id="pinned-by-nodeSelector-to-a-full-node-fits-nowhere-it-may-go"),
+        pytest.param(pod_json("p", 8, node_affinity=_in("n1")),
+                     "fits nowhere it may go (3 of 4 node(s) ruled out by required node "
+                     f"affinity): node n1: {FULL_N1}",
+                     id="pinned-by-required-node-affinity-to-a-full-node-fits-nowhere"),
+        pytest.param(pod_json("p", 8, node_selector={HOSTNAME: "n1"}, node_affinity=_in("n1")),
+                     "fits nowhere it may go (3 of 4 node(s) ruled out by nodeSelector and "
+                     f"required node affinity): node n1: {FULL_N1}",
+                     id="both-constraints-are-named"),
+        pytest.param(pod_json("p", 8, node_selector={"zone": "nowhere"}),
+                     "fits nowhere it may go: 4 of 4 node(s) ruled out by nodeSelector, and no "
+                     "other GPU-share node",
+                     id="a-selector-no-node-matches-rules-out-every-node"),
+        pytest.param(pod_json("p", 8, node_affinity=_in("n1", "n3")),
+                     "fits now on 1 of 2 node(s) (n3): kube-scheduler has not placed it yet, or "
+                     "another constraint holds it back (2 of 4 node(s) ruled out by required "
+                     "node affinity)",
+                     id="fits-counted-over-the-nodes-it-may-go-to-only"),
+        pytest.param(pod_json("p", 8),
+                     "fits now on 3 of 4 node(s) (n2, n3, n4): kube-scheduler has not placed "
+                     "it yet, or another constraint holds it back",
+                     id="no-constraint-counts-every-node"),
+    ],
+)  # fmt: skip
+def test_pending_reason_counts_only_the_nodes_the_pod_may_go_to(pod: Json, reason: str) -> None:
+    full = node("n1", [8])
+    nodes = [full, node("n2", [16]), node("n3", [16]), node("n4", [16])]
+    r = report(nodes, [bound("filler", full, [("main", (0,), 8)]), pod])
+    (pending,) = r.pending
+    assert pending.reason == reason
+
+
+def test_unreadable_node_affinity_is_a_problem_and_not_honoured() -> None:
+    garbage = pod_json("p", 8, node_affinity=[{"matchExpressions": [{"key": 3}]}])
+    r = report([node("n1", [16])], [garbage])
+    assert r.pending[0].reason.startswith("fits now on 1 of 1 node(s) (n1)")
+    (problem,) = r.problems
+    assert "pod default/p: spec.affinity.nodeAffinity" in problem
+    assert "accepted: {key, operator: In|NotIn|Exists|DoesNotExist|Gt|Lt" in problem
+
+
+@pytest.mark.parametrize(
+    ("placed_by", "stray_scheduler", "use"),
+    [
+        pytest.param("gpushare-scheduler", None, "gpushare-scheduler",
+                     id="no-schedulerName-is-the-default-scheduler-bypassing-gpushare"),
+        pytest.param("team-gpu-scheduler", "default-scheduler", "team-gpu-scheduler",
+                     id="the-scheduler-to-use-is-the-one-that-placed-the-other-gpu-pods"),
+        pytest.param(None, "my-scheduler", "gpushare-scheduler",
+                     id="nothing-placed-names-the-charts-scheduler"),
+        pytest.param("default-scheduler", None, "gpushare-scheduler",
+                     id="the-bypassing-pods-own-scheduler-is-never-the-one-to-use"),
+    ],
+)  # fmt: skip
+def test_a_gpu_pod_placed_by_another_scheduler_is_a_warning_naming_it(
+    placed_by: str | None, stray_scheduler: str | None, use: str
+) -> None:
+    n1 = node("n1", [16])
+    pods = [pod_json("stray", 4, node="n1", namespace="team-a", scheduler=stray_scheduler)]
+    if placed_by is not None:
+        placed = bound("placed", n1, [("main", (0,), 4)])
+        placed["spec"]["schedulerName"] = placed_by
+        pods.append(placed)
+    r = report([n1], pods)
+    (bypassed,) = r.bypassed
+    shown = stray_scheduler or "default-scheduler"
+    assert (bypassed.namespace, bypassed.name, bypassed.node) == ("team-a", "stray", "n1")
+    assert (bypassed.scheduler, bypassed.use) == (shown, use)
+    assert bypassed.describe() == (
+        f"pod team-a/stray on node n1 asks GPU memory but was placed by scheduler {shown!r}, "
+        f"bypassing gpushare: it has no GPU and will not start; set spec.schedulerName: {use} "
+        "and recreate it"
+    )
+    assert r.nodes[0].unplaced == 4  # the number shown before, still there
 
 
 def test_one_reason_on_many_nodes_is_given_once_with_the_first_names() -> None:

@@ -6,6 +6,10 @@ between two refreshes is exact: the page shows the report's nodes, GPUs, pods, f
 reasons in words; each GPU is a keyboard-focusable group whose label says everything the bar
 shows; across refreshes it follows the cluster, says when the cluster cannot be read (keeping the
 last view) and recovers. The real command on a real cluster: ``tests/cluster/test_inspect_web.py``.
+
+How the bars are drawn is measured by the browser's own layout (a probe page beside the map,
+``gpushare.testing.browser.layout_probe_page``): a segment of nothing (the free rest of a full
+GPU, the used compute of an idle one) is not drawn, and no label is cut short.
 """
 
 from __future__ import annotations
@@ -14,18 +18,26 @@ import contextlib
 import http.client
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Mount, Route
 
 from gpushare.cli.inspectweb import ReportError, web_app
+from gpushare.core.model import ContainerAllocation
 from gpushare.extender.state import ExtenderState
 from gpushare.inspect.render import report_json
 from gpushare.inspect.report import Snapshot, build_report
-from gpushare.kube.codec import MemoryUnit
-from gpushare.testing.browser import dump_dom
+from gpushare.kube.codec import GPU_MEM, MemoryUnit, node_info
+from gpushare.testing.browser import Box, dump_dom, layout_probe_page, read_boxes, screenshot
+from gpushare.testing.dialects import bound_dialect_pod, dialect_pod_json
 from gpushare.testing.extender import bound_pod, node_json, pod_json, serve_in_thread
 from gpushare.testing.nodes import FakeGpu
 
@@ -178,3 +190,115 @@ def test_only_requests_naming_the_loopback_address_are_answered(
     assert response.status == status, body
     if status == 400:
         assert b"default/a" not in body
+
+
+@dataclass(frozen=True)
+class Held:
+    """A pod on the map's node: its container ``main`` asks ``limits`` and holds ``got``."""
+
+    name: str
+    limits: Mapping[str, int]
+    got: ContainerAllocation
+
+
+def share(name: str, gpu: int, gib: int) -> Held:
+    """A pod holding ``gib`` GiB of GPU ``gpu``, no compute asked."""
+    return Held(name, {GPU_MEM: gib}, ContainerAllocation("main", (gpu,), gib))
+
+
+def whole(name: str, gpu: int, gib: int) -> Held:
+    """A pod holding GPU ``gpu`` (``gib`` GiB) whole, all its compute (HAMi's dialect)."""
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}
+    return Held(name, limits, ContainerAllocation("main", (gpu,), gib, 1000, exclusive=True))
+
+
+def map_report(gpus_gib: Sequence[int], pods: Sequence[Held]) -> dict[str, Any]:
+    """The report of one node ``n1`` with T4-like GPUs of ``gpus_gib`` GiB holding ``pods``."""
+    n1 = node_json("n1", [FakeGpu(i, gib, "Tesla T4") for i, gib in enumerate(gpus_gib)],
+                   unit=MemoryUnit.GIB)  # fmt: skip
+    on = node_info(n1).node
+    bound = tuple(
+        bound_dialect_pod(dialect_pod_json(p.name, {"main": p.limits}), on, [p.got]) for p in pods
+    )
+    return report_json(build_report(Snapshot(nodes=(n1,), pods=bound, holds=()), node=None))
+
+
+def full_and_idle() -> dict[str, Any]:
+    """n1: GPU 0 full (12 + 4 GiB shares), GPU 1 held whole, GPU 2 idle (a compute bar shows
+    on the node, since GPU 1's compute is held)."""
+    return map_report([16, 16, 16], [share("a", 0, 12), share("b", 0, 4), whole("w", 1, 16)])
+
+
+def measure(script: Script) -> list[Box]:
+    """The boxes of every bar segment of the map over ``script``, as the browser laid them out
+    in a 1280 × 900 frame."""
+    app = web_app(script)
+    probe = layout_probe_page("/", ".bar li")
+
+    async def page(request: Request) -> HTMLResponse:
+        return HTMLResponse(probe)
+
+    both = Starlette(routes=[Route("/probe", page), Mount("/", app=app)])
+    with serve_in_thread(both) as port:
+        return read_boxes(dump_dom(f"http://127.0.0.1:{port}/probe"))
+
+
+Segments = dict[tuple[str, str], list[tuple[str, str, str]]]
+"""(GPU group id, bar class) → [(segment class, label shown, tooltip)], left to right."""
+
+
+@pytest.mark.parametrize(
+    ("the_report", "expected"),
+    [
+        (
+            full_and_idle(),
+            {
+                ("gpu-n1-0", "bar"): [
+                    ("pod", "default/a 12", "default/a: 12 GiB"),
+                    ("pod", "default/b 4", "default/b: 4 GiB"),
+                ],
+                ("gpu-n1-0", "bar compute"): [
+                    ("free", "compute free 100%", "compute free: 100%"),
+                ],
+                ("gpu-n1-1", "bar"): [("pod", "default/w 16", "default/w: 16 GiB")],
+                ("gpu-n1-1", "bar compute"): [
+                    ("pod", "compute 100%", "compute allocated: 100%"),
+                ],
+                ("gpu-n1-2", "bar"): [("free", "free 16", "free: 16 GiB")],
+                ("gpu-n1-2", "bar compute"): [
+                    ("free", "compute free 100%", "compute free: 100%"),
+                ],
+            },
+        ),
+        (
+            map_report([80], [share("tiny", 0, 1)]),
+            {
+                ("gpu-n1-0", "bar"): [
+                    ("pod", "", "default/tiny: 1 GiB"),
+                    ("free", "free 79", "free: 79 GiB"),
+                ],
+            },
+        ),
+    ],
+    ids=[
+        "a full GPU draws no free segment and an idle GPU no used compute",
+        "a share too narrow for its label shows the label only as a tooltip",
+    ],
+)
+def test_bars_draw_only_segments_of_something_with_whole_labels(
+    the_report: dict[str, Any], expected: Segments
+) -> None:
+    boxes = measure(Script(the_report))
+    drawn: Segments = {}
+    for box in boxes:
+        drawn.setdefault((box.owner, box.parent_class), []).append(
+            (box.element_class, box.text, box.title)
+        )
+    assert drawn == expected
+    assert [b for b in boxes if b.width_px <= 0] == []
+    assert [b for b in boxes if b.text and b.overflows] == []  # no label cut short
+
+
+def test_a_screenshot_of_the_map_with_a_full_and_an_idle_gpu(serve: Any, tmp_path: Path) -> None:
+    shot = screenshot(serve(Script(full_and_idle())), tmp_path / "gpu-map-full-idle.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

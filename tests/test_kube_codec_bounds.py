@@ -1,5 +1,5 @@
-"""Everything the cluster hands over is bounded when it is echoed or believed (issue 26, items
-2, 4 and 5): a value's echo in an error never walks the whole value, refusals of long user
+"""Everything the cluster hands over is bounded when it is echoed or believed: a value's
+echo in an error never walks the whole value, refusals of long user
 lists stay short and the same on every node, an inventory's GPU sizes are bounded, and an
 inventory that disagrees with the node's capacity is said to.
 """

@@ -1,6 +1,6 @@
-"""A request interrupted in its TLS handshake closes its connection (issue 26, the
-ResourceWarning of the soak of 18d13d6, run 2): httpcore2 closes such a connection when the
-handshake fails, not when the task is cancelled, so every cancelled request and every
+"""A request interrupted in its TLS handshake closes its connection (docs/interfaces.md, Pitfalls:
+32; a soak's ResourceWarning, docs/testing.md, "The soak"): httpcore2 closes such a connection when
+the handshake fails, not when the task is cancelled, so every cancelled request and every
 ``asyncio.timeout`` around a call that hit a slow handshake leaked a socket until the event loop
 closed. Real TCP and TLS against ``gpushare.testing.silent_server``, which never answers."""
 
@@ -66,7 +66,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_a_request_interrupted_in_its_tls_handshake_closes_its_connection_issue26(
+def test_a_request_interrupted_in_its_tls_handshake_closes_its_connection(
     case: Case, tmp_path: Path
 ) -> None:
     async def scenario() -> bool:

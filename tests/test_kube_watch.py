@@ -193,7 +193,7 @@ def managed(p: Listed) -> Listed:
 
 
 def test_stored_objects_leave_out_managed_fields() -> None:
-    # Issue 15 item 4: managedFields were half of every stored pod (10.8 KiB a pod, 5.0
+    # managedFields were half of every stored pod (10.8 KiB a pod, 5.0
     # without) in an extender holding 50,000; nothing of gpushare reads them.
     async def scenario() -> None:
         source, seen = Source(), Collector()

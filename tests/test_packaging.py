@@ -1,4 +1,5 @@
-"""What is shipped and what is installed (issue 28, item 6).
+"""What is shipped and what is installed (docs/install.md,
+"The Python package (gpushare-k8s)").
 
 The wheel (and so the image, whose app layer is the wheel installed) carries the runtime: no
 test harness (``gpushare.testing``), no demo (``gpushare.demo``), both of which the development

@@ -1,6 +1,6 @@
-"""The API server goes away mid-burst (issue 15, item 3): kube-apiserver is stopped for 30 s and
-started again, and etcd is compacted meanwhile, so every watch resumed from before the outage
-gets 410 Gone.
+"""The API server goes away mid-burst (docs/design.md, "Failure semantics"): kube-apiserver is
+stopped for 30 s and started again, and etcd is compacted meanwhile, so every watch resumed from
+before the outage gets 410 Gone.
 
 Two extender processes with leader election (``gpushare.testing.failover``) schedule GPU pods on
 10 kwok nodes through kube-scheduler; the device plugin's view of one node's pods

@@ -805,7 +805,7 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
         ext = flag_values(only_container(chart, "Deployment", EXTENDER)["args"])
         assert ext["host"] == "$(POD_IP)"
         # the forward hop: mutual TLS on the peer port, the release CA, the Service's name,
-        # the replicas' labels (issue 26, item 1)
+        # the replicas' labels (docs/install.md, "High availability")
         assert (ext["peer-port"], ext["peer-ca"], ext["peer-server-name"]) == (
             "12346", "/etc/gpushare/tls/ca.crt", f"{EXTENDER}.{NAMESPACE}.svc",
         )  # fmt: skip

@@ -146,10 +146,10 @@ def test_a_critical_xid_reaches_kubelet_and_the_node_and_the_gpu_comes_back(
 def test_managed_mps_crash_makes_gpus_unhealthy_posts_events_and_stop_restores(
     control_plane: ControlPlane, kube: Client
 ) -> None:
-    """``--mps-managed`` (issue 16): the daemon starts the MPS control daemon (the protocol fake)
-    before serving; killing it turns every device Unhealthy at kubelet and on the node with a
-    Warning Event, the restart brings them back with a Normal one; stopping the plugin quits
-    the daemon and restores the compute modes."""
+    """``--mps-managed`` (docs/usage.md, "Enforced shares (MPS)"): the daemon starts the MPS control
+    daemon (the protocol fake) before serving; killing it turns every device Unhealthy at kubelet
+    and on the node with a Warning Event, the restart brings them back with a Normal one; stopping
+    the plugin quits the daemon and restores the compute modes."""
     name = f"dp-mps-{next(_names)}-{int(time.time())}"
     create_nodes(kube, [plain_node(name, labels={GPUSHARE_LABEL: "true"})])
     socket_dir = Path(tempfile.mkdtemp(prefix="gpushare-mps-dp-", dir="/tmp"))

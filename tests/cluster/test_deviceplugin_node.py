@@ -1,4 +1,4 @@
-"""The device plugin publishes the node's GPU inventory to the real API server (issue 5, item 3).
+"""The device plugin publishes the node's GPU inventory to the real API server.
 
 ``gpushare.kube.nodes.NodePublisher`` against the session's kube-apiserver, with a
 ServiceAccount bound to exactly the rules docs/deviceplugin.md lists (``RBAC_RULES``):

@@ -1,9 +1,9 @@
-"""gpushare's ResourceSlices on the real API server, allocated by the real kube-scheduler (issue 29,
-first slice): the slice of ``gpushare.dra.slices`` is accepted as it is; claims that ask part of
-a GPU's memory (consumable capacity) share one GPU, each allocation recording its
+"""gpushare's ResourceSlices on the real API server, allocated by the real kube-scheduler
+(docs/dra.md, "What runs today"): the slice of ``gpushare.dra.slices`` is accepted as it is; claims
+that ask part of a GPU's memory (consumable capacity) share one GPU, each allocation recording its
 ``consumedCapacity`` and a ``shareID``; a claim larger than any GPU stays Pending with the
-scheduler's reason; an unhealthy GPU (device taint) takes no claim. The nodes are kwok nodes
-(no kubelet runs the pods: allocation is the scheduler's, at bind)."""
+scheduler's reason; an unhealthy GPU (device taint) takes no claim. The nodes are kwok nodes (no
+kubelet runs the pods: allocation is the scheduler's, at bind)."""
 
 from __future__ import annotations
 

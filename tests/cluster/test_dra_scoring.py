@@ -1,7 +1,7 @@
 """The extender scoring nodes for DRA claim pods (``gpushare extender --dra-scoring``,
 ``dra/prioritize``; docs/dra.md, "Placement") on the real API server and kube-scheduler v1.37.1
-with kwok nodes carrying gpushare's slices (issue 29, item 3); and its answer when its watch of
-claims lags kube-scheduler's (issue 26: the soak at c03ee7f, run 18)."""
+with kwok nodes carrying gpushare's slices; and its answer when its watch of claims lags
+kube-scheduler's (docs/interfaces.md, Pitfalls: 30; found by a soak)."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ LAGS = [
 
 
 @pytest.mark.parametrize("case", LAGS, ids=[c.name for c in LAGS])
-def test_a_claim_pod_is_scored_though_the_extenders_watch_of_its_claim_lags_issue26(
+def test_a_claim_pod_is_scored_though_the_extenders_watch_of_its_claim_lags(
     kube: Client, control_plane: ControlPlane, case: Lag, caplog: pytest.LogCaptureFixture
 ) -> None:
     """kube-scheduler asks once its own informer has the pod's claim; the extender's watch of

@@ -1,6 +1,6 @@
 """Pods written for Alibaba's gpushare, Tencent's gpu-manager and HAMi rewritten into DRA claims
 at admission, by the admission policies of deploy/dra/ on the real API server v1.37.1
-(issue 29, item 2; docs/dra.md, "Existing pods unchanged")."""
+(docs/dra.md, "Existing pods unchanged")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""A standing attack on the live extender (issues 11 and 26).
+"""A standing attack on the live extender: every bad input it has been found to mishandle.
 
 ``gpushare extender --kubeconfig`` runs as its own process against the real control plane, as
-deployed, with short read timeouts and a 1 MiB body limit so that the attacks finish quickly.
-Every bad input issue 11 found is sent over real HTTP (raw sockets where a request must be left
-half-sent), then a hypothesis strategy of hostile bodies. After each: a 4xx (or a closed
-connection), ``/inspect`` exactly as before, the process alive, and no traceback in its log.
+deployed, with short read timeouts and a 1 MiB body limit so that the attacks finish quickly. Every
+bad input found in review (``tests/test_extender_app.py`` holds each) is sent over real HTTP (raw
+sockets where a request must be left half-sent), then a hypothesis strategy of hostile bodies. After
+each: a 4xx (or a closed connection), ``/inspect`` exactly as before, the process alive, and no
+traceback in its log.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def test_bad_bodies_are_client_errors(
 
 
 def test_a_forged_nodes_body_changes_nothing(target: Target) -> None:
-    """Issue 11, defect 1: N2 sent as 8 x 80 GiB; the ledger keeps the API server's 2 x 16."""
+    """A forged ``Nodes`` body: N2 sent as 8 x 80 GiB; the ledger keeps the API server's 2 x 16."""
     before = target.inspect()
     forged = json.loads(json.dumps(gpu_node(N2, [80] * 8).to_dict()))
     body = {"Pod": gpu_pod_json("forger", 8), "Nodes": {"items": [forged]}, "NodeNames": None}

@@ -1,4 +1,5 @@
-"""Leader failover under load, reduced (issue 15, item 2; ``bench/failover.py`` runs 1,000 pods
+"""Leader failover under load, reduced (docs/install.md, "High availability";
+``bench/failover.py`` runs 1,000 pods
 on 100 nodes with three kills): 100 GPU pods on 10 kwok nodes through kube-scheduler and three
 extender processes with leader election behind a loopback stand-in for their Service; the
 leader is SIGKILLed once, mid-burst (``gpushare.testing.failover``).

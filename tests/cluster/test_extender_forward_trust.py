@@ -1,4 +1,5 @@
-"""The forward hop trusts nothing the Lease says (issue 26, item 1), on the real API server.
+"""The forward hop trusts nothing the Lease says, on the real API server (docs/install.md,
+"High availability").
 
 Two ``gpushare extender`` processes with leader election and TLS as the chart runs them:
 certificates from one release CA for the Service's DNS name, ``--peer-ca``,

@@ -1,5 +1,6 @@
 """300 pods in every dialect at once, through kube-scheduler and ``gpushare extender`` (a
-process), which is SIGKILLed mid-burst and started again: issue 14, item 7.
+process), which is SIGKILLed mid-burst and started again (docs/compute.md, "Metrics and the
+mixed run").
 
 Nodes (kwok, ``gpushare.io/gpu-inventory``): 8 with four 16 GiB GPUs counted in GiB and 8 with
 four 24,576 MiB GPUs counted in MiB. Pods (``gpushare.testing.outcome2d.dialect_workload``,

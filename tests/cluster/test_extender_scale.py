@@ -1,5 +1,5 @@
 """300 GPU-sharing pods on 30 kwok nodes through kube-scheduler and the live extender, with the
-extender stopped and restarted (fresh state) in the middle: issue 4, item 7.
+extender stopped and restarted (fresh state) in the middle.
 
 Nodes: 10 with eight 16 GiB GPUs and 20 with four 24 GiB GPUs (unit GiB, 3,200 GiB in all).
 Pods (seeded, so every run asks the same): one container of 1–24 GiB, two or three containers

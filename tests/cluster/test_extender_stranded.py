@@ -1,6 +1,6 @@
 """kube-scheduler v1.37.1 does not retry a pod asking an ``ignoredByScheduler`` resource when a
-node grows, and the extender says so on the pod (docs/interfaces.md, Pitfalls: 31; issue 26:
-the soak of 768da2d, where two HAMi pods created in the second after a kubelet restart waited).
+node grows, and the extender says so on the pod (docs/interfaces.md, Pitfalls: 31: found
+by a soak, where two HAMi pods created in the second after a kubelet restart waited).
 
 On a kwok node of two GPUs advertising ``nvidia.com/gpu: 0`` (a kubelet restarted, the device
 plugin not registered again yet), a HAMi share (``nvidia.com/gpumem``, not advertised) and a
@@ -105,7 +105,7 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         yield Stack(kube, run, run, int(node.status.allocatable[HAMI_GPU]))
 
 
-def test_kube_scheduler_does_not_retry_an_ignored_resource_pod_as_a_node_grows_and_it_is_said_issue26(  # noqa: E501
+def test_kube_scheduler_does_not_retry_an_ignored_resource_pod_as_a_node_grows_and_it_is_said(
     stack: Stack,
 ) -> None:
     stack.advertise_gpus(0)

@@ -169,7 +169,7 @@ def test_detail_shows_the_pod(cluster: Cluster) -> None:
     assert BIG in output
     assert SMALL in output
     pods = [line.split() for line in output.splitlines() if line.startswith(POD)]
-    assert pods == [[POD, NAMESPACE, "0", "1", "0", "0", "assumed"]], output
+    assert pods == [[POD, NAMESPACE, "0", "1", "0", "0", "starting"]], output
     assert "UNHEALTHY:  GPU6" in output
     assert "Allocated/Total GPU Memory In Cluster:  1/165 (0%)" in output
     assert f"{NAMESPACE}/{PENDING}  asks 30" in output

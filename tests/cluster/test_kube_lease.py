@@ -186,7 +186,7 @@ def test_a_holder_that_cannot_renew_stops_deciding_before_anyone_acquires(
 
 def test_a_clean_release_hands_over_at_the_next_retry_not_at_expiry(kubeconfig: Path) -> None:
     """With a 120 s lease, a takeover within the 30 s waited for can only come from the
-    release (issue 26, item 7: no wall-clock bound; the takeover time is printed)."""
+    release (no wall-clock bound; the takeover time is printed)."""
     slow = {"lease_duration_s": 120.0, "renew_deadline_s": 60.0, "retry_period_s": 0.25}
 
     async def scenario() -> None:

@@ -122,7 +122,7 @@ DEEP = "nodes: " + "[" * 5000 + "]" * 5000 + "\n"
 def test_a_watch_refuses_an_alias_bomb_and_deep_nesting_and_applies_the_next_good_config(
     control_plane: ControlPlane, kube: Client
 ) -> None:
-    """Issue 26, items 2 and 3: a 623-byte alias bomb and a document nested 5,000 deep are
+    """A 623-byte alias bomb and a document nested 5,000 deep are
     each refused with a line that names the problem (nothing expanded: the message is short),
     and the watch lives on: a valid configuration after them is applied."""
     node = f"nc-attack-{next(_names)}-{int(time.time())}"

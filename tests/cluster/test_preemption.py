@@ -1,4 +1,5 @@
-"""GPU-aware preemption on the real control plane (issue 25): kube-scheduler v1.37.1 with its
+"""GPU-aware preemption on the real control plane (docs/usage.md, "Priorities and
+preemption"): kube-scheduler v1.37.1 with its
 DefaultPreemption, two ``gpushare extender`` processes with leader election behind a Service
 stand-in, the chart's extender entry (``preemptVerb: preempt``), kwok nodes of two 16 GiB GPUs,
 PriorityClasses low = 100, mid = 500, high = 1000.
@@ -6,8 +7,8 @@ PriorityClasses low = 100, mid = 500, high = 1000.
 Each case seeds low-priority pods where it says (``gpushare.testing.preemption``: they linger
 while terminating, so every eviction is seen), sends a high-priority pod through kube-scheduler
 and judges from the pods alone: which pods were evicted, where the preemptor is bound (its
-``gpushare.io/allocation``), that nothing went over capacity. The right outcome of issue 25's
-table, case by case:
+``gpushare.io/allocation``), that nothing went over capacity. The right outcome of the table of
+docs/usage.md, "What kube-scheduler does without gpushare's preemption", case by case:
 
 =====  ==================================================  ====  ===============================
 case   before (GPU0 / GPU1)                                asks  right outcome
@@ -144,7 +145,8 @@ def gpu_of(c: Case, pods: set[str]) -> set[tuple[str, tuple[int, ...]]]:
 
 @contextlib.contextmanager
 def issue_case(stack: Stack, scenario: Scenario) -> Iterator[Case]:
-    """Issue 25's case ``scenario`` (``gpushare.testing.preemption.ISSUE_CASES``), seeded."""
+    """The documented case ``scenario`` (``gpushare.testing.preemption.ISSUE_CASES``: the table
+    of docs/usage.md, "What kube-scheduler does without gpushare's preemption"), seeded."""
     namespace = "pre-case" + scenario.name.replace("'", "p")
     with Case(stack.kube, namespace, scenario.nodes, SCHEDULER) as c:
         c.seed_waves(scenario.waves)

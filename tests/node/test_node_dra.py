@@ -1,4 +1,4 @@
-"""Claim pods on the real node (issue 29, item 5; docs/dra.md): kubelet v1.37.1 and containerd
+"""Claim pods on the real node (docs/dra.md, "On a real node"): kubelet v1.37.1 and containerd
 2.x (CDI) with ``gpushare dra-driver --fake-gpus 2x16GiB:T4`` as a process on the node (its
 sockets in kubelet's plugin directories, its CDI specs where containerd reads them), the
 default kube-scheduler allocating. Every started container's environment, read back through

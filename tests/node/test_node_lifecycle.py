@@ -146,7 +146,7 @@ def test_reboot_with_kubelet_up_first_fails_gpu_pods_and_the_owned_one_is_replac
     gpu_stack.check_ledger(kube)
 
 
-def test_after_a_power_cut_containerd_answers_cri_before_kubelet_is_started_issue26(
+def test_after_a_power_cut_containerd_answers_cri_before_kubelet_is_started(
     gpu_stack: GpuStack, kube: Client, namespace: str
 ) -> None:
     """containerd serves its socket before its CRI plugin has recovered the sandboxes it knows;
@@ -167,7 +167,7 @@ def test_after_a_power_cut_containerd_answers_cri_before_kubelet_is_started_issu
     gpu_stack.wait_capacity()
 
 
-def test_a_node_a_failed_test_left_stopped_is_started_again_for_the_next_issue26(
+def test_a_node_a_failed_test_left_stopped_is_started_again_for_the_next_test(
     gpu_stack: GpuStack, kube: Client, namespace: str
 ) -> None:
     """A test that fails between a power cut and kubelet's start leaves the session's node

@@ -1,4 +1,4 @@
-"""Every dialect at once on a real node (issue 14, item 7): Alibaba shares, a
+"""Every dialect at once on a real node (docs/compute.md): Alibaba shares, a
 ``gpushare.io/exclusive`` pod asking less ``gpu-mem`` than a GPU, gpu-manager and HAMi shares,
 gpu-manager's whole GPU, all created in one burst on the node of two fake 16 GiB GPUs
 (``gpu_stack``: the real kube-scheduler, ``gpushare extender``, the real kubelet and

@@ -25,6 +25,10 @@ service account. Every failure is one line on stderr (``Error: ...``) and exit s
   found``. A NODE that exists but is not a GPU-share node is shown, with the reason.
 
 ``-n NS`` reads only that namespace's pods, so the usage shown counts only those pods.
+``--pod NAMESPACE/NAME`` shows one GPU pod (``gpushare.inspect.render.render_pod``): its GPUs
+and why it went there (its ``gpushare.io/placement`` annotation, the extender's explanation at
+bind), why it waits, or that it bypassed gpushare; a name that is not ``NAMESPACE/NAME`` is a
+usage error, a pod not among those asking GPU memory ``pod NS/NAME not found ...``.
 ``--preemption-holds NAMESPACE/NAME`` is the extender's holds ConfigMap (GPUs kept for
 preemptors; docs/usage.md, "Priorities and preemption"); when it cannot be read the report says
 so among its problems and goes on without holds.
@@ -46,10 +50,17 @@ import click
 
 from gpushare.cli.inspectweb import DEFAULT_WEB_PORT, ReportError, serve_gpu_map
 from gpushare.inspect.gcpause import gc_paused
-from gpushare.inspect.render import render_detail, render_summary, report_json
+from gpushare.inspect.render import render_detail, render_pod, render_summary, report_json
 from gpushare.inspect.report import Report, Snapshot, build_report
 from gpushare.kube.client import ConfigError, KubeconfigError, connect
-from gpushare.kube.codec import GPUSHARE_LABEL, object_name
+from gpushare.kube.codec import (
+    GPUSHARE_LABEL,
+    PLACEMENT,
+    object_name,
+    object_namespace,
+    pod_annotation,
+    pod_node_name,
+)
 from gpushare.kube.codec.preemption import holds_of
 from gpushare.kube.errors import ApiCallError, Failure, KubeError
 from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
@@ -252,6 +263,13 @@ def _no_gpushare_nodes(problems: tuple[str, ...]) -> InspectError:
     "<release namespace>/<fullname>-preemption-holds).",
 )
 @click.option(
+    "--pod",
+    "pod_ref",
+    metavar="NAMESPACE/NAME",
+    help="One GPU pod: its node and GPUs and why it went there (the policy and the best "
+    "nodes' scores the extender recorded at bind), why it waits, or that it bypassed gpushare.",
+)
+@click.option(
     "--web",
     is_flag=True,
     help="Serve the GPU map, a live page of the same report, on 127.0.0.1 (open the printed "
@@ -274,6 +292,7 @@ def inspect(
     namespace: str | None,
     timeout_s: float,
     holds_ref: str,
+    pod_ref: str | None,
     web: bool,
     web_port: int,
 ) -> None:
@@ -300,7 +319,11 @@ def inspect(
 
         serve_gpu_map(read_report, web_port)
         return
+    pod_key = _pod_key(pod_ref) if pod_ref is not None else None
     objects = asyncio.run(_read(source, context, namespace, timeout_s, holds_configmap))
+    if pod_key is not None:
+        click.echo(_one_pod(objects, pod_key, output).rstrip("\n"))
+        return
     with gc_paused():
         report = _report(objects, node, pod_rows=details or output == "json")
         try:
@@ -313,7 +336,47 @@ def inspect(
     click.echo(text)
 
 
-def _report(objects: ClusterObjects, node: str | None, *, pod_rows: bool) -> Report:
+def _pod_key(ref: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` of ``--pod``; ``click.BadParameter`` otherwise."""
+    namespace, _, name = ref.partition("/")
+    if not namespace or not name or "/" in name:
+        raise click.BadParameter(
+            f"{ref!r} is not NAMESPACE/NAME (e.g. team-a/train-0)", param_hint="--pod"
+        )
+    return namespace, name
+
+
+def _one_pod(objects: ClusterObjects, key: tuple[str, str], output: str) -> str:
+    """The ``--pod`` view of pod ``key`` (``render_pod``, or its JSON); ``InspectError`` when
+    no pod asking GPU memory has that name."""
+    found = [obj for obj in objects.pods if (object_namespace(obj), object_name(obj)) == key]
+    if not found:
+        raise InspectError(f"pod {key[0]}/{key[1]} not found among the pods asking GPU memory")
+    obj = found[0]
+    placement = pod_annotation(obj, PLACEMENT) or ""
+    report = _report(objects, pod_node_name(obj) or None, pod_rows=True, require_gpushare=False)
+    try:
+        text = render_pod(report, *key, placement)
+    except KeyError:
+        raise InspectError(f"pod {key[0]}/{key[1]} holds no GPU and is not pending") from None
+    if output == "table":
+        return text
+    bypassed = [p.describe() for p in report.bypassed if (p.namespace, p.name) == key]
+    pending = [p.reason for p in report.pending if (p.namespace, p.name) == key]
+    data = {
+        "namespace": key[0],
+        "name": key[1],
+        "node": pod_node_name(obj) or None,
+        "placement": placement or None,
+        "pending": pending[0] if pending else None,
+        "bypassed": bypassed[0] if bypassed else None,
+    }
+    return json.dumps(data, indent=2)
+
+
+def _report(
+    objects: ClusterObjects, node: str | None, *, pod_rows: bool, require_gpushare: bool = True
+) -> Report:
     """The report of ``objects`` (``node``: only that node; ``pod_rows``: with each node's
     pods, which the summary table does not show). ``InspectError`` for an unknown node, no
     GPU-share node, or a bug (one line, never a traceback)."""
@@ -328,7 +391,7 @@ def _report(objects: ClusterObjects, node: str | None, *, pod_rows: bool) -> Rep
             report = dataclasses.replace(report, problems=(*report.problems, *notes))
     except Exception as error:  # a bug, not the cluster: still one line, never a traceback
         raise _bug(error) from error
-    if node is None and not any(n.gpushare for n in report.nodes):
+    if require_gpushare and node is None and not any(n.gpushare for n in report.nodes):
         raise _no_gpushare_nodes(report.problems)
     return report
 

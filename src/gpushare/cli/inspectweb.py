@@ -4,11 +4,12 @@ A starlette app on 127.0.0.1 only (never another address: it shows what the user
 may read, to whoever reaches the port), run by uvicorn until Ctrl-C:
 
 * ``GET /`` — the page (``gpushare/inspect/gpumap.html``): each node's GPUs as bars of memory
-  (and compute) by pod, assumed allocations striped, holds for preemptors hatched, unhealthy GPUs
-  and whole-GPU holders flagged in words; the pending GPU pods with why they wait; preemption
-  holds; problems. Each GPU is a focusable group whose label says all of it in words, so the
-  page works by keyboard and with a screen reader, and reads without colour. It refreshes every
-  2 s and says when the cluster could not be read (keeping the last view).
+  (and compute) by pod, starting pods (bound, not yet started by the device plugin) striped and
+  named so, holds for preemptors hatched, unhealthy GPUs and whole-GPU holders flagged in words;
+  the pending GPU pods with why they wait; preemption holds; problems. Each GPU is a focusable
+  group whose label says all of it in words, so the page works by keyboard and with a screen
+  reader, and reads without colour. It refreshes every 2 s and says when the cluster could not
+  be read (keeping the last view).
 * ``GET /report.json`` — the report of ``kubectl inspect gpushare -o json``
   (``gpushare.inspect.render.report_json``), read anew from the API server through the user's
   kubeconfig at each call; 503 with ``{"error": "<the one-line message>"}`` when it cannot be.

@@ -263,9 +263,10 @@ def simulate(
         },
         references,
     )
+    from gpushare.extender.scoring import DEFAULT_POLICY  # noqa: PLC0415 (only when plotting)
     from gpushare.sim.plot import plot_results  # noqa: PLC0415 (matplotlib: only when plotting)
 
-    plot_results(out_dir / "unallocated.png", results, label, references)
+    plot_results(out_dir / "unallocated.png", results, label, references, DEFAULT_POLICY)
     console.print(
         f"wrote {out_dir / 'results.json'} and {out_dir / 'unallocated.png'} "
         f"in {time.perf_counter() - started:.1f} s"

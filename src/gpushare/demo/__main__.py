@@ -1,10 +1,12 @@
 """``python -m gpushare.demo up|down|status`` (``make demo``): a local GPU-sharing cluster.
 
 * ``up`` starts the demo cluster (``gpushare.demo.cluster``) in the background, showing its
-  progress; applies the examples (``examples/*.yaml``); waits until each example pod is placed
-  or refused; prints where they went, why the others wait, and ``kubectl inspect gpushare -d``;
-  and leaves the cluster running with a kubeconfig to play with. A second ``up`` finds it
-  running and only shows it.
+  progress; applies the examples (``examples/*.yaml``; those in gpu-manager's and HAMi's request
+  dialects only with ``--dialects``, which the chart's defaults do not serve either); waits
+  until each example pod is placed or refused; prints where they went, why the others wait,
+  and ``kubectl inspect gpushare -d``; and leaves the cluster running with a kubeconfig to play
+  with, printing the commands to use it as they run from a fresh shell (``.venv/bin/...``, the
+  kubectl binary's full path). A second ``up`` finds it running and only shows it.
 * ``status`` shows whether it runs, its kubeconfig and ``kubectl inspect gpushare``.
 * ``down`` stops it (SIGTERM; every component stops, nothing is left behind).
 
@@ -26,8 +28,9 @@ from typing import Any
 import click
 
 from gpushare.core.policies import policy_names
-from gpushare.demo.cluster import DEFAULT_POLICY, read_state, serve
+from gpushare.demo.cluster import DEFAULT_POLICY, KUBECONFIG, read_state, serve
 from gpushare.demo.examples import (
+    DIALECT_EXAMPLES,
     apply_examples,
     describe,
     files_of,
@@ -74,31 +77,45 @@ real_node_option = click.option(
 )
 
 
+dialects_option = click.option(
+    "--dialects",
+    is_flag=True,
+    help="Also serve the request dialects of gpu-manager and HAMi and apply their examples, as "
+    "the chart does with devicePlugin.dialects and scheduler.dialectResources set (off by "
+    "default, as in the chart: docs/compute.md).",
+)
+
+
 @demo.command()
 @dir_option
 @policy_option
 @real_node_option
-def up(directory: Path | None, policy: str, real_node: bool) -> None:
+@dialects_option
+def up(directory: Path | None, policy: str, real_node: bool, dialects: bool) -> None:
     """Start the demo cluster, apply the examples, show where they went."""
     folder = _directory(directory)
     state = read_state(folder)
     if state is None:
-        state = _start(folder, policy, real_node)
+        state = _start(folder, policy, real_node, dialects)
     else:
         click.echo(f"The demo runs already (PID {state['pid']}).")
-        if real_node and not state.get("real_node"):
-            raise click.ClickException(
-                "the running demo has no real node; stop it (make demo-down) and start it "
-                "again with --real-node"
-            )
+        asked = {"real_node": real_node, "dialects": dialects}
+        for flag, key, what in (("--real-node", "real_node", "no real node"),
+                                ("--dialects", "dialects", "the dialects off")):  # fmt: skip
+            if asked[key] and not state.get(key):
+                raise click.ClickException(
+                    f"the running demo has {what}; stop it (make demo-down) and start it "
+                    f"again with {flag}"
+                )
     from lightkube import Client, KubeConfig  # noqa: PLC0415 (after the cluster is up)
     from lightkube.core.exceptions import ApiError  # noqa: PLC0415
 
     config = KubeConfig.from_file(state["kubeconfig"])
     with Client(config, field_manager="gpushare-demo") as kube:
-        click.echo(f"Applying {', '.join(files_of())}, one at a time ...")
+        files = files_of(dialects=bool(state.get("dialects")))
+        click.echo(f"Applying {', '.join(files)}, one at a time ...")
         try:
-            created, settled = apply_examples(kube)
+            created, settled = apply_examples(kube, files)
         except ApiError as error:
             raise click.ClickException(f"applying the examples failed: {error}") from None
         click.echo(f"Created {len(created)} objects.")
@@ -106,11 +123,35 @@ def up(directory: Path | None, policy: str, real_node: bool) -> None:
             click.echo("Some example pods were neither placed nor refused within 120 s.")
         click.echo("\nThe example pods:")
         click.echo(describe(outcome(kube)))
+        if not state.get("dialects"):
+            click.echo(_dialects_off())
         if state.get("real_node"):
             _run_on_real_node(kube)
-        click.echo("\n$ kubectl inspect gpushare -d")
-        click.echo(_inspect(state, "-d"))
+        click.echo(f"\n$ {_script('gpushare')} inspect -d     # kubectl inspect gpushare -d")
+        detail = _inspect(state, "-d")
+        click.echo(detail)
+        if "STATE" in detail:
+            click.echo(_STATES)
     _next_steps(state)
+
+
+def _dialects_off() -> str:
+    """Why the dialect examples were left out, and how to see them placed."""
+    return (
+        f"\n{' and '.join(DIALECT_EXAMPLES)} were left out: their pods ask the request dialects "
+        "of gpu-manager and HAMi,\nwhich the chart serves only when told to "
+        "(devicePlugin.dialects, scheduler.dialectResources;\ndocs/compute.md), and this demo "
+        "runs the chart's defaults. To see them placed: make demo-down, then\n"
+        f"  {_script('python')} -m gpushare.demo up --dialects"
+    )
+
+
+_STATES = (
+    "STATE (shown while a pod on the node is not yet assigned): assigned, the device plugin has "
+    "given its\ncontainers their GPUs; starting, bound with its GPUs chosen, the device plugin "
+    "not done yet;\nunplaced, bound without an allocation. The kwok nodes have no device plugin: "
+    'the demo records their\npods as started the way it does (docs/inspect.md, "Reading -d").'
+)
 
 
 def _run_on_real_node(kube: Any) -> None:
@@ -131,7 +172,7 @@ def _run_on_real_node(kube: Any) -> None:
         raise click.ClickException(f"on the real node: {error}") from None
 
 
-def _start(folder: Path, policy: str, real_node: bool) -> dict[str, Any]:
+def _start(folder: Path, policy: str, real_node: bool, dialects: bool) -> dict[str, Any]:
     """Start ``serve`` detached and follow its log until it is ready (or fails)."""
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "demo.log"
@@ -139,7 +180,8 @@ def _start(folder: Path, policy: str, real_node: bool) -> dict[str, Any]:
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [*SERVE, "--dir", str(folder), "--policy", policy]
-            + (["--real-node"] if real_node else []),
+            + (["--real-node"] if real_node else [])
+            + (["--dialects"] if dialects else []),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -182,16 +224,42 @@ def _inspect(state: dict[str, Any], *args: str) -> str:
     return (result.stdout or result.stderr).rstrip()
 
 
+def _script(name: str) -> str:
+    """The console script ``name`` of this interpreter's environment as a command that runs
+    from a fresh shell in the current directory (``.venv/bin/gpushare`` from the repository):
+    relative when it lies below the current directory, else absolute; ``name`` alone when this
+    environment has no such script."""
+    path = Path(sys.executable).parent / name
+    if not path.is_file():
+        return name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def _next_steps(state: dict[str, Any]) -> None:
+    """The commands to use the running cluster, each as it runs from a fresh shell in the
+    repository (no PATH change needed): the kubectl it was built with and this environment's
+    console scripts by their paths, ``--dir`` when the demo's folder is not the default."""
     kubectl = state.get("kubectl", "kubectl")
+    gpushare = _script("gpushare")
+    python = _script("python")
+    folder = Path(state["kubeconfig"]).parent
+    where = "" if folder == DEFAULT_DIR.resolve() else f" --dir {folder}"
+    stop = "make demo-down" if not where else f"{python} -m gpushare.demo down{where}"
+    folders = [Path(kubectl).parent.resolve(), Path(sys.executable).parent.resolve()]
+    tools = os.pathsep.join(dict.fromkeys(map(str, folders)))
     click.echo(
-        "\nThe cluster keeps running. To use it:\n"
+        "\nThe cluster keeps running. To use it, from a shell in this directory:\n"
         f"  export KUBECONFIG={state['kubeconfig']}\n"
         f"  {kubectl} get pods -A -o wide\n"
-        "  .venv/bin/gpushare inspect -d                  # kubectl inspect gpushare -d\n"
-        "  .venv/bin/gpushare inspect --web               # the GPU map on http://127.0.0.1:8089/\n"
+        f"  {gpushare} inspect -d        # what kubectl inspect gpushare -d prints\n"
+        f"  {gpushare} inspect --web     # the GPU map on http://127.0.0.1:8089/\n"
+        f"  {python} -m gpushare.demo status{where}\n"
+        f'  export PATH="{tools}:$PATH"   # then plain kubectl and kubectl inspect gpushare\n'
         "  pods with schedulerName: gpushare-scheduler go through the extender\n"
-        "Stop it with: make demo-down"
+        f"Stop it with: {stop}"
     )
 
 
@@ -213,10 +281,12 @@ def status(directory: Path | None) -> None:
 @demo.command()
 @dir_option
 def down(directory: Path | None) -> None:
-    """Stop the demo cluster."""
+    """Stop the demo cluster and remove its kubeconfig (left over from a demo that died too;
+    its certificates are gone with the control plane)."""
     folder = _directory(directory)
     state = read_state(folder)
     if state is None:
+        _remove_kubeconfig(folder)
         click.echo("The demo is not running.")
         return
     pid = int(state["pid"])
@@ -226,16 +296,26 @@ def down(directory: Path | None) -> None:
         time.sleep(0.5)
     if read_state(folder) is not None:
         raise click.ClickException(f"the demo (PID {pid}) did not stop within 60 s")
+    _remove_kubeconfig(folder)
     click.echo("The demo cluster stopped.")
+
+
+def _remove_kubeconfig(folder: Path) -> None:
+    """Remove the demo's kubeconfig in ``folder``, saying so when there was one."""
+    path = folder / KUBECONFIG
+    if path.is_file():
+        path.unlink()
+        click.echo(f"Removed {path} (its cluster is gone).")
 
 
 @demo.command(hidden=True)
 @dir_option
 @policy_option
 @real_node_option
-def serve_command(directory: Path | None, policy: str, real_node: bool) -> None:
+@dialects_option
+def serve_command(directory: Path | None, policy: str, real_node: bool, dialects: bool) -> None:
     """Run the demo cluster in the foreground (what ``up`` starts in the background)."""
-    serve(_directory(directory), policy, real_node=real_node)
+    serve(_directory(directory), policy, real_node=real_node, dialects=dialects)
 
 
 serve_command.name = "serve"

@@ -6,22 +6,31 @@ background until ``gpushare demo down``.
 * the test control plane (``gpushare.testing.controlplane.ControlPlane``): etcd,
   kube-apiserver, kube-controller-manager (Deployments, ReplicaSets, ServiceAccounts), the
   default kube-scheduler and kwok (the kubelet stand-in that runs the pods of fake nodes);
-* kwok GPU nodes (:data:`NODES`): GPUs of four models and sizes, in GiB, each advertising the
-  gpu-manager and HAMi resources too (``--dialects tencent,hami``, split count 10), as a device
-  plugin with those dialects would;
+* kwok GPU nodes (:data:`NODES`): GPUs of four models and sizes, in GiB; with ``dialects``
+  (``up --dialects``) each advertises the gpu-manager and HAMi resources too, as a device plugin
+  with ``--dialects tencent,hami`` (split count 10) would. Without it the demo is the chart with
+  its defaults, which serve no dialect (docs/compute.md, "What an operator configures");
+* the device plugin's handshake record for the kwok nodes
+  (``gpushare.testing.kwokstart.KwokDevicePlugin``): kwok starts pods without kubelet's
+  Allocate, so this marks each bound GPU pod started (``ALIYUN_COM_GPU_MEM_ASSIGNED: "true"``) as
+  the device plugin does once it has answered its containers; ``kubectl inspect gpushare`` then
+  shows them ``assigned`` rather than ``starting`` for ever;
 * ``gpushare extender`` as its own process on the admin kubeconfig (``--policy``, default
-  :data:`DEFAULT_POLICY`), ``--handshake-timeout 0``
-  (no device plugin starts the pods of kwok nodes: docs/extender.md, "The handshake rule");
+  :data:`DEFAULT_POLICY`), ``--handshake-timeout 0`` (no kubelet admits the pods of kwok nodes,
+  so there is no Allocate order to protect: docs/deviceplugin.md, "The handshake");
 * a second kube-scheduler, ``gpushare-scheduler``, wired to the extender as the chart's second
-  scheduler is (filter, prioritize, bind and preempt; ``aliyun.com/gpu-mem`` and the dialects'
-  resources managed; ``gpushare.testing.controlplane.gpushare_extender``);
+  scheduler is (filter, prioritize, bind and preempt; ``aliyun.com/gpu-mem`` managed, and the
+  dialects' resources with ``dialects`` as the chart's ``scheduler.dialectResources`` lists
+  them; ``gpushare.testing.controlplane.gpushare_extender``);
 * with ``real_node`` (``up --real-node``), a real kubelet + containerd node with
   ``gpushare device-plugin`` over fake GPUs (``gpushare.demo.realnode``); the control plane then
   listens on the node host's bridge address, as the real-node tests run it.
 
 It then writes ``state.json`` in its folder (its PID, the kubeconfig, the extender's URL, the
-kubectl it was built with) and waits for SIGTERM or SIGINT, when it stops everything and
-removes the file. Everything it logs goes to ``demo.log`` and the components' logs to ``logs/``.
+kubectl it was built with, whether the dialects are on) and waits for SIGTERM or SIGINT, when
+it stops everything and removes the file and the kubeconfig (:data:`KUBECONFIG`), whose
+certificates are gone with the control plane. Everything it logs goes to ``demo.log`` and the
+components' logs to ``logs/``.
 """
 
 from __future__ import annotations
@@ -51,13 +60,26 @@ from gpushare.testing.controlplane import (
     http_ok,
     wait_until,
 )
+from gpushare.testing.kwokstart import KwokDevicePlugin
 from gpushare.testing.node import NodeHost, check_prerequisites
 from gpushare.testing.nodes import FakeGpu, create_nodes, gpu_node
 
-__all__ = ["DEFAULT_POLICY", "NODES", "SCHEDULER_NAME", "DemoNode", "read_state", "serve"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "DIALECTS",
+    "KUBECONFIG",
+    "NODES",
+    "SCHEDULER_NAME",
+    "DemoNode",
+    "read_state",
+    "serve",
+]
 
 SCHEDULER_NAME = "gpushare-scheduler"
 STATE = "state.json"
+KUBECONFIG = "kubeconfig"
+"""The demo's admin kubeconfig in its folder: written once the cluster is up, removed when it
+stops (its certificates go with the control plane, so a kept file would only fail)."""
 DEFAULT_POLICY = "binpack"
 """The demo's placement policy: the examples land as docs/usage.md describes them (the binpack
 demo on one GPU, the notebooks on one card); ``--policy fgd-spare`` shows the default."""
@@ -81,6 +103,9 @@ NODES = (
 )
 """The demo's GPU nodes (models as the device plugin publishes them: spaces as dashes)."""
 
+DIALECTS = ("tencent", "hami")
+"""The request dialects ``up --dialects`` serves: the chart's ``devicePlugin.dialects``."""
+
 
 def _log(message: str) -> None:
     print(f"[demo] {time.strftime('%H:%M:%S')} {message}", flush=True)
@@ -98,22 +123,32 @@ def read_state(directory: Path) -> dict[str, Any] | None:
     return state
 
 
-def serve(directory: Path, policy: str = DEFAULT_POLICY, *, real_node: bool = False) -> None:
-    """Run the demo cluster (module doc) with the extender's ``policy``, and a real node when
-    ``real_node``, until SIGTERM or SIGINT."""
+def serve(
+    directory: Path,
+    policy: str = DEFAULT_POLICY,
+    *,
+    real_node: bool = False,
+    dialects: bool = False,
+) -> None:
+    """Run the demo cluster (module doc) with the extender's ``policy``, a real node when
+    ``real_node`` and the request dialects served when ``dialects``, until SIGTERM or
+    SIGINT."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     directory.mkdir(parents=True, exist_ok=True)
     (directory / STATE).unlink(missing_ok=True)
     try:
-        _run(directory, stop, policy, real_node)
+        _run(directory, stop, policy, real_node, dialects)
     finally:
         (directory / STATE).unlink(missing_ok=True)
+        (directory / KUBECONFIG).unlink(missing_ok=True)
     _log("stopped")
 
 
-def _run(directory: Path, stop: threading.Event, policy: str, real_node: bool) -> None:
+def _run(
+    directory: Path, stop: threading.Event, policy: str, real_node: bool, dialects: bool
+) -> None:
     logs = directory / "logs"
     with contextlib.ExitStack() as stack:
         binaries = Binaries.locate()
@@ -137,7 +172,9 @@ def _run(directory: Path, stop: threading.Event, policy: str, real_node: bool) -
             lambda: bool(list(kube.list(ServiceAccount, namespace="default"))),
             60,
         )
-        _log(f"creating {len(NODES)} kwok GPU nodes")
+        served = DIALECTS if dialects else ()
+        _log(f"creating {len(NODES)} kwok GPU nodes"
+             + (f" serving the dialects {', '.join(served)}" if served else ""))  # fmt: skip
         create_nodes(
             kube,
             [
@@ -145,13 +182,15 @@ def _run(directory: Path, stop: threading.Event, policy: str, real_node: bool) -
                     node.name,
                     [FakeGpu(i, node.memory_gib, node.model) for i in range(node.count)],
                     unit=MemoryUnit.GIB,
-                    dialects=("tencent", "hami"),
+                    dialects=served,
                     split_count=10,
                     labels={"nvidia.com/gpu.product": node.model},  # as GPU feature discovery
                 )
                 for node in NODES
             ],
         )
+        _log("recording the kwok nodes' GPU pods as started, as their device plugin would")
+        stack.enter_context(KwokDevicePlugin(kube, [node.name for node in NODES]))
         (port,) = free_ports(1)
         extender_url = f"http://127.0.0.1:{port}"
         argv = gpushare_argv(
@@ -166,7 +205,7 @@ def _run(directory: Path, stop: threading.Event, policy: str, real_node: bool) -
             processes=[extender],
         )  # fmt: skip
         _log(f"starting the second kube-scheduler {SCHEDULER_NAME!r} wired to the extender")
-        entry = gpushare_extender(f"{extender_url}/gpushare-scheduler", dialects=True)
+        entry = gpushare_extender(f"{extender_url}/gpushare-scheduler", dialects=dialects)
         stack.enter_context(
             plane.scheduler(
                 SCHEDULER_NAME, profiles=[{"schedulerName": SCHEDULER_NAME}], extenders=[entry]
@@ -178,7 +217,7 @@ def _run(directory: Path, stop: threading.Event, policy: str, real_node: bool) -
                  f"gpushare device-plugin --fake-gpus {REAL_GPUS}")  # fmt: skip
             start_real_node(stack, host, plane, logs)
             nodes.append(REAL_NODE)
-        kubeconfig = directory / "kubeconfig"
+        kubeconfig = directory / KUBECONFIG
         shutil.copyfile(plane.kubeconfig, kubeconfig)
         state = {
             "pid": os.getpid(),
@@ -187,6 +226,7 @@ def _run(directory: Path, stop: threading.Event, policy: str, real_node: bool) -
             "kubectl": str(binaries.path("kubectl")),
             "nodes": nodes,
             "real_node": host is not None,
+            "dialects": dialects,
             "policy": policy,
             "started": time.time(),
         }

@@ -22,7 +22,15 @@ from lightkube.resources.core_v1 import Event, Pod
 from gpushare.kube.codec import CodecError, pod_allocation
 from gpushare.testing.controlplane import REPO_ROOT
 
-__all__ = ["EXAMPLES", "Placed", "apply_examples", "outcome", "wait_settled"]
+__all__ = [
+    "DIALECT_EXAMPLES",
+    "EXAMPLES",
+    "Placed",
+    "apply_examples",
+    "files_of",
+    "outcome",
+    "wait_settled",
+]
 
 EXAMPLES = REPO_ROOT / "examples"
 ORDER = (
@@ -33,6 +41,10 @@ ORDER = (
     "whole-gpu.yaml",
     "never-fits.yaml",
 )
+DIALECT_EXAMPLES = ("gpu-manager.yaml", "hami.yaml")
+"""The examples written in gpu-manager's and HAMi's request dialects: applied only when the demo
+serves the dialects (``up --dialects``), as the chart does only with ``devicePlugin.dialects``
+and ``scheduler.dialectResources`` set (docs/compute.md, "What an operator configures")."""
 NAMESPACES = ("default", "notebooks")
 
 
@@ -160,6 +172,8 @@ def describe(placed: Sequence[Placed]) -> str:
     return "\n".join(lines)
 
 
-def files_of(directory: Path = EXAMPLES) -> list[str]:
-    """The example files the demo applies, in order."""
-    return [name for name in ORDER if (directory / name).is_file()]
+def files_of(directory: Path = EXAMPLES, *, dialects: bool = True) -> list[str]:
+    """The example files the demo applies, in order; without ``dialects`` the
+    :data:`DIALECT_EXAMPLES` are left out."""
+    left_out = () if dialects else DIALECT_EXAMPLES
+    return [name for name in ORDER if name not in left_out and (directory / name).is_file()]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from gpushare.core.ask import PodAsk
+from gpushare.core.explain import Placement, placement_message
 from gpushare.core.fit import Reason
 from gpushare.core.handshake import PinStatus, forced_fit, handshake_verdict
 from gpushare.core.model import Allocation, PodRequest
@@ -25,6 +26,7 @@ from gpushare.extender.preemption import Preemptor
 from gpushare.extender.state import ExtenderState
 from gpushare.extender.wire import ExtenderBindingArgs, ExtenderBindingResult
 from gpushare.kube.codec import (
+    PLACEMENT,
     CodecError,
     NodeInfo,
     allocation_annotations,
@@ -67,6 +69,42 @@ class PodLocks:
         return len(self._locks)
 
 
+PLACEMENTS_KEPT = 1024
+"""Pods whose filter and prioritize answers are kept for their bind (``Placements``)."""
+
+
+class Placements:
+    """What filter and prioritize answered for each pod, kept for its bind's explanation
+    (``gpushare.core.explain``): per-cycle scratch state, keyed by pod ``namespace/name``, a
+    new cycle's filter replacing the last; at most ``limit`` pods (the oldest dropped first),
+    and a bind takes its pod's out."""
+
+    def __init__(self, limit: int = PLACEMENTS_KEPT) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self._limit = limit
+        self._kept: dict[str, Placement] = {}
+
+    def note(self, key: str, placement: Placement) -> None:
+        """Keep ``placement`` as pod ``key``'s latest answer."""
+        self._kept.pop(key, None)
+        if len(self._kept) >= self._limit:
+            del self._kept[next(iter(self._kept))]
+        self._kept[key] = placement
+
+    def get(self, key: str) -> Placement | None:
+        """Pod ``key``'s latest answer, or ``None``."""
+        return self._kept.get(key)
+
+    def take(self, key: str) -> Placement | None:
+        """Pod ``key``'s latest answer, forgotten (its bind explains it), or ``None``."""
+        return self._kept.pop(key, None)
+
+    def __len__(self) -> int:
+        """Pods kept."""
+        return len(self._kept)
+
+
 class LoopLock:
     """One ``asyncio.Lock`` per running event loop (a lock belongs to the loop it was first
     used on; an app may be served by one loop after another, as in tests)."""
@@ -100,8 +138,10 @@ class BindVerb:
         events: EventSink | None,
         clock_ns: Callable[[], int],
         preemptor: Preemptor | None = None,
+        placements: Placements | None = None,
     ) -> None:
         self._state = state
+        self.placements = placements if placements is not None else Placements()
         self._preemptor = preemptor
         self._policy = policy
         self._binder = binder
@@ -167,10 +207,14 @@ class BindVerb:
         """The bind verb (module doc); the ``Error`` text names what went wrong."""
         key = f"{args.pod_namespace}/{args.pod_name}"
         async with self._pod_locks.hold(key):
-            message, allocation = await self._bind(key, args)
+            message, allocation, explained = await self._bind(key, args)
         if self._events is not None:
             ok = not message
-            text = message or _describe_allocation(key, args.node, allocation, self._state)
+            text = (
+                message
+                or explained
+                or _describe_allocation(key, args.node, allocation, self._state)
+            )
             event = BindEvent(args.pod_namespace, args.pod_name, args.pod_uid, args.node, ok, text)
             try:
                 await self._events.emit(event)
@@ -178,7 +222,11 @@ class BindVerb:
                 log.exception("recording the bind event of pod %s failed", key)
         return ExtenderBindingResult(message)
 
-    async def _bind(self, key: str, args: ExtenderBindingArgs) -> tuple[str, Allocation | None]:
+    async def _bind(
+        self, key: str, args: ExtenderBindingArgs
+    ) -> tuple[str, Allocation | None, str]:
+        """(the error, ``""`` when bound; the allocation; the explanation recorded on the pod,
+        ``""`` when none was written)."""
         # The API server's copy when the watch has brought this incarnation, else the copy of
         # kube-scheduler's filter request (the pod is new): a request body never overrides
         # what the API server says of the pod it names (its request, its priority).
@@ -186,32 +234,40 @@ class BindVerb:
         if pod is None or (args.pod_uid and pod_uid(pod) != args.pod_uid):
             pod = self._state.cluster.pod(key)
         if pod is None:
-            return f"gpushare: pod {key} unknown to the extender (never seen)", None
+            return f"gpushare: pod {key} unknown to the extender (never seen)", None, ""
         if args.pod_uid and pod_uid(pod) and pod_uid(pod) != args.pod_uid:
-            return f"gpushare: pod {key} has UID {pod_uid(pod)}, not {args.pod_uid}", None
+            return f"gpushare: pod {key} has UID {pod_uid(pod)}, not {args.pod_uid}", None, ""
         bound = pod_node_name(pod)
         if bound:
             if bound == args.node:
-                return "", self._state.reservations.allocation(key)
-            return f"gpushare: pod {key} is already bound to node {bound}, not {args.node}", None
+                return "", self._state.reservations.allocation(key), ""
+            return (
+                f"gpushare: pod {key} is already bound to node {bound}, not {args.node}",
+                None,
+                "",
+            )
         try:
             request = pod_request(pod)
         except CodecError as error:
-            return f"gpushare: {error}", None
+            return f"gpushare: {error}", None, ""
         allocation: Allocation | None = None
         annotations: dict[str, str] = {}
+        explained = ""
         if request.gpu_containers:
             if not self._state.cluster.synced:
-                return NOT_SYNCED, None
+                return NOT_SYNCED, None, ""
             now_ns = self._clock_ns()
             async with self._decide.lock():
                 reserved = self._reserve(key, request, args.node, now_ns, pod_priority(pod))
             if isinstance(reserved, str):
-                return reserved, None
+                return reserved, None, ""
             allocation, info = reserved
             annotations = allocation_annotations(
                 allocation, info.node, now_ns=now_ns, unit=info.unit
             )
+            bound_text = _describe_allocation(key, args.node, allocation, self._state)
+            explained = placement_message(bound_text, self.placements.get(key), args.node)
+            annotations[PLACEMENT] = explained
         namespace, name = key.split("/", 1)
         binding = Binding(namespace, name, args.pod_uid or pod_uid(pod), args.node, annotations)
         try:
@@ -226,15 +282,17 @@ class BindVerb:
             return (
                 f"gpushare: binding pod {key} to node {args.node}: outcome unknown: {error!r}",
                 None,
+                "",
             )
         if failure is not None:
             if allocation is not None and self._state.reservations.allocation(key) == allocation:
                 self._state.reservations.release(key)
-            return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None
+            return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None, ""
         self._state.cluster.record_bound(key, args.node, annotations)
         if self._preemptor is not None:
             self._preemptor.bound(key)
-        return "", allocation
+        self.placements.take(key)
+        return "", allocation, explained
 
 
 def _one_line(error: BaseException) -> str:

@@ -14,6 +14,8 @@
   filter refused everywhere once a node's GPU view or holds change;
 * :class:`~gpushare.extender.stranded.StrandedPods`, which says on a pod that kube-scheduler
   will not retry it as nodes grow (docs/interfaces.md, Pitfalls: 31);
+* :class:`~gpushare.extender.bypassed.BypassedPods`, which says on a GPU pod that another
+  scheduler placed without a GPU (``GPUPodBypassedScheduler``) and counts such pods;
 * a uvicorn ``Server`` that serves the app while the cache runs; the HTTP port opens at once
   (health checks answer during the initial list).
 
@@ -65,6 +67,7 @@ from gpushare.extender.apiserver import (
     EventRate,
 )
 from gpushare.extender.app import DEFAULT_PORT, DEFAULT_PREFIX, create_app
+from gpushare.extender.bypassed import BypassedPods
 from gpushare.extender.callers import ClientAuth
 from gpushare.extender.dra import DraScorer
 from gpushare.extender.feed import StateFeeder
@@ -289,6 +292,8 @@ class LiveExtender:
         )
         self.stranded = StrandedPods(self.events, deciding=self._deciding, registry=self.registry)
         self.cache.on_pod(self.stranded.on_pod)
+        self.bypassed = BypassedPods(self.events, deciding=self._deciding, registry=self.registry)
+        self.cache.on_pod(self.bypassed.on_pod)
         self.binder = ApiBinder(PodBinder(client), timeout_s=options.bind_timeout_s)
         self.elector: LeaderElector | None = None
         self.leadership: Leadership | None = None

@@ -27,9 +27,10 @@ gpushare_extender_request_duration_seconds   histogram  verb               handl
 gpushare_gpu_memory_capacity_bytes           gauge      node, gpu, model   the GPU's memory
 gpushare_gpu_memory_allocated_bytes          gauge      node, gpu, model   allocated on the GPU:
                                                                            committed + assumed
-gpushare_gpu_memory_pending_bytes            gauge      node, gpu, model   part of it held by pods
-                                                                           bound, not yet started
-                                                                           by the device plugin
+gpushare_gpu_memory_pending_bytes            gauge      node, gpu, model   part of it held by
+                                                                           starting pods: bound,
+                                                                           not yet started by the
+                                                                           device plugin
 gpushare_gpu_healthy                         gauge      node, gpu, model   1 healthy, 0 takes no
                                                                            new pods
 gpushare_gpu_pods                            gauge      node, gpu, model   pods holding memory on
@@ -70,13 +71,15 @@ ledger's ``compute_milli`` on the GPU over 1,000 (``GPU_COMPUTE_MILLI``): 0.5 fo
 ``gpushare_gpu_memory_allocated_bytes``. The compute gauge is the ledger's: a skipped pod's
 compute charge (``gpushare.core.skipped``) is in the fit, not in the gauge.
 
-**Pending.** ``gpushare_gpu_memory_pending_bytes`` is Alibaba's "assumed, not assigned" state:
-the memory of the GPU containers of pods bound to the node that the device plugin has not
-answered yet (``ALIYUN_COM_GPU_MEM_ASSIGNED`` not ``"true"``), from
+**Starting** (the series keeps its name). ``gpushare_gpu_memory_pending_bytes`` is the memory
+of *starting* pods (``kubectl inspect gpushare``'s ``STATE`` ``starting``;
+Alibaba's "assumed, not assigned"): the GPU containers of pods bound to the node that the
+device plugin has not answered yet (``ALIYUN_COM_GPU_MEM_ASSIGNED`` not ``"true"``), from
 ``Reservations.pending(node)``. It counts only pods within the handshake timeout
 (``handshake_timeout_s``; always 0 with the pin rule off); a pod stuck longer is still in
-``allocated``. It is *not* the ledger's "assumed" (bound by this extender, not yet seen by the
-watch), which lasts milliseconds and is not exported on its own.
+``allocated``. It is *not* the ledger's *assumed* (bound by this extender, not yet seen bound
+by its watch: "committed + assumed" above), which lasts milliseconds and is not exported on its
+own.
 
 The per-GPU gauges and ``synced`` are computed at scrape time from the ``ExtenderState`` (its
 ledger), so nothing has to be kept in sync by hand. No global default registry is used: each
@@ -153,18 +156,20 @@ GPU_FAMILIES: tuple[tuple[str, str], ...] = (
     ("gpushare_gpu_memory_capacity_bytes", "GPU memory of a shared GPU, in bytes."),
     (
         "gpushare_gpu_memory_allocated_bytes",
-        "GPU memory allocated on a shared GPU (committed and assumed), in bytes.",
+        "GPU memory allocated on a shared GPU, in bytes: committed (seen bound) and assumed "
+        "(just bound by the extender, not yet seen bound).",
     ),
     (
         "gpushare_gpu_memory_pending_bytes",
-        "GPU memory of pods bound to a shared GPU and not yet started by the device plugin, "
-        "in bytes.",
+        "GPU memory held by starting pods on a shared GPU (bound, not yet started by the device "
+        "plugin; kubectl inspect gpushare STATE starting), in bytes.",
     ),
     ("gpushare_gpu_healthy", "1 when a shared GPU is healthy, 0 when it takes no new pods."),
     ("gpushare_gpu_pods", "Pods holding an allocation on a shared GPU."),
     (
         "gpushare_gpu_compute_allocated_ratio",
-        "Compute allocated on a shared GPU (committed and assumed), in GPUs (0 to 1).",
+        "Compute allocated on a shared GPU, in GPUs (0 to 1): committed (seen bound) and "
+        "assumed (just bound by the extender, not yet seen bound).",
     ),
     ("gpushare_gpu_held_whole", "1 when a pod holds a shared GPU whole, else 0."),
 )

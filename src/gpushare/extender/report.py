@@ -4,8 +4,9 @@ Keys follow Alibaba gpushare's ``pkg/scheduler/gpushare-inspect.go`` (``nodes``,
 ``totalGPU``, ``usedGPU``, ``devs``, ``id``, ``pods``, ``namespace``, ``usedGPU``), so their
 tooling keeps working, with gpushare's additions (``unit``, ``source``, per GPU ``model``,
 ``uuid``, ``healthy``; per pod ``containers`` and ``bindInFlight``: bound by this extender, not
-yet seen bound by its watch, the ledger's *assumed*; the ``gpushare`` report's ``assumed`` is
-Alibaba's, bound but not yet started by the device plugin). Amounts are in the node's unit.
+yet seen bound by its watch, the ledger's *assumed*; the ``gpushare`` report's ``assumed`` key
+is the memory of *starting* pods, bound but not yet started by the device plugin, Alibaba's
+"assumed, not assigned"). Amounts are in the node's unit.
 Compute (docs/compute.md) adds keys only where there is some: per GPU ``compute`` (thousandths
 held by pods that ask compute) and ``whole`` on a node where a GPU holds either, per pod
 ``compute`` and ``whole`` when it holds them there.
@@ -16,10 +17,10 @@ capacity counting them, a GPU index the node lacks, an allocation that cannot be
 that block the whole node); per GPU ``usedGPU`` includes their charges and ``pods`` names them
 (``skipped``: why). ``gpushare`` is the
 report that ``kubectl inspect gpushare -o json`` prints (``gpushare.inspect.render.report_json``),
-built from the same nodes and pods the extender holds: per GPU allocated, assumed (bound but not
-yet started by the device plugin) and free, health, pending GPU pods with the reason they fit
-nowhere, and totals per unit. The cluster view (``/inspect``) carries it once, for the whole
-cluster; ``/inspect/<node>`` carries the node's.
+built from the same nodes and pods the extender holds: per GPU allocated, ``assumed`` (held by
+starting pods: bound but not yet started by the device plugin) and free, health, pending GPU
+pods with the reason they fit nowhere, and totals per unit. The cluster view (``/inspect``)
+carries it once, for the whole cluster; ``/inspect/<node>`` carries the node's.
 """
 
 from __future__ import annotations

@@ -65,13 +65,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gpushare.core.ask import PodAsk
+from gpushare.core.explain import Placement
 from gpushare.core.fit import FitResult, FitStatus, Reason, check_fit
 from gpushare.core.handshake import handshake_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, generational, tie_break_of
 from gpushare.core.resolve import NotOnNode, on_node
 from gpushare.extender.bindapi import Binder, EventSink
-from gpushare.extender.binding import BindVerb
+from gpushare.extender.binding import BindVerb, Placements
 from gpushare.extender.memo import NodeShapeCache, shape_key
 from gpushare.extender.outcomes import (
     NOT_GPUSHARE,
@@ -148,8 +149,16 @@ class Scheduler:
         self.preemptor = preemptor
         self._tie_break = tie_break_of(policy)
         self._generational = generational(policy)
+        self.placements = Placements()
+        """Each pod's filter and prioritize answers, for its bind's explanation."""
         self._bind_verb = BindVerb(
-            state, policy, binder, events=events, clock_ns=clock_ns, preemptor=preemptor
+            state,
+            policy,
+            binder,
+            events=events,
+            clock_ns=clock_ns,
+            preemptor=preemptor,
+            placements=self.placements,
         )
         self._uncached = 0  # counts down: a unique "version" for nodes with preemption holds
         self._fits: NodeShapeCache[FitResult] = NodeShapeCache()
@@ -283,6 +292,8 @@ class Scheduler:
             self.preemptor.unschedulable(args.pod, pod, list(failed))
         if not error:
             error = held_error(passed, held)
+        if pod is not None and pod.gpu_containers and passed:  # a new cycle: kept for bind
+            self.placements.note(pod.key, Placement(self.policy.name, (), len(passed)))
         refused = pod is not None and pod.gpu_containers and not passed and not error
         if refused and self.on_refused is not None:
             self.on_refused(args.pod)
@@ -341,7 +352,15 @@ class Scheduler:
                 if value is not None:
                     values[name] = value
         scores = to_priorities(values, names)
+        if values:
+            self._note_scores(pod.key, values, scores)
         return [HostPriority(name, scores[name]) for name in names]
+
+    def _note_scores(self, key: str, values: dict[str, float], scores: dict[str, int]) -> None:
+        """Keep the scores sent for pod ``key`` on the nodes it fits (``values``), for the
+        explanation of its bind (``gpushare.core.explain``)."""
+        fitting = {name: scores[name] for name in values}
+        self.placements.note(key, Placement.of(self.policy.name, fitting, len(fitting)))
 
     def _outcome(
         self, name: str, ask: PodAsk, own: Allocation | None, priority: int = 0
@@ -405,6 +424,8 @@ class Scheduler:
         )
         values = {name: v for name, v in zip(names, found, strict=True) if v is not None}
         scores = to_priorities(values, names)
+        if values:
+            self._note_scores(pod.key, values, scores)
         return [HostPriority(name, scores[name]) for name in names]
 
 

@@ -29,8 +29,10 @@ Where gpushare differs, on purpose:
   per unit; nodes read through Alibaba's fallback say ``unit unknown``; the detail adds ``UNIT:``;
 * detail rows: one per pod with its amount on each GPU (a multi-GPU pod fills several cells),
   and for a pod with several GPU containers one ``  - <container>`` row per container below it;
-  a ``STATE`` column (``assigned``, ``assumed``: bound, not yet started by the device plugin,
-  ``unplaced``: bound without a GPU) appears when a pod on the node is not assigned; an
+  a ``STATE`` column (``assigned``: the device plugin has given its containers their GPUs;
+  ``starting``: bound with its GPUs chosen, not yet started by the device plugin, Alibaba's
+  "assumed, not assigned"; ``unplaced``: bound without a GPU) appears when a pod on the node
+  is not assigned; an
   ``ISOLATION`` column (``enforced (mps)``, ``enforced (driver)``, ``advisory (library)``,
   ``view only``, ``none``, ``whole GPU``: docs/share-view.md) when the node's inventory says
   how its shares are held;
@@ -53,6 +55,7 @@ from typing import Any
 
 from gpushare.core.ask import MIB_BASIS
 from gpushare.inspect.report import (
+    BypassedPod,
     ContainerAsk,
     ContainerReport,
     GpuReport,
@@ -66,7 +69,7 @@ from gpushare.inspect.report import (
     unit_label,
 )
 
-__all__ = ["render_detail", "render_summary", "report_json"]
+__all__ = ["render_detail", "render_pod", "render_summary", "report_json"]
 
 PADDING = 2
 CLUSTER_LINE = "Allocated/Total GPU Memory In Cluster:"
@@ -174,6 +177,8 @@ def _hold_lines(report: Report) -> list[str]:
 def _sections(report: Report, pending: list[str]) -> list[str]:
     lines: list[str] = []
     for title, body in (
+        ("WARNING: GPU pods placed without gpushare's scheduler (no GPU assigned; the device "
+         "plugin refuses to start them):", _bypassed_lines(report)),
         ("Pending GPU pods (not bound to a node):", pending),
         ("GPUs held for preemptors while their victims terminate:", _hold_lines(report)),
         ("Notes:", [f"  {note}" for note in _notes(report)]),
@@ -183,6 +188,53 @@ def _sections(report: Report, pending: list[str]) -> list[str]:
         if body:
             lines += ["", title, *body]
     return lines
+
+
+def _bypassed_lines(report: Report) -> list[str]:
+    """One row per GPU pod bound without a GPU assignment, and what to do."""
+    if not report.bypassed:
+        return []
+    rows = [["NAMESPACE", "NAME", "NODE", "SCHEDULER"]]
+    rows += [[p.namespace, p.name, p.node, p.scheduler] for p in report.bypassed]
+    uses = sorted({p.use for p in report.bypassed})
+    hint = f"  set spec.schedulerName: {' or '.join(uses)} and recreate them"
+    return [*_table(rows), hint]
+
+
+def render_pod(report: Report, namespace: str, name: str, placement: str) -> str:
+    """One pod (``--pod``): where it is and on which GPUs, why it went there (``placement``,
+    the ``gpushare.io/placement`` annotation the extender wrote at bind; ``""`` when none), or
+    why it waits, or the warning that it bypassed gpushare. ``KeyError`` when the report has
+    no such GPU pod. Ends with a newline."""
+    rows: list[list[str]] = [["POD:", f"{namespace}/{name}"]]
+    placed = [
+        (node, pod)
+        for node in report.nodes
+        for pod in node.pods
+        if (pod.namespace, pod.name) == (namespace, name)
+    ]
+    pending = [p for p in report.pending if (p.namespace, p.name) == (namespace, name)]
+    bypassed = [p for p in report.bypassed if (p.namespace, p.name) == (namespace, name)]
+    if placed:
+        node, pod = placed[0]
+        rows.append(["NODE:", node.name])
+        for c in pod.containers:
+            where = f"GPU {','.join(map(str, c.gpus))}" if c.gpus else "no GPU"
+            share = "whole" if c.whole else f"{c.share} {unit_label(node.unit)} each"
+            rows.append(["CONTAINER:", f"{c.name}: {where} ({share})" if c.gpus else where])
+        rows.append(["STATE:", "assigned" if pod.assigned else "assumed" if pod.placed else
+                     "unplaced"])  # fmt: skip
+    elif pending:
+        rows += [["STATE:", "pending"], ["WAITS:", pending[0].reason]]
+    else:
+        raise KeyError(f"{namespace}/{name}")
+    if bypassed:
+        rows.append(["WARNING:", bypassed[0].describe()])
+    if placement:
+        rows.append(["WHY HERE:", placement])
+    elif placed and not bypassed:
+        rows.append(["WHY HERE:", "not recorded (bound before gpushare recorded placements)"])
+    return "\n".join(_table(rows)) + "\n"
 
 
 def render_summary(report: Report) -> str:
@@ -227,7 +279,7 @@ def _pod_rows(node: NodeReport, pod: PodReport, state: bool, isolation: bool) ->
     row = [pod.name, pod.namespace, *(_pod_cell(pod, i, node.two_dimensional) for i in indices)]
     row += [str(pod.total) if not pod.placed else "0"] if node.unplaced else []
     if state:
-        row.append("assigned" if pod.assigned else "assumed" if pod.placed else "unplaced")
+        row.append("assigned" if pod.assigned else "starting" if pod.placed else "unplaced")
     if isolation:
         row.append(pod.isolation or "-")
     rows = [row]
@@ -409,8 +461,13 @@ def report_json(report: Report) -> dict[str, Any]:
          "totals": [{"unit", "allocated", "total", "percent", "unhealthy", "nodes"}],
          "problems": [str],
          "holds": [{"pod", "node", "priority", "evictor", "expiresInSeconds",
-                    "containers": [...], "victims": [{"pod", "state"}]}]}   (when any)
+                    "containers": [...], "victims": [{"pod", "state"}]}],   (when any)
+         "bypassed": [{"namespace", "name", "node", "scheduler", "use", "text"}]}
+                                                                         (when any)
 
+    ``assumed`` (per node and GPU; the key is kept for the scripts that read it) is the part of
+    ``allocated`` held by *starting* pods, those whose ``assigned`` is false: bound with their
+    GPUs chosen, not yet started by the device plugin (the table's ``STATE`` ``starting``).
     ``status`` is ``fits``/``does-not-fit-now``/``can-never-fit``; ``reason`` a fixed text
     (``gpushare.core.fit.Reason``); ``percent`` whole and truncated. Compute (docs/compute.md)
     adds keys only where there is some, so a cluster where no pod asks compute reads as
@@ -422,34 +479,53 @@ def report_json(report: Report) -> dict[str, Any]:
     says how shares are held (docs/share-view.md), each GPU and each placed pod has
     ``isolation`` (``"enforced (mps)"``, ``"view only"``, ``"whole GPU"``, ...).
     """
+    return (
+        {
+            "node": report.node,
+            "nodes": [_node_json(node) for node in report.nodes],
+            "pending": [
+                {
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "total": pod.total,
+                    "reason": pod.reason,
+                    "asks": [_ask_json(a) for a in pod.asks],
+                    "nodes": [_fit_json(fit) for fit in pod.nodes],
+                }
+                | ({"waiting": _hold_json(pod.waiting)} if pod.waiting is not None else {})
+                for pod in report.pending
+            ],
+            "totals": [
+                {
+                    "unit": total.unit,
+                    "allocated": total.allocated,
+                    "total": total.total,
+                    "percent": total.percent,
+                    "unhealthy": total.unhealthy,
+                    "nodes": total.nodes,
+                }
+                for total in report.totals
+            ],
+            "problems": list(report.problems),
+        }
+        | ({"holds": [_hold_json(hold) for hold in report.holds]} if report.holds else {})
+        | (
+            {"bypassed": [_bypassed_json(pod) for pod in report.bypassed]}
+            if report.bypassed
+            else {}
+        )
+    )
+
+
+def _bypassed_json(pod: BypassedPod) -> dict[str, Any]:
     return {
-        "node": report.node,
-        "nodes": [_node_json(node) for node in report.nodes],
-        "pending": [
-            {
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "total": pod.total,
-                "reason": pod.reason,
-                "asks": [_ask_json(a) for a in pod.asks],
-                "nodes": [_fit_json(fit) for fit in pod.nodes],
-            }
-            | ({"waiting": _hold_json(pod.waiting)} if pod.waiting is not None else {})
-            for pod in report.pending
-        ],
-        "totals": [
-            {
-                "unit": total.unit,
-                "allocated": total.allocated,
-                "total": total.total,
-                "percent": total.percent,
-                "unhealthy": total.unhealthy,
-                "nodes": total.nodes,
-            }
-            for total in report.totals
-        ],
-        "problems": list(report.problems),
-    } | ({"holds": [_hold_json(hold) for hold in report.holds]} if report.holds else {})
+        "namespace": pod.namespace,
+        "name": pod.name,
+        "node": pod.node,
+        "scheduler": pod.scheduler,
+        "use": pod.use,
+        "text": pod.describe(),
+    }
 
 
 def _hold_json(hold: HoldReport) -> dict[str, Any]:

@@ -15,8 +15,9 @@ device-plugin handshake rule), so the reasons are the extender's.
 * **Pods** (finished ones, ``Succeeded``/``Failed``, and those asking no GPU are skipped):
 
   - *bound with an allocation record* count on their GPUs; one whose
-    ``ALIYUN_COM_GPU_MEM_ASSIGNED`` is not ``"true"`` is *assumed*: the extender chose its GPUs
-    but the device plugin has not started it yet (``GpuReport.assumed``, ``PodReport.assigned``);
+    ``ALIYUN_COM_GPU_MEM_ASSIGNED`` is not ``"true"`` is *starting*: the extender chose its GPUs
+    but the device plugin has not started it yet (``GpuReport.assumed``, ``PodReport.assigned``;
+    the field keeps the name of the JSON key);
   - *bound without a record* (bound around the extender) hold memory in kube-scheduler's count
     but no GPU: they count in the node's ``unplaced`` (Alibaba's ``PENDING(Allocated)``);
   - the records are counted as the extender counts them: each node's in a ledger
@@ -47,13 +48,15 @@ device-plugin handshake rule), so the reasons are the extender's.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gpushare.core.affinity import NodeConstraints
 from gpushare.core.ask import PodAsk
 from gpushare.core.fit import FitResult, FitStatus
-from gpushare.core.handshake import PendingPod, handshake_fit
+from gpushare.core.handshake import GPUSHARE_SCHEDULER, PendingPod, handshake_fit
 from gpushare.core.ledger import Ledger
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.preemption import Hold, with_holds
@@ -67,6 +70,7 @@ from gpushare.kube.codec import (
     alibaba_annotations,
     node_info,
     node_internal_ip,
+    object_labels,
     object_name,
     phase_finished,
     pod_allocation,
@@ -77,6 +81,7 @@ from gpushare.kube.codec import (
     pod_priority,
     pod_request,
 )
+from gpushare.kube.codec.affinity import pod_node_constraints
 from gpushare.kube.codec.handshake import pending_pod
 from gpushare.kube.codec.record import fast_pod_record
 from gpushare.kube.codec.resolve import node_view
@@ -103,10 +108,10 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class GpuReport:
-    """One GPU. ``capacity``, ``allocated`` (every allocation recorded on it, assumed ones
-    included), ``assumed`` (the part of ``allocated`` whose pods the device plugin has not
-    started yet) and ``free`` are in the node's unit; ``free`` is what a new pod could get: 0 on
-    an unhealthy GPU, never negative."""
+    """One GPU. ``capacity``, ``allocated`` (every allocation recorded on it, starting pods'
+    included), ``assumed`` (the part of ``allocated`` held by *starting* pods, which the device
+    plugin has not started yet) and ``free`` are in the node's unit; ``free`` is what a new pod
+    could get: 0 on an unhealthy GPU, never negative."""
 
     index: int
     model: str
@@ -143,7 +148,7 @@ class ContainerReport:
 class PodReport:
     """A pod on ``node``: ``gpus`` is ``(index, amount)`` per GPU it holds, by index (empty
     when it is bound without an allocation record: then ``total`` is what it asks);
-    ``assigned`` is false while the device plugin has not started it (``assumed``)."""
+    ``assigned`` is false while the device plugin has not started it (*starting*)."""
 
     namespace: str
     name: str
@@ -183,7 +188,8 @@ class PodReport:
 class NodeReport:
     """One node. ``gpushare`` is false (with ``refusal`` saying why) for a node that is not a
     GPU-share node but holds GPU pods. ``allocated`` sums the GPUs' ``allocated`` and
-    ``unplaced`` (units of pods bound here without a GPU); ``assumed`` is part of it; ``total``
+    ``unplaced`` (units of pods bound here without a GPU); ``assumed`` (held by starting pods)
+    is part of it; ``total``
     sums capacities; all in ``unit`` (``None``: unknown, Alibaba's fallback, ``source``
     ``"capacity"``)."""
 
@@ -316,6 +322,29 @@ class PendingReport:
 
 
 @dataclass(frozen=True, slots=True)
+class BypassedPod:
+    """A GPU pod bound to ``node`` without a GPU assignment: ``scheduler`` (its
+    ``spec.schedulerName``) placed it without gpushare's extender, so it holds no GPU and the
+    device plugin refuses to start it; ``use`` is the scheduler that calls the extender (the
+    one most placed GPU pods name, other than ``scheduler``; the chart's ``gpushare-scheduler``
+    when none)."""
+
+    namespace: str
+    name: str
+    node: str
+    scheduler: str
+    use: str
+
+    def describe(self) -> str:
+        """One warning line naming the pod and what to do."""
+        return (
+            f"pod {self.namespace}/{self.name} on node {self.node} asks GPU memory but was "
+            f"placed by scheduler {self.scheduler!r}, bypassing gpushare: it has no GPU and "
+            f"will not start; set spec.schedulerName: {self.use} and recreate it"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class UnitTotal:
     """Cluster totals over the nodes in one ``unit`` (``None``: unknown): ``allocated``,
     ``total`` and ``unhealthy`` (capacity of unhealthy GPUs) in that unit."""
@@ -350,6 +379,8 @@ class Report:
     node: str | None = None
     holds: tuple[HoldReport, ...] = ()
     """GPUs held for preemptors (on ``node`` only, when given), by preemptor."""
+    bypassed: tuple[BypassedPod, ...] = ()
+    """GPU pods bound without a GPU assignment (another scheduler placed them), by pod."""
 
 
 # -- reading the snapshot ----------------------------------------------------------------------
@@ -390,6 +421,10 @@ class PodRead:
     blocked: SkippedPod | None = None
     priority: int = 0
     """``spec.priority`` of a pod not bound (the holds it must respect depend on it)."""
+    scheduler: str = ""
+    """``spec.schedulerName`` of a bound GPU pod (``default-scheduler`` when unset)."""
+    constraints: NodeConstraints | None = None
+    """The nodeSelector and required node affinity of a pod not bound that has any."""
 
 
 def read_pod(obj: Mapping[str, Any]) -> PodRead:
@@ -409,11 +444,7 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     if record is not None:  # well-formed: read once; else each part below, for its error
         request = record.request
         if bound is None:
-            return PodRead(
-                None,
-                request=request if request.gpu_containers else None,
-                priority=pod_priority(obj),
-            )
+            return _unbound(obj, request)
         if not request.gpu_containers:
             return PodRead(bound)
         allocation = record.allocation
@@ -421,15 +452,14 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
             bound, request=request, allocation=allocation,
             waiting=record.pending,
             assigned=allocation is not None and record.alibaba.assigned is True,
+            scheduler=_scheduler(obj),
         )  # fmt: skip
     if bound is None:
         try:
             request = pod_request(obj)
         except CodecError as error:
             return PodRead(None, problem=_line(error))
-        return PodRead(
-            None, request=request if request.gpu_containers else None, priority=pod_priority(obj)
-        )
+        return _unbound(obj, request)
     try:
         key = pod_key(obj)
     except CodecError as error:
@@ -448,8 +478,35 @@ def read_pod(obj: Mapping[str, Any]) -> PodRead:
     if not request.gpu_containers:
         return PodRead(bound)
     return PodRead(
-        bound, request=request, allocation=allocation, waiting=waiting, assigned=assigned
-    )
+        bound, request=request, allocation=allocation, waiting=waiting, assigned=assigned,
+        scheduler=_scheduler(obj),
+    )  # fmt: skip
+
+
+def _unbound(obj: Mapping[str, Any], request: PodAsk) -> PodRead:
+    """The read of a pod not bound that asks ``request``: with its node constraints when it
+    asks GPUs and has any (unreadable ones are a problem, and then not honoured)."""
+    if not request.gpu_containers:
+        return PodRead(None, priority=pod_priority(obj))
+    try:
+        constraints = pod_node_constraints(obj)
+    except CodecError as error:
+        return PodRead(None, request=request, priority=pod_priority(obj), problem=_line(error))
+    return PodRead(
+        None, request=request, priority=pod_priority(obj),
+        constraints=constraints if constraints.any else None,
+    )  # fmt: skip
+
+
+DEFAULT_SCHEDULER = "default-scheduler"
+"""kube-scheduler's profile for pods that name no ``schedulerName``."""
+
+
+def _scheduler(obj: Mapping[str, Any]) -> str:
+    """``spec.schedulerName`` of ``obj`` (``default-scheduler`` when unset)."""
+    spec = obj.get("spec")
+    name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) and name else DEFAULT_SCHEDULER
 
 
 Read = TypeVar("Read")
@@ -579,7 +636,9 @@ def build_report(
 
     books: dict[str, _Book] = {}
     pins: dict[str, list[PendingPod]] = {}
-    unbound: list[tuple[str, PodAsk, int]] = []
+    unbound: list[tuple[str, PodAsk, int, NodeConstraints | None]] = []
+    bypassed: list[tuple[str, str, str]] = []  # (pod key, node, scheduler)
+    schedulers: Counter[str] = Counter()  # of the pods placed with an allocation record
     reads: Iterable[PodRead]
     if node is None:
         reads = (reader or SnapshotReader()).read_all(snapshot.pods)
@@ -594,7 +653,7 @@ def build_report(
             problems.append(read.problem)
         if read.bound is None:
             if read.request is not None:
-                unbound.append((read.request.key, read.request, read.priority))
+                unbound.append((read.request.key, read.request, read.priority, read.constraints))
             continue
         book = books.setdefault(read.bound, _Book())
         book.reads.append(read)
@@ -604,8 +663,10 @@ def build_report(
             continue
         if read.allocation is None:
             book.unplaced.append(read.request)
+            bypassed.append((read.request.key, read.bound, read.scheduler))
         else:
             book.placed.append((read.allocation, read.assigned))
+            schedulers[read.scheduler] += 1
         if read.waiting is not None and pending is None:
             pins.setdefault(read.bound, []).append(read.waiting)
 
@@ -646,17 +707,41 @@ def build_report(
     holds = [h for h in snapshot.holds if node is None or h.node == node]
     hold_reports = _hold_reports(holds, snapshot.pods, now_s)
     waiting = {h.pod: h for h in hold_reports}
+    labels = _node_labels(snapshot.nodes) if any(item[3] for item in unbound) else {}
     pending_reports = [
         _pending_report(
             key, request, candidates, states, held,
             holding=_Holding(holds, priority, now_s, waiting.get(key)),
+            constraints=constraints, labels=labels,
         )
-        for key, request, priority in sorted(unbound, key=lambda item: item[0])
+        for key, request, priority, constraints in sorted(unbound, key=lambda item: item[0])
     ]  # fmt: skip
+    bypassed_pods = tuple(
+        BypassedPod(
+            key.partition("/")[0], key.partition("/")[2], bound, scheduler,
+            _scheduler_to_use(schedulers, scheduler),
+        )
+        for key, bound, scheduler in sorted(bypassed)
+    )  # fmt: skip
     return Report(
         tuple(nodes), tuple(pending_reports), _totals(nodes), tuple(problems), node,
-        tuple(hold_reports),
+        tuple(hold_reports), bypassed_pods,
     )  # fmt: skip
+
+
+def _scheduler_to_use(placed_by: Counter[str], bypassing: str) -> str:
+    """The scheduler that calls gpushare's extender, for a pod ``bypassing`` it: the one most
+    pods with an allocation record name, other than ``bypassing`` (a bound pod without a
+    record was not placed through the extender), else the chart's ``gpushare-scheduler``."""
+    for name, _ in placed_by.most_common():
+        if name != bypassing:
+            return name
+    return GPUSHARE_SCHEDULER
+
+
+def _node_labels(nodes: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, str]]:
+    """Each node's labels by name (what nodeSelector and node affinity match)."""
+    return {object_name(obj): object_labels(obj) for obj in nodes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -813,10 +898,19 @@ def _pending_report(
     pending: Mapping[str, Sequence[PendingPod]],
     *,
     holding: _Holding,
+    constraints: NodeConstraints | None = None,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> PendingReport:
     fits = []
     for report in candidates:
         label = unit_label(report.unit)
+        if constraints is not None and not constraints.allows(
+            report.name, (labels or {}).get(report.name, {})
+        ):
+            refusal = f"the pod's {constraints.describe()} does not match the node"
+            text = f"node {report.name}: {refusal}"
+            fits.append(NodeFit(report.name, report.unit, None, refusal, text, NOT_ALLOWED))
+            continue
         if not report.gpushare:
             text = f"node {report.name}: not a GPU-share node ({report.refusal})"
             fits.append(NodeFit(report.name, report.unit, None, report.refusal, text))
@@ -851,13 +945,34 @@ def _pending_report(
     return PendingReport(namespace, name, asks, request.gpu_total, tuple(fits), reason, holding.own)
 
 
+def _ruled_out_by(fits: list[NodeFit]) -> str:
+    """What ruled nodes out, from their refusal (``the pod's nodeSelector does not match``)."""
+    refusal = next(f.refusal for f in fits if f.why == NOT_ALLOWED)
+    return refusal.removeprefix("the pod's ").removesuffix(" does not match the node")
+
+
 def _names(nodes: list[str], limit: int = 3) -> str:
     shown = ", ".join(nodes[:limit])
     return shown if len(nodes) <= limit else f"{shown}, +{len(nodes) - limit} more"
 
 
-def _summary(fits: list[NodeFit]) -> str:
-    """One line: the node's own text when one node was checked, else nodes grouped by reason."""
+NOT_ALLOWED = "not a node the pod may go to"
+"""``NodeFit.why`` of a node the pod's nodeSelector or required node affinity rules out."""
+
+
+def _summary(every: list[NodeFit]) -> str:
+    """One line over the nodes the pod may go to (its nodeSelector and required node affinity
+    honoured): the node's own text when one node was checked, else nodes grouped by reason."""
+    fits = [f for f in every if f.why != NOT_ALLOWED]
+    if len(fits) < len(every):
+        ruled_out = len(every) - len(fits)
+        scope = f"{ruled_out} of {len(every)} node(s) ruled out by {_ruled_out_by(every)}"
+        if not fits:
+            return f"fits nowhere it may go: {scope}, and no other GPU-share node"
+        fitting = [f.node for f in fits if f.fit is not None and f.fit.fits]
+        if not fitting:
+            return f"fits nowhere it may go ({scope}): {_summary(fits)}"
+        return f"{_summary(fits)} ({scope})"
     if not fits:
         return "no GPU-share node"
     fitting = [f.node for f in fits if f.fit is not None and f.fit.fits]

@@ -16,7 +16,12 @@ from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import DEFAULT_KUBECONFIG, SERVICE_ACCOUNT
 from lightkube.core.exceptions import ConfigError
 
-from gpushare.kube.kubeconfig import KubeconfigError, load_kubeconfig, select_context
+from gpushare.kube.kubeconfig import (
+    KubeconfigError,
+    check_files,
+    load_kubeconfig,
+    select_context,
+)
 from gpushare.kube.transport import closing_transport
 
 __all__ = ["FIELD_MANAGER", "AsyncClient", "ConfigError", "KubeconfigError", "connect"]
@@ -42,7 +47,8 @@ def connect(
     Raises lightkube's ``ConfigError`` (re-exported here) when no configuration is found, and
     its subclass ``KubeconfigError`` (one line: ``kubeconfig <path>: <problem>``) when the file
     is missing, unreadable, not a kubeconfig, or has no such context or its context names no
-    user (``gpushare.kube.kubeconfig``).
+    user, or a file it points at (certificate, key, CA, token file) is missing: then the
+    entry, its key and the path are named (``gpushare.kube.kubeconfig.check_files``).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -51,6 +57,7 @@ def connect(
     where = config.fname or "(in-cluster)"
     if single.user is None:  # lightkube would stop at an assertion
         raise KubeconfigError(where, f"context {single.context_name!r} names no user")
+    check_files(single)
     try:
         verify = verify_cluster(single.cluster, single.user, single.abs_file, trust_env=trust_env)
         return AsyncClient(

@@ -7,6 +7,11 @@ lightkube's ``KubeConfig.from_file`` trusts the file: ``/etc/passwd`` ends in
 ``kubeconfig <path>: `` and says what is wrong and what is expected. The shape checked is
 kubectl's (``clientcmd/api/v1``: ``clusters``, ``contexts``, ``users`` lists of named entries,
 ``current-context``).
+
+``check_files`` looks for the files a context's entries point at (a client certificate, its
+key, the cluster's CA, a token file) before lightkube opens them: a kubeconfig left behind by a
+cluster that is gone (``make demo-down``) names certificates that are gone too, and lightkube's
+``FileNotFoundError`` names neither the file nor the entry.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from lightkube import KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError
 
-__all__ = ["KubeconfigError", "load_kubeconfig", "select_context"]
+__all__ = ["KubeconfigError", "check_files", "load_kubeconfig", "select_context"]
 
 _EXPECTED = "expected a kubeconfig (a YAML mapping with 'clusters' and 'contexts' lists)"
 _MAX_KUBECONFIG_BYTES = 16 * 1024 * 1024
@@ -124,3 +129,37 @@ def select_context(config: KubeConfig, context: str | None) -> SingleConfig:
     if single is None:  # pragma: no cover - get() returns or raises for a named context
         raise KubeconfigError(where, f"no context {name!r} (contexts: {names})")
     return single
+
+
+def check_files(single: SingleConfig) -> None:
+    """``KubeconfigError`` naming the first file that context ``single`` points at and that is
+    not there (or not a file): the cluster's ``certificate-authority``, the user's
+    ``client-certificate``, ``client-key`` and ``tokenFile``, each only where lightkube would
+    open it (inline ``*-data`` takes precedence for the user's certificate and key, the file
+    for the CA, as in ``lightkube.config.client_adapter``). Relative paths are resolved against
+    the kubeconfig's folder, as kubectl does. The message names the kubeconfig, the entry
+    (``users entry 'u'``), its key (``client-certificate``) and the missing path."""
+    where = single.fname or "(in-cluster)"
+    cluster, user, context = single.cluster, single.user, single.context
+    entries: list[tuple[str, str, str | None]] = [
+        (f"clusters entry {context.cluster!r}", "certificate-authority", cluster.certificate_auth)
+    ]
+    if user is not None:
+        owner = f"users entry {context.user or ''!r}"
+        entries += [
+            (owner, "client-certificate", None if user.client_cert_data else user.client_cert),
+            (owner, "client-key", None if user.client_key_data else user.client_key),
+            (owner, "tokenFile", user.token_file),
+        ]
+    for owner, key, named in entries:
+        if not named:
+            continue
+        path = Path(single.abs_file(named)).expanduser()
+        if path.is_file():
+            continue
+        state = "is not a file" if path.exists() else "does not exist"
+        raise KubeconfigError(
+            where,
+            f"{owner} points {key} at {path}, which {state} (the cluster this kubeconfig was "
+            "written for may be gone: use a current kubeconfig)",
+        )

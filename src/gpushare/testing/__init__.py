@@ -7,6 +7,8 @@
 * :mod:`gpushare.testing.nodes`: fake GPU-share nodes (kwok), including the
   ``gpushare.io/gpu-inventory`` annotation contract.
 * :mod:`gpushare.testing.extender_stub`: a scripted scheduler extender that records every call.
+* :mod:`gpushare.testing.kwokstart`: the device plugin's handshake record for kwok nodes (which
+  run none), so that their pods do not stay *starting* (the demo runs it).
 * :mod:`gpushare.testing.kubelet`: a stand-in for kubelet's device manager (Registration service,
   ListAndWatch consumer, Allocate as kubelet makes it, restarts).
 * :mod:`gpushare.testing.nvml`: a declared fake of NVML (devices, XID events, failing probes).
@@ -21,6 +23,8 @@
 * :mod:`gpushare.testing.strategies`: Hypothesis strategies (any JSON value) for property tests.
 * :mod:`gpushare.testing.helm`: the Helm binary (``scripts/build-helm.sh``) and the chart
   rendered to objects.
+* :mod:`gpushare.testing.schedconfig`: kube-scheduler configurations decoded strictly by the
+  configuration API of Kubernetes 1.23 and 1.24 (``scripts/build-schedconfig.sh``).
 
 The runtime packages (``gpushare.core`` and the others) never import this package.
 """

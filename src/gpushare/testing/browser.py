@@ -4,16 +4,32 @@
 fire at once; the clock waits while a fetch is in flight) and returns the DOM as HTML;
 :func:`screenshot` writes a PNG of the page. Each call is a fresh browser with a profile of its
 own in a temporary folder; ``--no-sandbox`` because the tests run as root.
+
+What a page looks like, measured by the browser's own layout: :func:`layout_probe_page` is a
+page that loads another page of the same origin in a frame and writes down the boxes of its
+elements (:class:`Box`: width, text, whether the text overflows); serve it beside the page
+under test, :func:`dump_dom` it and read the boxes with :func:`read_boxes`.
 """
 
 from __future__ import annotations
 
+import html
+import json
+import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BrowserError", "dump_dom", "screenshot"]
+__all__ = [
+    "Box",
+    "BrowserError",
+    "dump_dom",
+    "layout_probe_page",
+    "read_boxes",
+    "screenshot",
+]
 
 
 class BrowserError(Exception):
@@ -65,3 +81,73 @@ def screenshot(
     if not path.is_file():
         raise BrowserError(f"chromium wrote no screenshot at {path}")
     return path
+
+
+@dataclass(frozen=True)
+class Box:
+    """One element as laid out: ``owner`` the ``id`` of its nearest ancestor that has one,
+    ``parent_class`` and ``element_class`` the ``class`` attributes of its parent and itself,
+    ``text`` what it shows, ``title`` its tooltip, ``width_px`` its border-box width in CSS
+    pixels, ``overflows`` whether its content is wider than its box (a label cut short)."""
+
+    owner: str
+    parent_class: str
+    element_class: str
+    text: str
+    title: str
+    width_px: float
+    overflows: bool
+
+
+_PROBE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>layout probe</title></head>
+<body style="margin:0">
+<iframe id="frame" src="{target}" style="border:0;width:{width}px;height:{height}px"></iframe>
+<pre id="boxes"></pre>
+<script>
+"use strict";
+const SELECTOR = {selector};
+function measure() {{
+  const doc = document.getElementById("frame").contentDocument;
+  const found = doc ? [...doc.querySelectorAll(SELECTOR)] : [];
+  if (found.length === 0) {{ setTimeout(measure, 50); return; }}
+  document.getElementById("boxes").textContent = JSON.stringify(found.map(e => ({{
+    owner: (e.parentElement && e.parentElement.closest("[id]") || {{id: ""}}).id,
+    parent_class: e.parentElement ? e.parentElement.className : "",
+    element_class: e.className,
+    text: e.textContent,
+    title: e.getAttribute("title") || "",
+    width_px: e.getBoundingClientRect().width,
+    overflows: e.scrollWidth > e.clientWidth,
+  }})));
+}}
+document.getElementById("frame").addEventListener("load", measure);
+</script>
+</body></html>
+"""
+
+
+def layout_probe_page(target: str, selector: str, *, size: tuple[int, int] = (1280, 900)) -> str:
+    """A page (HTML) that loads ``target`` (a URL of the same origin, so that the frame can be
+    read) in a frame of ``size`` (CSS pixels), waits until an element matches ``selector`` (a
+    CSS selector), and writes each such element's :class:`Box` as JSON into ``<pre
+    id="boxes">`` (:func:`read_boxes`)."""
+    return _PROBE.format(
+        target=html.escape(target, quote=True),
+        width=size[0],
+        height=size[1],
+        selector=json.dumps(selector),
+    )
+
+
+_BOXES = re.compile(r'<pre id="boxes">(.*?)</pre>', re.DOTALL)
+
+
+def read_boxes(dom: str) -> list[Box]:
+    """The boxes a :func:`layout_probe_page` wrote, from its DOM (:func:`dump_dom`).
+    ``BrowserError`` when it wrote none (the selector never matched within the time budget)."""
+    found = _BOXES.search(dom)
+    text = html.unescape(found[1]) if found else ""
+    if not text:
+        raise BrowserError("the layout probe measured nothing: no element matched in time")
+    return [Box(**box) for box in json.loads(text)]

@@ -82,12 +82,18 @@ def pod_json(
     started: str | None = None,
     deleting: bool = False,
     labels: Mapping[str, str] | None = None,
+    scheduler: str | None = "gpushare",
+    node_selector: Mapping[str, str] | None = None,
+    node_affinity: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A pod as kube-scheduler sends it. ``gpu_mem``: one container ``main`` asking that much,
     or one container per entry (``c0``, ``c1``...); ``limits`` are added to every container;
     ``node`` sets ``spec.nodeName`` (a bound pod); ``priority`` ``spec.priority``,
     ``preemption_policy`` ``spec.preemptionPolicy``, ``started`` ``status.startTime``
-    (RFC 3339), ``deleting`` a ``metadata.deletionTimestamp``, ``labels`` its labels."""
+    (RFC 3339), ``deleting`` a ``metadata.deletionTimestamp``, ``labels`` its labels;
+    ``scheduler`` its ``spec.schedulerName`` (``None``: unset, the default scheduler's),
+    ``node_selector`` its ``spec.nodeSelector``, ``node_affinity`` the ``nodeSelectorTerms``
+    of its required node affinity."""
     amounts = [gpu_mem] if isinstance(gpu_mem, int) or gpu_mem is None else list(gpu_mem)
     names = ["main"] if len(amounts) == 1 else [f"c{i}" for i in range(len(amounts))]
     containers = []
@@ -113,7 +119,16 @@ def pod_json(
         metadata["labels"] = dict(labels)
     if deleting:
         metadata["deletionTimestamp"] = "2026-11-27T00:00:00Z"
-    spec: dict[str, Any] = {"containers": containers, "schedulerName": "gpushare"}
+    spec: dict[str, Any] = {"containers": containers}
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    if node_selector is not None:
+        spec["nodeSelector"] = dict(node_selector)
+    if node_affinity is not None:
+        required = {"nodeSelectorTerms": [dict(term) for term in node_affinity]}
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+        }
     if node is not None:
         spec["nodeName"] = node
     if priority is not None:

@@ -41,6 +41,7 @@ __all__ = [
     "manifest_text",
     "parse_yaml",
     "render",
+    "render_notes",
     "render_objects",
 ]
 
@@ -186,6 +187,35 @@ def parse_yaml(text: str) -> list[dict[str, Any]]:
             raise ValueError(f"not a mapping: {document!r:.80}")
         documents.append(document)
     return documents
+
+
+def render_notes(
+    values: Mapping[str, Any] | None = None,
+    *,
+    helm: Path | None = None,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+) -> str:
+    """The chart's install notes (``templates/NOTES.txt``) as ``helm install`` prints them,
+    rendered without a cluster (``--dry-run=client``: helm's own default Kubernetes version,
+    as ``helm template`` sees it); ``HelmError`` with helm's message on failure."""
+    binary = helm or locate_helm()
+    with tempfile.TemporaryDirectory(prefix="gpushare-helm-") as tmp:
+        command = [
+            str(binary), "install", release, str(CHART_DIR), "--namespace", namespace,
+            "--dry-run=client", "--output", "json",
+        ]  # fmt: skip
+        if values is not None:
+            values_file = Path(tmp) / "values.json"
+            values_file.write_text(json.dumps(values), encoding="utf-8")
+            command += ["--values", str(values_file)]
+        env = {**os.environ, "HELM_CACHE_HOME": tmp, "HELM_CONFIG_HOME": tmp, "HELM_DATA_HOME": tmp}
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise HelmError(f"helm install --dry-run failed (exit {done.returncode}): "
+                        f"{done.stderr.strip()}")  # fmt: skip
+    notes: str = json.loads(done.stdout)["info"]["notes"]
+    return notes
 
 
 def render_objects(values: Mapping[str, Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:

@@ -22,6 +22,10 @@ ALLOCATION = "gpushare.io/allocation"
 GPU_COUNT_ANNOTATION = "gpushare.io/gpu-count"
 GPU_MODELS_ANNOTATION = "gpushare.io/gpu-models"
 EXCLUSIVE_ANNOTATION = "gpushare.io/exclusive"
+PLACEMENT = "gpushare.io/placement"
+"""Why the extender bound the pod where it did (``gpushare.core.explain.placement_message``:
+its GPUs, the policy, the best nodes' scores; at most 1 KiB), written with the Binding; read by
+``kubectl inspect gpushare --pod``. For people: nothing decides on it."""
 # Alibaba gpushare's annotation keys (``pkg/utils/const.go`` of gpushare-scheduler-extender).
 ALIYUN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 ALIYUN_POD = "ALIYUN_COM_GPU_MEM_POD"
