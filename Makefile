@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The exact versions every install here (CI's too) and the image's take: scripts/constraints.py.
 CONSTRAINTS := constraints.txt
 
-.PHONY: run demo demo-real-node demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm image manifests constraints containerd native bench-share-view
+.PHONY: run demo demo-real-node demo-down test lint typecheck pytest bench bench-extender bench-deviceplugin bench-scheduling bench-failover bench-inspect bench-metrics bench-preemption bench-replay bench-scale clean controlplane node-runtime observe-tools helm schedconfig image manifests constraints containerd native bench-share-view
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ containerd:
 helm:
 	scripts/build-helm.sh
 
+# The scheduler configuration API of Kubernetes 1.23 and 1.24 (testenv/schedconfig), which the
+# deploy tests decode deploy/scheduler/kube-scheduler-config-v1beta{2,3}.yaml with.
+schedconfig:
+	scripts/build-schedconfig.sh
+
 # The gpushare image from the Dockerfile, no registry, no Docker engine (buildah on a base made
 # from Debian's packages): out/image/gpushare-<version>.tar for `ctr -n k8s.io images import`.
 image:
@@ -81,7 +86,7 @@ native:
 manifests: helm
 	scripts/render-manifests.sh
 
-pytest: $(STAMP) controlplane node-runtime containerd observe-tools helm image native
+pytest: $(STAMP) controlplane node-runtime containerd observe-tools helm schedconfig image native
 	$(BIN)/pytest
 
 bench: $(STAMP)
