@@ -33,6 +33,7 @@ ALERTS = [
     "GpushareNodeConfigInvalid",
     "GpushareExtenderUnauthenticatedCalls",
     "GpushareHoldsWritableByOthers",
+    "GpusharePodBypassedScheduler",
 ]
 
 

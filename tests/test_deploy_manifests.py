@@ -7,7 +7,10 @@ needs (``gpushare.kube.nodes``/``nodepods`` ``RBAC_RULES`` for the device plugin
 for the extender); every kube-scheduler configuration the chart and ``deploy/scheduler`` carry
 has gpushare's extender entry (``gpushare.testing.controlplane.gpushare_extender``); the
 workloads pass only flags the commands have; the legacy Policy file is marked legacy; the
-Dockerfile has its stages, a non-root user and the ``gpushare`` entry point.
+v1beta2/v1beta3 files decode strictly with the scheduler configuration API of Kubernetes 1.23 and
+1.24 (``scripts/build-schedconfig.sh``; ``gpushare.testing.schedconfig``) into the v1 file's
+extender entry and profile, and a misspelt copy is refused; the Dockerfile has its stages, a
+non-root user and the ``gpushare`` entry point.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ last view) and recovers. The real command on a real cluster: ``tests/cluster/tes
 
 How the bars are drawn is measured by the browser's own layout (a probe page beside the map,
 ``gpushare.testing.browser.layout_probe_page``): a segment of nothing (the free rest of a full
-GPU, the used compute of an idle one) is not drawn, and no label is cut short.
+GPU, the used compute of an idle one) is not drawn, and no label is cut short. GPU pods that
+bypassed gpushare's scheduler are a warning above the nodes, whose cells wrap rather than
+overflow.
 """
 
 from __future__ import annotations
@@ -229,11 +231,15 @@ def full_and_idle() -> dict[str, Any]:
     return map_report([16, 16, 16], [share("a", 0, 12), share("b", 0, 4), whole("w", 1, 16)])
 
 
-def measure(script: Script) -> list[Box]:
-    """The boxes of every bar segment of the map over ``script``, as the browser laid them out
-    in a 1280 × 900 frame."""
+FRAME_WIDTH_PX = 1280
+"""The width of the frame the map is measured in (the layout probe's default)."""
+
+
+def measure(script: Script, selector: str = ".bar li") -> list[Box]:
+    """The boxes of the elements of the map over ``script`` that match ``selector`` (every bar
+    segment by default), as the browser laid them out in a 1280 × 900 frame."""
     app = web_app(script)
-    probe = layout_probe_page("/", ".bar li")
+    probe = layout_probe_page("/", selector)
 
     async def page(request: Request) -> HTMLResponse:
         return HTMLResponse(probe)
@@ -301,4 +307,62 @@ def test_bars_draw_only_segments_of_something_with_whole_labels(
 
 def test_a_screenshot_of_the_map_with_a_full_and_an_idle_gpu(serve: Any, tmp_path: Path) -> None:
     shot = screenshot(serve(Script(full_and_idle())), tmp_path / "gpu-map-full-idle.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+LONG_NAMESPACE = "team-" + "n" * 58  # 63 characters, the most a namespace has
+LONG_NAME = "stray-" + "x" * 247  # 253 characters, the most a pod name has
+
+
+def bypassing(*strays: tuple[str, str]) -> dict[str, Any]:
+    """n1: one 16 GiB GPU holding pod a, which ``gpushare-scheduler`` placed; each of
+    ``strays`` (namespace, name) asks 4 GiB and was bound to n1 by the default scheduler (no
+    ``schedulerName``), so it has no GPU."""
+    state = ExtenderState()
+    n1 = node_json("n1", [FakeGpu(0, 16, "Tesla T4")], unit=MemoryUnit.GIB)
+    state.upsert_node(n1)
+    pods = [bound_pod(state, "a", "n1", {0: 4}, scheduler="gpushare-scheduler")]
+    pods += [pod_json(name, 4, namespace=ns, node="n1", scheduler=None) for ns, name in strays]
+    snapshot = Snapshot(nodes=(n1,), pods=tuple(pods), holds=())
+    return report_json(build_report(snapshot, node=None, pod_rows=True, now_s=time.time()))
+
+
+WARNING = ["Warning: GPU pods placed without gpushare's scheduler",
+           "Pod", "Node", "Placed by", "What to do"]  # fmt: skip
+TO_DO = "Set spec.schedulerName: gpushare-scheduler and recreate the pod"
+
+
+@pytest.mark.parametrize(
+    ("the_report", "expected"),
+    [
+        pytest.param(bypassing(("team-a", "stray")),
+                     [*WARNING, "team-a/stray", "n1", "default-scheduler", TO_DO],
+                     id="a-pod-the-default-scheduler-placed-is-named-with-what-to-do"),
+        pytest.param(bypassing((LONG_NAMESPACE, LONG_NAME)),
+                     [*WARNING, f"{LONG_NAMESPACE}/{LONG_NAME}", "n1", "default-scheduler", TO_DO],
+                     id="the-longest-pod-name-wraps-inside-the-warning"),
+        pytest.param(bypassing(), [], id="no-pod-bypassed-shows-no-warning"),
+    ],
+)  # fmt: skip
+def test_pods_that_bypassed_gpushare_are_a_warning_above_the_nodes(
+    the_report: dict[str, Any], expected: list[str]
+) -> None:
+    boxes = measure(Script(the_report), ".warning, .warning h2, .warning th, .warning td, .node")
+    warning = [b for b in boxes if b.owner == "bypassed"]
+    assert [b.text for b in warning if b.element_class != "warning"] == expected
+    if expected:
+        assert boxes[0].element_class == "warning"  # first, above the nodes
+        assert [b for b in warning if b.width_px <= 0 or b.overflows] == []
+        short = {*WARNING, "n1", "default-scheduler"}  # each fits its column on one line
+        assert {b.text: b.lines for b in warning if b.text in short} == dict.fromkeys(short, 1)
+        assert 0 < boxes[0].width_px <= FRAME_WIDTH_PX
+    assert [b.owner for b in boxes if b.element_class == "node"] == ["nodes"]
+
+
+def test_a_screenshot_of_the_map_with_a_pod_that_bypassed_gpushare(
+    serve: Any, tmp_path: Path
+) -> None:
+    shot = screenshot(
+        serve(Script(bypassing(("team-a", "stray")))), tmp_path / "gpu-map-bypassed.png"
+    )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

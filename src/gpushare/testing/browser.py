@@ -7,8 +7,9 @@ own in a temporary folder; ``--no-sandbox`` because the tests run as root.
 
 What a page looks like, measured by the browser's own layout: :func:`layout_probe_page` is a
 page that loads another page of the same origin in a frame and writes down the boxes of its
-elements (:class:`Box`: width, text, whether the text overflows); serve it beside the page
-under test, :func:`dump_dom` it and read the boxes with :func:`read_boxes`.
+elements (:class:`Box`: width, text, whether the text overflows, how many lines it takes);
+serve it beside the page under test, :func:`dump_dom` it and read the boxes with
+:func:`read_boxes`.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class Box:
     """One element as laid out: ``owner`` the ``id`` of its nearest ancestor that has one,
     ``parent_class`` and ``element_class`` the ``class`` attributes of its parent and itself,
     ``text`` what it shows, ``title`` its tooltip, ``width_px`` its border-box width in CSS
-    pixels, ``overflows`` whether its content is wider than its box (a label cut short)."""
+    pixels, ``overflows`` whether its content is wider than its box (a label cut short),
+    ``lines`` how many lines its content takes (its height over its line height, rounded; 0
+    when it has no text; a word broken across lines counts its lines)."""
 
     owner: str
     parent_class: str
@@ -97,6 +100,7 @@ class Box:
     title: str
     width_px: float
     overflows: bool
+    lines: int
 
 
 _PROBE = """<!doctype html>
@@ -107,6 +111,13 @@ _PROBE = """<!doctype html>
 <script>
 "use strict";
 const SELECTOR = {selector};
+function lineCount(e) {{
+  if (!e.textContent) return 0;
+  const range = e.ownerDocument.createRange();
+  range.selectNodeContents(e);
+  const perLine = parseFloat(e.ownerDocument.defaultView.getComputedStyle(e).lineHeight);
+  return perLine > 0 ? Math.max(1, Math.round(range.getBoundingClientRect().height / perLine)) : 1;
+}}
 function measure() {{
   const doc = document.getElementById("frame").contentDocument;
   const found = doc ? [...doc.querySelectorAll(SELECTOR)] : [];
@@ -119,6 +130,7 @@ function measure() {{
     title: e.getAttribute("title") || "",
     width_px: e.getBoundingClientRect().width,
     overflows: e.scrollWidth > e.clientWidth,
+    lines: lineCount(e),
   }})));
 }}
 document.getElementById("frame").addEventListener("load", measure);
