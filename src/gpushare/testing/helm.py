@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from gpushare.testing.controlplane import REPO_ROOT
+from gpushare.testing.scriptbuilt import script_built
 
 __all__ = [
     "BUILD_SCRIPT",
@@ -92,28 +93,14 @@ def locate_helm(*, build: bool = True) -> Path:
         if not os.access(path, os.X_OK):
             raise HelmError(f"GPUSHARE_HELM={override} is not an executable file")
         return path
-    try:
-        done = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--print-path"], check=True, capture_output=True, text=True
-        )
-    except (OSError, subprocess.CalledProcessError) as error:
-        raise HelmError(f"cannot run {BUILD_SCRIPT} --print-path: {error}") from error
-    path = Path(done.stdout.strip())
-    if os.access(path, os.X_OK):
-        return path
-    if build:
-        built = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
-        )
-        if built.returncode == 0 and os.access(path, os.X_OK):
-            return path
-        raise HelmError(
-            f"helm is missing at {path} and {BUILD_SCRIPT} failed (exit {built.returncode}):\n"
-            f"{built.stderr[-3000:]}"
-        )
-    raise HelmError(
-        f"helm is missing at {path}: build it with scripts/build-helm.sh (needs Go >= 1.26 and "
-        "the Go module proxy). The deploy tests are never skipped."
+    return script_built(
+        BUILD_SCRIPT,
+        "--print-path",
+        Path,
+        build=build,
+        error=HelmError,
+        missing="build it with scripts/build-helm.sh (needs Go >= 1.26 and the Go module "
+        "proxy). The deploy tests are never skipped.",
     )
 
 

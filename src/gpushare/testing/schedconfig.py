@@ -12,13 +12,13 @@ misspelt or wrongly-cased field, at the top or in a known plugin's ``args``, is 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gpushare.testing.controlplane import REPO_ROOT
+from gpushare.testing.scriptbuilt import script_built
 
 __all__ = [
     "BUILD_SCRIPT",
@@ -57,28 +57,14 @@ def locate_schedconfig(release: str, *, build: bool = True) -> Path:
     """
     if release not in RELEASES:
         raise ValueError(f"no decoder for Kubernetes {release!r}: built for {sorted(RELEASES)}")
-    try:
-        done = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--print-dir"], check=True, capture_output=True, text=True
-        )
-    except (OSError, subprocess.CalledProcessError) as error:
-        raise SchedConfigError(f"cannot run {BUILD_SCRIPT} --print-dir: {error}") from error
-    path = Path(done.stdout.strip()) / f"schedconfig-k8s-{release}"
-    if os.access(path, os.X_OK):
-        return path
-    if build:
-        built = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
-        )
-        if built.returncode == 0 and os.access(path, os.X_OK):
-            return path
-        raise SchedConfigError(
-            f"{path} is missing and {BUILD_SCRIPT} failed (exit {built.returncode}):\n"
-            f"{built.stderr[-3000:]}"
-        )
-    raise SchedConfigError(
-        f"{path} is missing: build it with scripts/build-schedconfig.sh (needs Go and the Go "
-        "module proxy). The deploy tests are never skipped."
+    return script_built(
+        BUILD_SCRIPT,
+        "--print-dir",
+        lambda printed: Path(printed) / f"schedconfig-k8s-{release}",
+        build=build,
+        error=SchedConfigError,
+        missing="build it with scripts/build-schedconfig.sh (needs Go and the Go module "
+        "proxy). The deploy tests are never skipped.",
     )
 
 
