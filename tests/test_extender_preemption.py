@@ -40,7 +40,7 @@ from gpushare.extender.wire import (
     MetaVictims,
 )
 from gpushare.kube.codec import MemoryUnit, pod_key, pod_priority, pod_request, pod_uid
-from gpushare.kube.codec.preemption import DisruptionBudget, holds_data
+from gpushare.kube.codec.preemption import DisruptionBudget, holds_data, holds_of
 from gpushare.testing.clock import ManualClock
 from gpushare.testing.extender import (
     PodsOnServer,
@@ -699,6 +699,39 @@ def test_holds_from_the_configmap_are_capped_as_they_are_read(
     book.replace({"metadata": {}, "data": holds_data([hold])})
     (read,) = book.all()
     assert (read.created_s, read.expires_s, read.priority) == capped_to
+
+
+def _hold_for(name: str, gib: int) -> Hold:
+    gpu = (ContainerAllocation("main", (0,), gib),)
+    return Hold(f"default/{name}", f"u-{name}", "n1", HIGH, gpu, (), (), NOW_S, NOW_S + 60)
+
+
+@pytest.mark.parametrize(
+    ("after", "read_again"),
+    [
+        pytest.param(["a", "b"], set(), id="unchanged-entries-are-not-read-again"),
+        pytest.param(["a", "b", "c"], {"u-c"}, id="a-new-entry-is-read"),
+        pytest.param(["a"], set(), id="a-dropped-entry-is-forgotten"),
+    ],
+)
+def test_the_holds_configmap_is_read_entry_by_entry_as_it_changes(
+    after: list[str], read_again: set[str]
+) -> None:
+    """A replica sees the ConfigMap after every write: only the entries a write changed are
+    read again, and what it reads equals a reading from scratch."""
+    known: dict[str, tuple[str, Hold]] = {}
+    first, _ = holds_of(
+        {"metadata": {}, "data": holds_data([_hold_for("a", 8), _hold_for("b", 4)])}, known
+    )
+    data = holds_data([_hold_for(n, 8 if n == "a" else 4) for n in after])
+    before = {key: hold for key, (_, hold) in known.items()}
+    holds, problems = holds_of({"metadata": {}, "data": data}, known)
+    assert problems == []
+    assert holds == holds_of({"metadata": {}, "data": data})[0]
+    assert set(known) == {f"u-{n}" for n in after}
+    fresh = {key for key, (_, hold) in known.items() if before.get(key) is not hold}
+    assert fresh == read_again
+    assert len(first) == 2
 
 
 def test_a_hold_written_to_last_a_day_ends_at_the_longest_hold(rig: Rig) -> None:

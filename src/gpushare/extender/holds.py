@@ -85,6 +85,7 @@ class HoldBook:
         self._max_life_s = max_life_s
         self._wall_clock = wall_clock
         self._stored: dict[str, Hold] = {}  # by preemptor key, as the ConfigMap says
+        self._read: dict[str, tuple[str, Hold]] = {}  # ConfigMap key -> (its value, its hold)
         self._local: dict[str, tuple[Hold | None, float]] = {}  # key -> (hold or drop, when)
         self._view: dict[str, Hold] = {}
         self._by_node: dict[str, dict[str, Hold]] = {}
@@ -99,7 +100,7 @@ class HoldBook:
 
     def replace(self, configmap: Json | None) -> None:
         """Everything the ConfigMap holds now (``None``: it is gone)."""
-        holds, problems = holds_of(configmap)
+        holds, problems = holds_of(configmap, self._read)
         if problems and problems != self.problems:
             for problem in problems:
                 log.warning("preemption hold refused: %s", problem)

@@ -201,9 +201,14 @@ def holds_data(holds: Iterable[Hold]) -> dict[str, str]:
     return {hold.uid: hold_json(hold) for hold in holds}
 
 
-def holds_of(configmap: Json | None) -> tuple[list[Hold], list[str]]:
+def holds_of(
+    configmap: Json | None, known: dict[str, tuple[str, Hold]] | None = None
+) -> tuple[list[Hold], list[str]]:
     """The holds in the ConfigMap (module doc) and one line per refused entry (key, problem,
-    the start of the value). ``None`` or no ``data``: none."""
+    the start of the value). ``None`` or no ``data``: none. ``known`` (key -> (the value as
+    read, its hold)), when given, saves reading again an entry whose value has not changed,
+    and is updated to the entries read now: a replica that sees the ConfigMap after each of
+    hundreds of writes reads only what each write changed."""
     if configmap is None:
         return [], []
     data = configmap.get("data")
@@ -218,10 +223,22 @@ def holds_of(configmap: Json | None) -> tuple[list[Hold], list[str]]:
         if len(holds) >= MAX_HOLDS:
             problems.append(f"{subject}: more than {MAX_HOLDS} holds; the rest are ignored")
             break
+        raw = data[key]
+        seen = known.get(key) if known is not None else None
+        if seen is not None and seen[0] == raw:
+            holds.append(seen[1])
+            continue
         try:
-            holds.append(_hold(key, data[key]))
+            hold = _hold(key, raw)
         except CodecError as error:
             problems.append(str(error))
+            continue
+        holds.append(hold)
+        if known is not None and isinstance(raw, str):
+            known[key] = (raw, hold)
+    if known is not None:
+        for key in [k for k in known if k not in data]:
+            del known[key]
     return holds, problems
 
 
