@@ -2,20 +2,24 @@
 ``gpushare simulate``'s engine and through kube-scheduler + ``gpushare extender`` on kwok nodes.
 
 Run: ``make bench-replay`` (or ``.venv/bin/python bench/replay.py [--policy bestfit]
-[--seed 42] [--pods N] [--score-all] [--out out/replay]``). Needs the test control plane
-(``make controlplane``).
+[--seed 42] [--pods N] [--score-all] [--simulator like-cluster|ideal] [--out out/replay]``).
+Needs the test control plane (``make controlplane``).
 
 The cluster and the pods are the embedded trace's (``make run``'s: 120 nodes, 624 GPUs of 1000
 milli-GPU each, 820 pods), the stream as the simulator makes it for ``--seed`` (shuffled, tuned to
 130 % of the GPU capacity: ``gpushare.sim.workload.make_run``), cut to ``--pods``. The simulator
-places it with ``--policy`` (``gpushare.sim.engine.simulate``). The real run: a kwok node per
-trace node (its GPUs in an inventory of 1000 "MiB" each, so one unit is one milli-GPU; its CPU
-and memory as the trace says), ``gpushare extender --policy P --gpu-unit 1000`` as its own
-process, and a kube-scheduler wired to it as the chart wires it (``--score-all``: with
-``percentageOfNodesToScore: 100``, so that kube-scheduler does not stop looking after 100
-feasible nodes). Each pod is created, then waited for until it is bound or kube-scheduler marks
-it unschedulable, which is then deleted (the simulator drops it): one pod at a time, as the
-simulator places them.
+places it with ``--policy`` (``gpushare.sim.engine.simulate``), by default like the cluster
+(``--simulator like-cluster``: pods that ask no GPU by kube-scheduler's own scores, the nodes
+kube-scheduler passes on, M learned online: ``gpushare.sim.engine.LikeCluster``; with
+``--score-all`` its ``percentage_of_nodes_to_score`` is 100 too), or as the paper's ideal run
+(``--simulator ideal``); the other mode's largest difference is printed too. The real run: a
+kwok node per trace node (its GPUs in an inventory of 1000 "MiB" each, so one unit is one
+milli-GPU; its CPU and memory as the trace says), ``gpushare extender --policy P --gpu-unit
+1000`` as its own process, and a kube-scheduler wired to it as the chart wires it
+(``--score-all``: with ``percentageOfNodesToScore: 100``, so that kube-scheduler does not stop
+looking after 100 feasible nodes). Each pod is created, then waited for until it is bound or
+kube-scheduler marks it unschedulable, which is then deleted (the simulator drops it): one pod
+at a time, as the simulator places them.
 
 ``--dra best-fit`` (or ``--dra index``) replays the stream as Dynamic Resource Allocation
 claims instead (docs/dra.md, "Placement"): each kwok node has gpushare's
@@ -66,14 +70,13 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from gpushare.core.model import Node, PodRequest
-from gpushare.core.policies import make_policy
 from gpushare.deviceplugin.inventory import PhysicalGpu
 from gpushare.dra.slices import DRIVER, MEMORY, device_class, resource_slice
 from gpushare.dra.templates import DEVICE_CLASS
 from gpushare.dra.usage import device_order, memory_used
 from gpushare.kube.codec import GPU_COUNT_ANNOTATION, GPU_MEM, GPU_MODELS_ANNOTATION, MemoryUnit
-from gpushare.sim.engine import simulate
-from gpushare.sim.experiment import policy_context
+from gpushare.sim.engine import LikeCluster, RunRecord, simulate
+from gpushare.sim.experiment import policy_context, run_policy
 from gpushare.sim.metrics import arrived_bins
 from gpushare.sim.trace import load_embedded_trace
 from gpushare.sim.workload import gpu_demand, make_run
@@ -393,6 +396,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --dra: gpushare extender --dra-scoring scores the nodes for the claim pods "
         "(--policy), as a second extender without managedResources",
     )
+    parser.add_argument(
+        "--simulator",
+        choices=["like-cluster", "ideal"],
+        default="like-cluster",
+        help="the simulator's mode: placed as kube-scheduler + the extender would (default), "
+        "or the paper's ideal run (every pod by the policy)",
+    )
     parser.add_argument("--out", type=Path, default=Path("out/replay"))
     args = parser.parse_args(argv)
 
@@ -405,14 +415,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacity = float(sum(g.capacity for n in nodes for g in n.gpus))
     print(f"{len(nodes)} nodes, {len(stream)} pods, policy {args.policy}, seed {args.seed}")
 
-    context = policy_context(nodes, pods, args.seed)
-    assert context.workload is not None
-    record = simulate(
-        nodes, stream, make_policy(args.policy, context),
-        tie_rank=setup.tie_rank, workload=context.workload,
-    )  # fmt: skip
+    def simulated_run(mode: str) -> RunRecord:
+        context = policy_context(nodes, pods, args.seed)
+        assert context.workload is not None
+        like = mode == "like-cluster"
+        return simulate(
+            nodes, stream, run_policy(args.policy, context, like_cluster=like),
+            tie_rank=setup.tie_rank, workload=context.workload,
+            like_cluster=LikeCluster(args.seed, 100 if args.score_all else 0) if like else None,
+        )  # fmt: skip
+
+    other_mode = "ideal" if args.simulator == "like-cluster" else "like-cluster"
+    record, other = simulated_run(args.simulator), simulated_run(other_mode)
     simulated = unallocated_curve(record.arrived, record.allocated, capacity)
-    print(f"simulator: {record.placed} of {len(stream)} pods placed")
+    other_curve = unallocated_curve(other.arrived, other.allocated, capacity)
+    print(f"simulator ({args.simulator}): {record.placed} of {len(stream)} pods placed")
 
     started = time.monotonic()
     arrived, allocated, bound = replay(
@@ -437,17 +454,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     worst = int(np.nanargmax(difference))
     print(f"largest difference: {difference[worst]:.2f} points at arrived {worst} %")
+    other_difference = np.abs(real - other_curve)
+    other_worst = int(np.nanargmax(other_difference))
+    print(
+        f"with the simulator {other_mode} instead ({other.placed} placed): "
+        f"{other_difference[other_worst]:.2f} points at arrived {other_worst} %"
+    )
 
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "policy": args.policy, "seed": args.seed, "pods": len(stream),
         "score_all": args.score_all, "extender_only": args.extender_only,
         "gpu_pods_only": args.gpu_pods_only, "dra": args.dra, "dra_scoring": args.dra_scoring,
+        "simulator": args.simulator,
         "placed_simulator": record.placed, "bound_real": bound,
         "unallocated_pct_simulator": [None if np.isnan(v) else round(v, 3) for v in simulated],
         "unallocated_pct_real": [None if np.isnan(v) else round(v, 3) for v in real],
         "largest_difference_points": round(float(difference[worst]), 3),
         "largest_difference_at_arrived_pct": worst,
+        other_mode: {
+            "placed_simulator": other.placed,
+            "unallocated_pct_simulator": [None if np.isnan(v) else round(v, 3)
+                                          for v in other_curve],
+            "largest_difference_points": round(float(other_difference[other_worst]), 3),
+            "largest_difference_at_arrived_pct": other_worst,
+        },
     }  # fmt: skip
     (args.out / "replay.json").write_text(json.dumps(result, indent=1))
     _plot(args.out / "replay.png", simulated, real, args)
@@ -470,7 +501,8 @@ def _plot(path: Path, simulated: FloatArray, real: FloatArray, args: argparse.Na
 
     x = np.arange(MAX_PERCENT + 1)
     figure, axis = plt.subplots(figsize=(8, 5), constrained_layout=True)
-    axis.plot(x, simulated, label="gpushare simulate", linewidth=2)
+    mode = "like the cluster" if args.simulator == "like-cluster" else "ideal"
+    axis.plot(x, simulated, label=f"gpushare simulate ({mode})", linewidth=2)
     axis.plot(x, real, label=f"{_real_name(args)} (kwok)", linestyle="--")
     axis.plot(x, np.clip(100 - x, 0, None), color="grey", linewidth=0.8, label="ideal")
     axis.set_xlabel("arrived GPU workload (% of capacity)")

@@ -146,6 +146,26 @@ def test_several_seeds_show_mean_and_spread(tmp_path: Path) -> None:
     assert "simulate: 2/2 runs done" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "label", "mode"),
+    [
+        pytest.param("--like-cluster", "like the cluster", "like-cluster", id="like the cluster"),
+        pytest.param("--ideal", "ideal", "ideal", id="ideal"),
+    ],
+)
+def test_the_mode_is_named_in_the_title_and_the_results(
+    tmp_path: Path, flag: str, label: str, mode: str
+) -> None:
+    result = invoke(
+        "--policy", "bestfit", "--seeds", "42", "--no-reference", "--jobs", "1", flag,
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert text.count(f"default, {label}") >= 2, text  # the first line and the table's title
+    assert json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))["mode"] == mode
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 

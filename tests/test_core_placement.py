@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,6 +53,37 @@ def test_equal_scores_go_to_the_lowest_tie_rank(tie_rank: tuple[int, ...], expec
     decision = Placer(states, make_policy("binpack"), tie_rank).decide(pod("p", 500))
     assert decision is not None
     assert decision.allocation.node == expected
+
+
+@pytest.mark.parametrize(
+    ("among", "expected"),
+    [
+        pytest.param(None, "a", id="no limit: the best of all"),
+        pytest.param((False, True, True), "b", id="limited: the best of those flagged"),
+        pytest.param((False, False, False), None, id="none flagged: no decision"),
+    ],
+)
+def test_decide_among_limits_the_choice_to_the_nodes_flagged(
+    among: tuple[bool, ...] | None, expected: str | None
+) -> None:
+    states = [NodeState.empty(node(name, 2)) for name in "abc"]
+    flags = None if among is None else np.array(among, dtype=np.bool_)
+    decision = Placer(states, make_policy("binpack")).decide(pod("p", 500), among=flags)
+    assert (decision.allocation.node if decision is not None else None) == expected
+
+
+def test_set_policy_drops_the_scores_of_the_policy_before() -> None:
+    states = [
+        NodeState(node("a", 1), (600,)),
+        NodeState.empty(node("b", 1)),
+    ]
+    placer = Placer(states, make_policy("binpack"))
+    first = placer.decide(pod("p", 300))
+    placer.set_policy(make_policy("spread"))
+    second = placer.decide(pod("p", 300))
+    assert first is not None
+    assert second is not None
+    assert (first.allocation.node, second.allocation.node) == ("a", "b")
 
 
 def test_a_pod_that_fits_nowhere_gets_no_decision() -> None:

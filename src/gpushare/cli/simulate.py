@@ -171,6 +171,15 @@ class SeedsType(click.ParamType[tuple[int, ...]]):
     default=None,
     help="parallel processes (default: all cores).",
 )
+@click.option(
+    "--like-cluster/--ideal",
+    "like_cluster",
+    default=False,
+    show_default=True,
+    help="place as kube-scheduler + gpushare extender would: pods that ask no GPU by "
+    "kube-scheduler's own scores, only the nodes it passes on, M learned online "
+    "(docs/simulator.md, 'Like the cluster'); --ideal: every pod by the policy (the paper's).",
+)
 def simulate(
     *,
     trace_dir: Path | None,
@@ -181,6 +190,7 @@ def simulate(
     tune_ratio: float,
     reference: bool,
     jobs: int | None,
+    like_cluster: bool,
 ) -> None:
     """Replay a GPU-sharing trace through placement policies and compare how many GPUs each one
     leaves unallocated (the FGD paper's experiment, Fig. 9a)."""
@@ -204,7 +214,8 @@ def simulate(
     chosen = list(policies or policy_names())
     seeds = seeds or (PAPER_SEEDS if trace_dir else EMBEDDED_SEEDS)
     gpus = trace.gpu_capacity_milli / 1000
-    label = f"{'embedded synthetic cluster' if trace_dir is None else source}: {workload}"
+    mode = "like the cluster" if like_cluster else "ideal"
+    label = f"{'embedded synthetic cluster' if trace_dir is None else source}: {workload}, {mode}"
     console.print(
         f"[bold]{label}[/]: {len(trace.nodes)} nodes, {gpus:.0f} GPUs, {len(trace.pods)} pods; "
         f"{plural(len(chosen), 'policy', 'policies')} × {plural(len(seeds), 'seed', 'seeds')}, "
@@ -226,6 +237,7 @@ def simulate(
             tune_ratio=tune_ratio,
             jobs=jobs,
             on_done=lambda r: tick(f"{r.policy} seed {r.seed}, {r.seconds:.1f} s"),
+            like_cluster=like_cluster,
         )
         if reference:
             calls = [
@@ -260,6 +272,7 @@ def simulate(
             "pods": len(trace.pods),
             "seeds": list(seeds),
             "tune_ratio": tune_ratio,
+            "mode": "like-cluster" if like_cluster else "ideal",
         },
         references,
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from gpushare.core.extenderscore import TIE_BREAK_SCALE
 from gpushare.core.fit import check_fit
 from gpushare.core.model import Allocation, NodeState, PodRequest
 from gpushare.core.policies.base import Policy, tie_break_of
@@ -183,11 +184,16 @@ class Placer:
             cache.tie_version[stale] = self._version[stale]
         return cache.tie[nodes]
 
-    def decide(self, pod: PodRequest) -> Decision | None:
-        """The best node and GPUs for ``pod``, or ``None`` when it fits nowhere. Changes nothing:
-        the caller applies the allocation and passes the new state to ``replace``."""
+    def decide(
+        self, pod: PodRequest, among: npt.NDArray[np.bool_] | None = None
+    ) -> Decision | None:
+        """The best node and GPUs for ``pod``, or ``None`` when it fits nowhere. ``among``
+        (one flag per node), when given, limits the choice to the nodes flagged (those
+        kube-scheduler passes on to the extender). Changes nothing: the caller applies the
+        allocation and passes the new state to ``replace``."""
         cache = self._refresh(pod)
-        feasible = np.flatnonzero(cache.fits)
+        fits = cache.fits if among is None else cache.fits & among
+        feasible = np.flatnonzero(fits)
         if feasible.size == 0:
             return None
         if self.policy.deterministic:
@@ -200,7 +206,28 @@ class Placer:
             ties = self._tie_breaks(cache, best, pod)
             best = best[ties == ties.max()]
         chosen = int(best[np.argmin(self._rank[best])]) if best.size > 1 else int(best[0])
-        state = self._states[chosen]
+        return self.place(pod, chosen)
+
+    def values(self, pod: PodRequest, among: Sequence[int]) -> tuple[list[int], list[float]]:
+        """The nodes of ``among`` that ``pod`` fits (the extender's filter) and the value the
+        extender ranks each by: the policy's score plus its tie-break / ``TIE_BREAK_SCALE``
+        (``gpushare.core.extenderscore.policy_value``), from the same caches as ``decide``."""
+        cache = self._refresh(pod)
+        nodes = np.asarray(among, dtype=np.int64)
+        fitting = nodes[cache.fits[nodes]]
+        if self.policy.deterministic:
+            values = cache.score[fitting].copy()
+        else:
+            states = self._states
+            values = np.array([self.policy.score(states[i], pod) for i in fitting.tolist()])
+        if self._tie_break is not None and fitting.size:
+            values += self._tie_breaks(cache, fitting, pod) / TIE_BREAK_SCALE
+        return fitting.tolist(), values.tolist()
+
+    def place(self, pod: PodRequest, index: int) -> Decision:
+        """``pod`` on node ``index`` with the GPUs the policy chooses there. Precondition: the
+        pod fits the node."""
+        state = self._states[index]
         allocation = Allocation(
             pod=pod.key,
             node=state.node.name,
@@ -208,7 +235,15 @@ class Placer:
             cpu_milli=pod.cpu_milli,
             memory_mib=pod.memory_mib,
         )
-        return Decision(chosen, allocation)
+        return Decision(index, allocation)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Decide with ``policy`` from now on (a policy rebuilt on a new target workload);
+        every cached score and tie-break is dropped."""
+        self.policy = policy
+        self._tie_break = tie_break_of(policy)
+        self._shapes.clear()
+        self._memo.clear()
 
     def replace(self, index: int, state: NodeState) -> None:
         """Node ``index`` is now ``state`` (after a placement, a release or a health change)."""

@@ -13,6 +13,10 @@ s, CPU-aware tie-break t in 0–100) is ranked on v = s + t / 101, which orders 
 (s, t) as ``gpushare.core.placement.Placer`` does: t only separates nodes of equal s, and when
 every candidate ties on s (frequent with FGD), t spreads them over 0–10.
 
+``policy_value``, ``to_priorities`` and ``TIE_BREAK_SCALE`` live in the pure core
+(``gpushare.core.extenderscore``, re-exported here), where the simulator's cluster-like runs
+use them too.
+
 **Context.** ``fgd``, ``fgd-cpu`` and ``fgd-spare`` need a target workload M and one whole GPU
 in the node unit. ``extender_policy`` takes them as arguments; ``default_workload`` is a
 placeholder M (¼, ½ and 1 GPU, and 2 whole GPUs, equally likely) until M is derived from the
@@ -21,17 +25,23 @@ cluster's pods.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
+from gpushare.core.extenderscore import TIE_BREAK_SCALE, policy_value, to_priorities
 from gpushare.core.fragmentation import TargetWorkload, TaskShape
-from gpushare.core.model import NodeState, PodRequest
-from gpushare.core.policies import Policy, PolicyContext, TieBreak, make_policy
-from gpushare.extender.wire import MAX_PRIORITY, MIN_PRIORITY
+from gpushare.core.learned import node_local_context
+from gpushare.core.policies import Policy, make_policy
 
-TIE_BREAK_SCALE = 101.0
-"""t / 101 < 1 for t in 0..100: a tie-break never outweighs one point of the primary score."""
-
+__all__ = [
+    "DEFAULT_GPU_UNIT",
+    "DEFAULT_POLICY",
+    "TIE_BREAK_SCALE",
+    "default_workload",
+    "derived_gpu_unit",
+    "extender_policy",
+    "policy_value",
+    "to_priorities",
+]
 
 DEFAULT_POLICY = "fgd-spare"
 """The extender's policy when none is named (docs/simulator.md: never behind FGD's curve on
@@ -70,40 +80,4 @@ def extender_policy(
 ) -> Policy:
     """Policy ``name`` for the extender; ``gpu_unit`` is one whole GPU in the node unit (FGD's
     normalisation). ``KeyError`` naming the accepted names for an unknown name."""
-    context = PolicyContext(
-        workload=workload or default_workload(gpu_unit),
-        gpu_unit=gpu_unit,
-        max_node_gpu=8 * gpu_unit,
-    )
-    return make_policy(name, context)
-
-
-def policy_value(
-    policy: Policy, state: NodeState, pod: PodRequest, *, tie_break: TieBreak | None
-) -> float:
-    """The value ranked by ``prioritize`` (module doc); ``tie_break`` is the policy's
-    (``gpushare.core.policies.tie_break_of``, resolved once by the caller). Precondition:
-    ``pod`` fits ``state``."""
-    value = policy.score(state, pod)
-    if tie_break is not None:
-        value += tie_break(state, pod) / TIE_BREAK_SCALE
-    return value
-
-
-def to_priorities(values: Mapping[str, float], candidates: list[str]) -> dict[str, int]:
-    """Integer 0–10 per candidate from ``values`` (only the nodes the pod fits; module doc)."""
-    scores = dict.fromkeys(candidates, MIN_PRIORITY)
-    finite = {name: v for name, v in values.items() if math.isfinite(v)}
-    if not finite:
-        return scores
-    lo, hi = min(finite.values()), max(finite.values())
-    if hi == lo:
-        scores.update(dict.fromkeys(finite, MAX_PRIORITY))
-        return scores
-    span, floor = hi - lo, math.floor
-    # ⌊10·(v − lo)/(hi − lo)⌋, kept within 0..10 against rounding at v == hi.
-    scores.update(
-        (name, min(MAX_PRIORITY, floor(MAX_PRIORITY * (value - lo) / span)))
-        for name, value in finite.items()
-    )
-    return scores
+    return make_policy(name, node_local_context(workload or default_workload(gpu_unit), gpu_unit))

@@ -18,7 +18,8 @@ M is ``TargetWorkload.from_pods`` over those requests (shapes in the node unit a
 ledger and ``scoring`` use them: ``aliyun.com/gpu-mem`` per GPU, ``gpu_count`` GPUs). It is
 rebuilt lazily, on the next score, once ``refresh_changes`` pods changed or ``refresh_s``
 seconds passed with at least one change; until the first GPU pod is known, M is
-``scoring.default_workload``.
+``scoring.default_workload``. The pods and the count of changes are
+``gpushare.core.learned.KnownPods``, which the simulator's cluster-like runs use too.
 
 :class:`AdaptiveFgd` is the policy the extender runs for ``fgd``/``fgd-cpu``/``fgd-spare``: the
 core policy rebuilt on each new M. Its ``generation`` changes with M, so the scheduler keeps
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from gpushare.core.fragmentation import TargetWorkload
+from gpushare.core.learned import LEARNING_POLICIES, KnownPods
 from gpushare.core.model import ContainerAllocation, NodeState, PodRequest
 from gpushare.core.policies import Policy, TieBreak, tie_break_of
 from gpushare.extender.scoring import (
@@ -45,7 +47,7 @@ from gpushare.kube.watch import Action, Change
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_POLICIES = frozenset({"fgd", "fgd-cpu", "fgd-spare"})
+WORKLOAD_POLICIES = LEARNING_POLICIES
 """The policies whose scores depend on the target workload."""
 
 
@@ -75,34 +77,29 @@ class WorkloadTracker:
         self._unit_checked_at = clock()
         self._unit_changed = False
         self.refresh_s = refresh_s
-        self.refresh_changes = max(1, refresh_changes)
-        self.coverage = coverage
+        self._known = KnownPods(refresh_changes=refresh_changes, coverage=coverage)
         self._clock = clock
         self._check_unit(force=True)
-        self._pods: dict[str, PodRequest] = {}
-        self._changes = 0
         self._refreshed_at = clock()
         self._workload = default_workload(self.gpu_unit)
-        self.from_pods = False
+
+    @property
+    def from_pods(self) -> bool:
         """True once M comes from pods (else the placeholder)."""
+        return self._known.from_pods
 
     @property
     def pods(self) -> int:
         """How many GPU pods are known."""
-        return len(self._pods)
+        return self._known.pods
 
     def observe(self, pod: PodRequest) -> None:
         """A pod's request (a pod being scored or placed); CPU-only pods are ignored."""
-        if not pod.gpu_containers:
-            return
-        if self._pods.get(pod.key) != pod:
-            self._pods[pod.key] = pod
-            self._changes += 1
+        self._known.observe(pod)
 
     def forget(self, key: str) -> None:
         """Pod ``key`` is gone (deleted or finished)."""
-        if self._pods.pop(key, None) is not None:
-            self._changes += 1
+        self._known.forget(key)
 
     def on_pod(self, change: Change) -> None:
         """A ``ClusterCache`` pod listener: bound and pending pods count, finished and
@@ -149,24 +146,19 @@ class WorkloadTracker:
         self._check_unit()
         if self._unit_changed:
             return True
-        if self._changes == 0:
+        if self._known.changes == 0:
             return False
-        if self._changes >= self.refresh_changes or not self.from_pods:
+        if self._known.due():
             return True
         return self._clock() - self._refreshed_at >= self.refresh_s
 
     def refresh(self) -> TargetWorkload:
         """Rebuild M now from the known pods (the placeholder when there are none)."""
-        self._changes = 0
         self._unit_changed = False
         self._refreshed_at = self._clock()
-        if self._pods:
-            self._workload = TargetWorkload.from_pods(self._pods.values(), self.coverage)
-            self.from_pods = True
-        else:
-            self._workload = default_workload(self.gpu_unit)
-            self.from_pods = False
-        log.debug("target workload from %d pods: %s", len(self._pods), self._workload)
+        learned = self._known.rebuild()
+        self._workload = default_workload(self.gpu_unit) if learned is None else learned
+        log.debug("target workload from %d pods: %s", self._known.pods, self._workload)
         return self._workload
 
     def workload(self) -> TargetWorkload:

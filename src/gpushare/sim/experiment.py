@@ -2,7 +2,10 @@
 
 Source: the paper's evaluation as the artifact runs it (docs/simulator.md, "One run"). One run =
 one seed's node tie order and
-tuned pod stream (``gpushare.sim.workload``) through ``gpushare.sim.engine.simulate``.
+tuned pod stream (``gpushare.sim.workload``) through ``gpushare.sim.engine.simulate``: the
+paper's ideal run, or with ``like_cluster`` one placed as kube-scheduler + ``gpushare extender``
+would (``gpushare.sim.engine.LikeCluster``; its policy built as the extender builds it,
+``gpushare.core.learned.node_local_context``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from functools import partial
 from typing import TypeVar
 
 from gpushare.core.fragmentation import TargetWorkload
+from gpushare.core.learned import node_local_context
 from gpushare.core.model import Node, PodRequest
-from gpushare.core.policies import PolicyContext, make_policy
-from gpushare.sim.engine import simulate
+from gpushare.core.policies import Policy, PolicyContext, make_policy
+from gpushare.sim.engine import LikeCluster, simulate
 from gpushare.sim.metrics import Curves, bin_by_arrived
 from gpushare.sim.workload import make_run
 
@@ -82,15 +86,23 @@ def run_one(
     *,
     tune_ratio: float = 1.3,
     max_percent: int = 130,
+    like_cluster: bool = False,
 ) -> RunResult:
-    """One run of ``policy_name`` with ``seed`` (module doc)."""
+    """One run of ``policy_name`` with ``seed`` (module doc); ``like_cluster``: placed as the
+    cluster would (``LikeCluster(seed)``, M learned online)."""
     setup = make_run(nodes, pods, seed, tune_ratio)
     context = policy_context(nodes, pods, seed)
     assert context.workload is not None
-    policy = make_policy(policy_name, context)
+    policy = run_policy(policy_name, context, like_cluster=like_cluster)
     started = time.perf_counter()
     record = simulate(
-        nodes, setup.stream, policy, tie_rank=setup.tie_rank, workload=context.workload
+        nodes,
+        setup.stream,
+        policy,
+        tie_rank=setup.tie_rank,
+        workload=context.workload,
+        gpu_unit=context.gpu_unit,
+        like_cluster=LikeCluster(seed) if like_cluster else None,
     )
     seconds = time.perf_counter() - started
     capacity = float(sum(gpu.capacity for node in nodes for gpu in node.gpus))
@@ -106,6 +118,16 @@ def run_one(
     )
 
 
+def run_policy(name: str, context: PolicyContext, *, like_cluster: bool = False) -> Policy:
+    """Policy ``name`` for a run: on the whole ``context`` (the paper's simulator), or, with
+    ``like_cluster``, as the extender builds it: M and one whole GPU only
+    (``node_local_context``)."""
+    if like_cluster:
+        assert context.workload is not None
+        return make_policy(name, node_local_context(context.workload, context.gpu_unit))
+    return make_policy(name, context)
+
+
 def run_experiment(
     nodes: Sequence[Node],
     pods: Sequence[PodRequest],
@@ -115,11 +137,15 @@ def run_experiment(
     tune_ratio: float = 1.3,
     jobs: int | None = None,
     on_done: Callable[[RunResult], None] | None = None,
+    like_cluster: bool = False,
 ) -> list[RunResult]:
     """Every (policy, seed) run, ``jobs`` processes at a time (default: all cores; 1 runs in
-    this process). ``on_done`` is called as each run finishes. Results in (policy, seed) order."""
+    this process). ``on_done`` is called as each run finishes. Results in (policy, seed) order.
+    ``like_cluster``: every run placed as the cluster would (``run_one``)."""
     calls = [
-        partial(run_one, nodes, pods, policy, seed, tune_ratio=tune_ratio)
+        partial(
+            run_one, nodes, pods, policy, seed, tune_ratio=tune_ratio, like_cluster=like_cluster
+        )
         for policy in policies
         for seed in seeds
     ]
