@@ -254,7 +254,8 @@ def _ok(url: str) -> bool:
 
 class BoundWatch:
     """What happens to each pod of the namespace, from a watch in a thread of its own (its own
-    client: a sync client is not shared across threads), in monotonic seconds: when each of
+    client: a sync client is not shared across threads; a broken watch catches up from a list
+    and starts again from now), in monotonic seconds: when each of
     ``names`` is first seen refused (``PodScheduled`` false), nominated
     (``status.nominatedNodeName``) and bound; when every other pod is first seen going
     (``deletionTimestamp`` or deleted). With ``holds`` (``namespace/name`` of the extender's
@@ -307,16 +308,22 @@ class BoundWatch:
         version = None
         while not self._stop.is_set():
             try:
+                # A watch from no version starts with every pod of the namespace (23,321 at
+                # 1,000 nodes): the server's timeout must let it finish, or the version kept is
+                # one from the middle of that unordered start.
                 for kind, pod in self._kube.watch(
-                    Pod, namespace=self._namespace, resource_version=version, server_timeout=5
+                    Pod, namespace=self._namespace, resource_version=version, server_timeout=120
                 ):
                     if pod.metadata is not None:
                         version = pod.metadata.resourceVersion
                     self._seen(kind, pod)
                     if self._stop.is_set():
                         return
-            except Exception:  # the server ended the watch mid-stream: watch again from there
-                continue
+            except Exception:  # the watch broke (e.g. its version expired): catch up, go on
+                version = None
+                with contextlib.suppress(Exception):
+                    for pod in self._kube.list(Pod, namespace=self._namespace):
+                        self._seen("MODIFIED", pod)
 
     def _run_holds(self) -> None:
         assert self._holds is not None

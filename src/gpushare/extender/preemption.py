@@ -448,8 +448,11 @@ class Preemptor:
         pods and holds), the budgets' version, the pod's
         shape and priority, for pods that hold nothing (no allocation, no hold: the floor is
         then the same for every such pod). A remembered floor was computed at an earlier
-        ``now``: it can only be lower (work lost grows with time), so it still bounds every
-        set from below and never leaves out a node that could win."""
+        ``now``: for the work lost it can only be lower (work grows with time), so it still
+        bounds every set from below. What lapses by the clock alone (a hold past its expiry, a
+        pending pod's pin past the handshake timeout) moves the version only when the extender
+        next ends it; until then a floor can be too high and its node left out: the choice is
+        then a costlier set elsewhere, never a wrong one (every set is checked anew)."""
         key, priority = request.key, pod_priority(pod)
         allowed = self.budgets.allowed()
         now = self._wall()
