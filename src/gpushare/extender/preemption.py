@@ -139,6 +139,8 @@ EXTENDER = "gpushare"
 SCHEDULER = "kube-scheduler"
 READ_LIMIT = 200_000
 """Pods whose reading (``Preemptor.residents``) is kept at most; past it, all are read anew."""
+_Weighable = tuple[NodeState, PodRequest, list[Resident], tuple[PendingPod, ...]]
+"""A node as a preemptor weighs it: its state, the request there, residents, pending pods."""
 FLOOR_LIMIT = 100_000
 """Remembered preemption floors (``Preemptor.plans``) at most; past it, all are computed anew."""
 
@@ -464,6 +466,7 @@ class Preemptor:
         shape = self._shapes.setdefault(asked, len(self._shapes)) if shared else -1
         floors: list[tuple[VictimCost, int, str]] = []
         version, budgets = self.state.cluster.version, self.budgets.version
+        built: dict[str, _Weighable] = {}  # the nodes whose views this call built already
         for name in nodes:
             memo = (name, version(name), budgets, shape)
             if shared and memo in self._floors:
@@ -472,6 +475,7 @@ class Preemptor:
                 weighed = self._weighable(name, key, request, priority)
                 if weighed is None:
                     continue
+                built[name] = weighed
                 state, placed, residents, pending = weighed
                 floor = preemption_floor(
                     state, placed, priority, residents, now_s=now, pending=pending
@@ -486,7 +490,7 @@ class Preemptor:
         for floor, _, name in floors:
             if incumbent is not None and floor >= incumbent:
                 break
-            weighed = self._weighable(name, key, request, priority)
+            weighed = built.get(name) or self._weighable(name, key, request, priority)
             if weighed is None:
                 continue
             state, placed, residents, pending = weighed
@@ -506,9 +510,7 @@ class Preemptor:
                 incumbent = plan.cost if incumbent is None else min(incumbent, plan.cost)
         return out
 
-    def _weighable(
-        self, name: str, key: str, request: PodAsk, priority: int
-    ) -> tuple[NodeState, PodRequest, list[Resident], tuple[PendingPod, ...]] | None:
+    def _weighable(self, name: str, key: str, request: PodAsk, priority: int) -> _Weighable | None:
         """Node ``name`` as pod ``key`` of ``priority`` asking ``request`` weighs it: the
         state without the pod's own allocation, the request on that node, the residents and
         the pending pods; ``None`` for an unknown or non-GPU-share node, or one the pod can

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.core.affinity import Operator, Requirement
 from gpushare.core.model import GPU_COMPUTE_MILLI, ContainerAllocation
 from gpushare.core.preemption import Hold
 from gpushare.kube.codec.common import CodecError, Json, is_int
@@ -94,13 +95,9 @@ class DisruptionBudget:
 
 
 def _expression(labels: Mapping[str, str], key: str, operator: str, values: frozenset[str]) -> bool:
-    if operator == "In":
-        return labels.get(key) in values
-    if operator == "NotIn":
-        return labels.get(key) not in values
-    if operator == "Exists":
-        return key in labels
-    return key not in labels  # DoesNotExist (disruption_budget refuses any other)
+    """A label selector requirement (``disruption_budget`` admits In, NotIn, Exists and
+    DoesNotExist) as node affinity evaluates it (``gpushare.core.affinity``)."""
+    return Requirement(key, Operator(operator), tuple(values)).holds(labels)
 
 
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
