@@ -28,7 +28,7 @@ GPUs no preemptor is bound at the end), preemptors bound, time from creation to 
 p99, of the bound ones), GPUs over capacity (from every remaining pod's
 allocation annotations), and the extender's mean ``preempt``/``filter`` handling time and call
 counts; and, per bound preemptor, when each step happened (``Phases``: refused, hold written,
-nominated, its victims gone, bound), from the same watch and one of the holds ConfigMap. Binds are
+nominated, its victims gone, bound), from the same watch and one of the holds ConfigMaps. Binds are
 seen through a watch (no polling that would load the API server it measures). Prints progress
 and a table; ``--json FILE`` writes the numbers.
 """
@@ -332,9 +332,12 @@ class BoundWatch:
             while not self._stop.is_set():
                 try:
                     for _, configmap in client.watch(
-                        ConfigMap, namespace=namespace, fields={"metadata.name": name},
-                        server_timeout=5,
-                    ):  # fmt: skip
+                        ConfigMap, namespace=namespace, server_timeout=5
+                    ):  # every shard: NAME, NAME-1, ... (gpushare.kube.holds)
+                        shard = configmap.metadata.name if configmap.metadata else ""
+                        suffix = (shard or "").removeprefix(name)
+                        if suffix and not (suffix[0] == "-" and suffix[1:].isdigit()):
+                            continue
                         now = time.monotonic()
                         for raw in (configmap.data or {}).values():
                             held = json.loads(raw).get("pod", "")

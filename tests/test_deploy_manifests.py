@@ -44,7 +44,7 @@ from gpushare.kube import nodeconfig, nodepods, nodes, unhealthy
 from gpushare.kube.codec import MemoryUnit
 from gpushare.kube.codec.dialects import DIALECT_NAMES
 from gpushare.kube.codec.nodeconfig import MemoryReserve, NodeConfig, node_config
-from gpushare.kube.holds import rbac_rules
+from gpushare.kube.holds import HOLD_SHARDS, HoldsRef, rbac_rules
 from gpushare.testing.controlplane import (
     PREEMPTION_CANDIDATE_NODES,
     REPO_ROOT,
@@ -77,7 +77,8 @@ from gpushare.testing.schedconfig import (
 
 SCHEDULER_DIR = REPO_ROOT / "deploy" / "scheduler"
 EXTENDER_RULES = cluster_rules(preemption=True, dra_scoring=False)  # what its clients need
-HOLDS_RULES = rbac_rules("gpushare-preemption-holds")  # the one ConfigMap it writes
+HOLDS_REF = HoldsRef("kube-system", "gpushare-preemption-holds", HOLD_SHARDS)
+HOLDS_RULES = rbac_rules(HOLDS_REF.names)  # the ConfigMaps it writes, every shard
 SERVICE_URL = "https://gpushare-extender.kube-system.svc:12345/gpushare-scheduler"
 SERVER_NAME = "gpushare-extender.kube-system.svc"
 HOST_CA_FILE = "/etc/kubernetes/gpushare-extender-ca.crt"  # the default scheduler's, on the host
@@ -195,7 +196,7 @@ def test_rendered_objects(default_objects: list[Obj], with_scheduler: list[Obj])
         ("ClusterRoleBinding", "gpushare-extender"),
         ("ConfigMap", "gpushare-default-scheduler-config"),
         ("ConfigMap", "gpushare-node-config"),
-        ("ConfigMap", "gpushare-preemption-holds"),
+        *sorted(("ConfigMap", name) for name in HOLDS_REF.names),
         ("DaemonSet", "gpushare-device-plugin"),
         ("Deployment", "gpushare-extender"),
         ("NetworkPolicy", "gpushare-extender"),

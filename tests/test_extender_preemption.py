@@ -1,6 +1,7 @@
 """The extender's GPU-aware preemption (``gpushare.extender.preemption``): the ``preempt`` verb,
-the extender's own preemption of what kube-scheduler never sends, holds in filter and bind, and
-the reconcile loop — with a recording evictor, hold store and Event sink, on manual clocks.
+the extender's own preemption of what kube-scheduler never sends, holds in filter and bind (and
+filter's and prioritize's cached answers on nodes with holds), and the reconcile loop — with a
+recording evictor, hold store and Event sink, on manual clocks.
 
 The wire format is checked through the ASGI app (``POST /gpushare-scheduler/preempt``, Go
 field names); the rest calls the ``Preemptor`` and ``Scheduler`` directly on one event loop.
@@ -734,6 +735,62 @@ def test_the_holds_configmap_is_read_entry_by_entry_as_it_changes(
     assert len(first) == 2
 
 
+def _shard(name: str, holds: list[Hold]) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "data": holds_data(holds)}
+
+
+def _older(hold: Hold) -> Hold:
+    return dataclasses.replace(hold, created_s=hold.created_s - 5)
+
+
+@pytest.mark.parametrize(
+    ("shards", "gone", "holds", "sources"),
+    [
+        pytest.param(
+            {"h": ["a"], "h-1": ["b"]}, [], {"a": 8, "b": 4}, {"a": "h", "b": "h-1"},
+            id="every-shard-s-holds-count",
+        ),
+        pytest.param(
+            {"h": ["a"], "h-1": ["b"]}, ["h-1"], {"a": 8}, {"a": "h"},
+            id="a-deleted-shard-takes-only-its-own-holds",
+        ),
+        pytest.param(
+            {"h": ["a-older"], "h-1": ["a"]}, [], {"a": 8}, {"a": "h-1"},
+            id="a-preemptor-in-two-shards-counts-once-its-latest-hold",
+        ),
+        pytest.param(
+            {"h": ["a"], "h-1": ["a-older"]}, [], {"a": 8}, {"a": "h"},
+            id="whichever-shard-is-read-first",
+        ),
+    ],
+)  # fmt: skip
+def test_holds_are_read_from_every_shard(
+    shards: dict[str, list[str]],
+    gone: list[str],
+    holds: dict[str, int],
+    sources: dict[str, str],
+) -> None:
+    book = HoldBook(max_life_s=600, wall_clock=lambda: NOW_S)
+    made = {"a": _hold_for("a", 8), "b": _hold_for("b", 4), "a-older": _older(_hold_for("a", 2))}
+    for name, entries in shards.items():
+        book.replace(_shard(name, [made[e] for e in entries]))
+    for name in gone:
+        book.replace(None, source=name)
+    read = {h.pod.removeprefix("default/"): h.containers[0].gpu_share for h in book.all()}
+    assert read == holds
+    assert {key: book.source(f"default/{key}") for key in holds} == sources
+
+
+def test_a_refused_entry_is_said_once_per_shard_and_forgotten_with_its_shard() -> None:
+    book = HoldBook(max_life_s=600, wall_clock=lambda: NOW_S)
+    book.replace({"metadata": {"name": "h"}, "data": {"u-x": "not a hold"}})
+    book.replace({"metadata": {"name": "h-1"}, "data": {"u-y": "nor this"}})
+    assert len(book.problems) == 2
+    book.replace(None, source="h")
+    (problem,) = book.problems
+    assert "u-y" in problem
+
+
 def test_a_hold_written_to_last_a_day_ends_at_the_longest_hold(rig: Rig) -> None:
     rig.node("n1")
     low(rig, "a", "n1", 0, 16, EARLY)
@@ -804,3 +861,123 @@ def test_remembered_floors_follow_every_change_a_preemptor_reads(
         anew.node, anew.status, anew.cost,
     )  # fmt: skip
     assert remembered.node == best_node
+
+
+# --- filter and prioritize cached on nodes with holds ----------------------------------------
+
+PREEMPTOR = "default/high"
+HELD_UNTIL_S = NOW_S + 60
+
+
+def _hold_on_n1(rig: Rig) -> None:
+    """12 GiB of n1's GPU 1 held for ``default/high`` (priority 1000) until ``HELD_UNTIL_S``."""
+    gpu = (ContainerAllocation("main", (1,), 12),)
+    rig.preemptor.holds.put(
+        Hold(PREEMPTOR, uid("high"), "n1", HIGH, gpu, (), (), NOW_S, HELD_UNTIL_S)
+    )
+
+
+def _hold_dropped(rig: Rig) -> None:
+    rig.preemptor.holds.drop(PREEMPTOR)
+
+
+def _expired(rig: Rig) -> None:
+    """The wall clock at the hold's expiry; nothing touches n1 (the reconciler has not run)."""
+    rig.wall.now_s = HELD_UNTIL_S
+
+
+def _unchanged(rig: Rig) -> None:
+    pass
+
+
+def _answers(scheduler: Scheduler, pod: dict[str, Any]) -> tuple[Any, ...]:
+    """``pod``'s filter (``NodeNames``) and prioritize answers over n1, n2, n3."""
+    names = ["n1", "n2", "n3"]
+    found = scheduler.filter(ExtenderArgs(pod=pod, node_names=names))
+    scores = scheduler.prioritize(ExtenderArgs(pod=pod, node_names=names))
+    return (
+        found.node_names,
+        found.failed_nodes,
+        found.failed_and_unresolvable_nodes,
+        found.error,
+        scores,
+    )
+
+
+def _asking(name: str, priority: int) -> dict[str, Any]:
+    return pod_json(name, 12, priority=priority)
+
+
+Step = tuple[Any, dict[str, Any], list[str]]
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(
+            [(_unchanged, _asking("above", HIGH + 1), ["n1", "n3"]),
+             (_unchanged, _asking("below", LOW), ["n3"])],
+            id="a-pod-below-the-holds-priority-after-one-above-is-refused-the-held-gpu",
+        ),
+        pytest.param(
+            [(_unchanged, _asking("above", HIGH + 1), ["n1", "n3"]),
+             (_unchanged, _asking("equal", HIGH), ["n3"])],
+            id="a-pod-of-the-holds-priority-after-one-above-is-refused-the-held-gpu",
+        ),
+        pytest.param(
+            [(_unchanged, _asking("below", LOW), ["n3"]),
+             (_unchanged, _asking("above", HIGH + 1), ["n1", "n3"])],
+            id="a-pod-above-the-holds-priority-after-one-below-takes-the-held-gpu",
+        ),
+        pytest.param(
+            [(_unchanged, _asking("first", LOW), ["n3"]),
+             (_unchanged, _asking("second", LOW), ["n3"])],
+            id="two-pods-below-the-holds-priority-are-both-refused-the-held-gpu",
+        ),
+        pytest.param(
+            [(_unchanged, _asking("before", LOW), ["n3"]),
+             (_expired, _asking("after", LOW), ["n1", "n3"])],
+            id="the-held-gpu-is-free-at-the-holds-expiry-without-any-touch",
+        ),
+        pytest.param(
+            [(_unchanged, _asking("held", LOW), ["n3"]),
+             (_hold_dropped, _asking("dropped", LOW), ["n1", "n3"]),
+             (_hold_on_n1, _asking("again", LOW), ["n3"]),
+             (_hold_dropped, _asking("dropped-again", LOW), ["n1", "n3"])],
+            id="a-hold-dropped-then-put-again-then-dropped",
+        ),
+        pytest.param(
+            [(_hold_dropped, _asking("free", LOW), ["n1", "n3"]),
+             (_hold_on_n1, _asking("held", LOW), ["n3"]),
+             (_expired, _asking("expired", LOW), ["n1", "n3"])],
+            id="a-hold-put-on-a-node-without-holds-ends-at-its-expiry-without-any-touch",
+        ),
+        pytest.param(
+            [(_unchanged, _asking("twin", HIGH), ["n3"]),
+             (_unchanged, _asking("high", HIGH), ["n1"]),
+             (_unchanged, _asking("twin", HIGH), ["n3"])],
+            id="the-preemptor-sees-its-held-gpu-as-its-own-and-its-twin-does-not",
+        ),
+    ],
+)  # fmt: skip
+def test_cached_answers_on_nodes_with_holds_equal_a_fresh_schedulers(
+    rig: Rig, steps: list[Step]
+) -> None:
+    """n1 has 8 GiB free on GPU 0 and 16 on GPU 1, 12 of them held for a priority-1000
+    preemptor; n2 has 8 free on each GPU; n3 is empty. After each change, a 12 GiB pod gets from
+    the long-lived scheduler (its caches filled by the pods before) the filter and prioritize
+    answers that a scheduler built just now gives, and passes the nodes the holds leave it."""
+    for name in ("n1", "n2", "n3"):
+        rig.node(name)
+    bound_pod(rig.state, "a1", "n1", {0: 8}, priority=LOW)
+    bound_pod(rig.state, "b1", "n2", {0: 8}, priority=LOW)
+    bound_pod(rig.state, "b2", "n2", {1: 8}, priority=LOW)
+    _hold_on_n1(rig)
+    for change, pod, passes in steps:
+        change(rig)
+        cached = _answers(rig.scheduler, pod)
+        fresh = Scheduler(rig.state, make_policy("binpack"), rig.binder, preemptor=rig.preemptor)
+        assert cached == _answers(fresh, pod)
+        assert cached[0] == passes
+        if "n1" not in passes and pod_key(pod) != PREEMPTOR:
+            assert f"{PREEMPTOR} (priority {HIGH})" in cached[1]["n1"]

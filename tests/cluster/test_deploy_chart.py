@@ -393,13 +393,13 @@ def test_every_rendered_object_passes_a_server_side_dry_run(control_plane: Contr
             assert body["metadata"]["name"] == obj["metadata"]["name"], what
             checked[label] += 1
     assert checked == {
-        # 18 + the node-config ConfigMap, its Role and RoleBinding, the preemption holds
-        # ConfigMap, its Role and RoleBinding
-        "gpushare.yaml": 24,
-        "gpushare-with-scheduler.yaml": 32,  # + the second scheduler's 8
-        "every option": 33,  # + the dashboard
+        # 18 + the node-config ConfigMap, its Role and RoleBinding, the 16 preemption holds
+        # ConfigMaps (the shards), their Role and RoleBinding
+        "gpushare.yaml": 39,
+        "gpushare-with-scheduler.yaml": 47,  # + the second scheduler's 8
+        "every option": 48,  # + the dashboard
         # + the extender's Secret and kube-scheduler's client certificate
-        "generated certificate": 34,
+        "generated certificate": 49,
     }
     # A dry run stores nothing.
     status, _ = control_plane.api_request(
@@ -430,6 +430,8 @@ ALLOWED: dict[str, list[Access]] = {
         ("list", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
         ("watch", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
         ("patch", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
+        ("watch", "configmaps", NAMESPACE, "gpushare-preemption-holds-15", ""),  # the last shard
+        ("patch", "configmaps", NAMESPACE, "gpushare-preemption-holds-15", ""),
         ("patch", "pods/status", WORK_NS, "", ""),  # the requeue: a status condition
         ("create", "subjectaccessreviews", "", "", "authorization.k8s.io"),  # holds writers
     ],
@@ -470,6 +472,7 @@ FORBIDDEN: dict[str, list[Access]] = {
         ("get", "configmaps", WORK_NS, "", ""),
         ("patch", "configmaps", NAMESPACE, "another-configmap", ""),
         ("delete", "configmaps", NAMESPACE, "gpushare-preemption-holds", ""),
+        ("patch", "configmaps", NAMESPACE, "gpushare-preemption-holds-16", ""),  # no such shard
         ("create", "poddisruptionbudgets", WORK_NS, "", "policy"),
         ("update", "leases", NAMESPACE, "another-lease", "coordination.k8s.io"),
         ("create", "leases", WORK_NS, "", "coordination.k8s.io"),
@@ -842,6 +845,7 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
                 hold_max_s=float(ext["preemption-hold-max"]),
             ),
             holds_configmap=parse_holds_ref(ext["preemption-holds"]),
+            hold_shards=int(ext["preemption-hold-shards"]),
             leader_election=LeaseConfig(
                 namespace=ext["leader-elect-resource-namespace"],
                 name=ext["leader-elect-resource-name"],
@@ -873,6 +877,14 @@ def test_the_chart_schedules_gpu_pods_with_its_identities_and_configuration(
                 processes=[plugin],
             )
 
+        # A replica that just took the Lease answers 503 until its relist is done ("still
+        # rebuilding"; kube-scheduler retries): wait for that, then every verb answers.
+        wait_for(
+            "the leader rebuilt",
+            lambda: _post(extender.url_prefix + "/prioritize",
+                          UNAUTHENTICATED_BODIES["prioritize"], secret["ca.crt"],
+                          (client["tls.crt"], client["tls.key"]))[0] == 200 or None,
+        )  # fmt: skip
         # The chart's default: every verb refuses a caller without kube-scheduler's certificate.
         for verb, body in UNAUTHENTICATED_BODIES.items():
             code, answer = _post(extender.url_prefix + "/" + verb, body, secret["ca.crt"])

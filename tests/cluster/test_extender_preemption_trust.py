@@ -38,11 +38,19 @@ from gpushare.core.preemption import Hold
 from gpushare.extender.live import LiveOptions
 from gpushare.extender.preemption import PreemptionOptions
 from gpushare.kube.codec.preemption import hold_json
+from gpushare.kube.holds import HoldsRef
 from gpushare.kube.watch import Backoff
 from gpushare.testing.controlplane import ControlPlane, wait_for
 from gpushare.testing.live_extender import ExtenderThread, extender_with_scheduler
 from gpushare.testing.metrics import sample_sum
-from gpushare.testing.preemption import PRIORITIES, Case, Seed, preemptor
+from gpushare.testing.preemption import (
+    PRIORITIES,
+    Case,
+    Seed,
+    create_hold_shards,
+    preemptor,
+    read_hold_shards,
+)
 from gpushare.testing.rbac import EXTENDER_RULES
 
 pytestmark = pytest.mark.cluster
@@ -51,6 +59,7 @@ NAMESPACE = "preemption-trust"
 SCHEDULER = "gpushare-trust"
 NODE = "trust-n1"
 HOLDS = (NAMESPACE, "trust-holds")
+HOLDS_REF = HoldsRef(*HOLDS, 4)  # a forged hold goes into the first: most UIDs pick another
 HOLD_MAX_S = 5.0
 TOP = 2**31 - 1
 
@@ -71,8 +80,7 @@ class Rig:
         return answer
 
     def holds(self) -> dict[str, str]:
-        configmap = self.kube.get(ConfigMap, HOLDS[1], namespace=HOLDS[0])
-        return dict(configmap.data or {})
+        return read_hold_shards(self.kube, HOLDS_REF)
 
     def pod_json(self, name: str) -> dict[str, Any]:
         """Pod ``name`` of the case as the API server has it (what kube-scheduler sends)."""
@@ -94,7 +102,8 @@ class Rig:
         return self.pod_json(name)
 
     def forge_hold(self, hold: Hold) -> None:
-        """Merge ``hold`` into the ConfigMap as anyone with write on it could."""
+        """Merge ``hold`` into the first holds ConfigMap as anyone with write on it could
+        (whatever shard its UID picks: every shard is read)."""
         body = {"data": {hold.uid: hold_json(hold)}}
         self.kube.patch(ConfigMap, HOLDS[1], body, namespace=HOLDS[0], patch_type=PatchType.MERGE)
 
@@ -108,8 +117,8 @@ def rig(control_plane: ControlPlane) -> Iterator[Rig]:
     with contextlib.ExitStack() as stack:
         kube = stack.enter_context(control_plane.client())
         case = stack.enter_context(Case(kube, NAMESPACE, {NODE: [16, 16]}, SCHEDULER))
-        # the holds ConfigMap, as the chart creates it
-        kube.create(ConfigMap(metadata=ObjectMeta(name=HOLDS[1], namespace=HOLDS[0])))
+        # the holds ConfigMaps, as the chart creates them
+        create_hold_shards(kube, HOLDS_REF)
         kubeconfig = control_plane.service_account_kubeconfig(
             "gpushare-extender-trust", "kube-system", EXTENDER_RULES
         )
@@ -117,6 +126,7 @@ def rig(control_plane: ControlPlane) -> Iterator[Rig]:
             policy="binpack",
             backoff=Backoff(initial_s=0.05, max_s=0.5),
             holds_configmap=HOLDS,
+            hold_shards=HOLDS_REF.shards,
             preemption=PreemptionOptions(wait_s=0.5, hold_max_s=HOLD_MAX_S, handover_s=1.0),
             hold_writers_interval_s=0.5,
         )

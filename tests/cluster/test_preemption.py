@@ -41,10 +41,11 @@ from lightkube.models.core_v1 import ResourceQuotaSpec
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, ResourceQuota
+from lightkube.resources.core_v1 import ResourceQuota
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
+from gpushare.kube.holds import HOLD_SHARDS, HoldsRef
 from gpushare.testing.controlplane import (
     ControlPlane,
     free_ports,
@@ -54,7 +55,15 @@ from gpushare.testing.controlplane import (
     wait_until,
 )
 from gpushare.testing.failover import Replica
-from gpushare.testing.preemption import ISSUE_CASES, Case, Scenario, Seed, preemptor
+from gpushare.testing.preemption import (
+    ISSUE_CASES,
+    Case,
+    Scenario,
+    Seed,
+    create_hold_shards,
+    preemptor,
+    read_hold_shards,
+)
 from gpushare.testing.rbac import EXTENDER_RULES
 from gpushare.testing.service_proxy import ServiceProxy
 
@@ -62,6 +71,7 @@ pytestmark = pytest.mark.cluster
 
 SCHEDULER = "gpushare-preempt"
 HOLDS = ("kube-system", "gpushare-preemption-holds-test")
+HOLDS_REF = HoldsRef(*HOLDS, HOLD_SHARDS)
 LEASE_NAMESPACE = "kube-system"
 APART_S = 1.1  # start times are whole seconds: one more second orders two pods
 
@@ -82,11 +92,7 @@ class Stack:
         return found[0] if found else None
 
     def holds(self) -> dict[str, str]:
-        try:
-            configmap = self.kube.get(ConfigMap, HOLDS[1], namespace=HOLDS[0])
-        except Exception:
-            return {}
-        return dict(configmap.data or {})
+        return read_hold_shards(self.kube, HOLDS_REF)
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +102,8 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
         kubeconfig = control_plane.service_account_kubeconfig(
             "gpushare-extender-preempt", LEASE_NAMESPACE, EXTENDER_RULES
         )
-        # The holds ConfigMap, as the chart creates it (the extender may only patch it).
-        with contextlib.suppress(ApiError):
-            kube.create(ConfigMap(metadata=ObjectMeta(name=HOLDS[1], namespace=HOLDS[0])))
+        # The holds ConfigMaps, as the chart creates them (the extender may only patch them).
+        create_hold_shards(kube, HOLDS_REF)
         lease = f"gpushare-preempt-{uuid.uuid4().hex[:6]}"
         args = (
             "--policy=binpack",

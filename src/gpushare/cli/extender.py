@@ -28,7 +28,8 @@ hold (``gpushare.extender.limits``; docs/extender.md, "Limits").
 ``--preemption`` (on by default) answers kube-scheduler's ``preempt`` verb with GPU-correct
 victims, preempts itself where kube-scheduler cannot see GPUs, and holds the freed GPUs for
 the preemptor (``gpushare.extender.preemption``; docs/usage.md, "Priorities and preemption"):
-``--preemption-holds NAMESPACE/NAME`` is the ConfigMap its holds are kept in,
+``--preemption-holds NAMESPACE/NAME`` is the first of the ``--preemption-hold-shards``
+ConfigMaps its holds are kept in (``gpushare.kube.holds``),
 ``--preemption-wait`` how long it waits for kube-scheduler's call, ``--preemption-hold-max``
 how long a hold may last.
 With ``--leader-elect`` and TLS, followers forward to the leader's peer listener
@@ -73,7 +74,7 @@ from gpushare.extender.reservations import DEFAULT_ASSUME_TTL_S, DEFAULT_HANDSHA
 from gpushare.extender.scoring import DEFAULT_GPU_UNIT, DEFAULT_POLICY
 from gpushare.extender.workload import live_policy
 from gpushare.kube.codec import CodecError
-from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
+from gpushare.kube.holds import DEFAULT_HOLDS, HOLD_SHARDS, MAX_HOLD_SHARDS, parse_holds_ref
 from gpushare.kube.lease import LeaseConfig
 from gpushare.kube.peers import parse_selector
 
@@ -295,8 +296,18 @@ def build_state(
     "holds_ref",
     default="/".join(DEFAULT_HOLDS),
     show_default=True,
-    help="NAMESPACE/NAME of the ConfigMap the leader keeps preemption holds in (the chart "
-    "creates it; only the extender may write it).",
+    help="NAMESPACE/NAME of the ConfigMap the leader keeps preemption holds in, the first of "
+    "--preemption-hold-shards (the others NAME-1, NAME-2, ...; the chart creates them; only "
+    "the extender may write them).",
+)
+@click.option(
+    "--preemption-hold-shards",
+    "hold_shards",
+    type=click.IntRange(1, MAX_HOLD_SHARDS),
+    default=HOLD_SHARDS,
+    show_default=True,
+    help="ConfigMaps the preemption holds are spread over, so that each write stays small "
+    "while many preemptors wait at once (every replica and the chart must agree).",
 )
 @click.option(
     "--preemption-wait",
@@ -358,6 +369,7 @@ def extender(
     max_connections: int,
     preemption: bool,
     holds_ref: str,
+    hold_shards: int,
     preemption_wait_s: float,
     preemption_hold_max_s: float,
     dra_scoring: bool,
@@ -469,6 +481,7 @@ def extender(
         tls_reload_s=tls_reload_s,
         preemption=preemption_options,
         holds_configmap=holds_configmap,
+        hold_shards=hold_shards,
         dra_scoring=dra_scoring,
     )
     client = connect_or_exit(kubeconfig, context)

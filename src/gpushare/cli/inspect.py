@@ -29,9 +29,10 @@ service account. Every failure is one line on stderr (``Error: ...``) and exit s
 and why it went there (its ``gpushare.io/placement`` annotation, the extender's explanation at
 bind), why it waits, or that it bypassed gpushare; a name that is not ``NAMESPACE/NAME`` is a
 usage error, a pod not among those asking GPU memory ``pod NS/NAME not found ...``.
-``--preemption-holds NAMESPACE/NAME`` is the extender's holds ConfigMap (GPUs kept for
-preemptors; docs/usage.md, "Priorities and preemption"); when it cannot be read the report says
-so among its problems and goes on without holds.
+``--preemption-holds NAMESPACE/NAME`` is the first of the extender's holds ConfigMaps (GPUs
+kept for preemptors; docs/usage.md, "Priorities and preemption"); its shards are found from
+it (``gpushare.kube.snapshot``); when they cannot be read the report says so among its
+problems and goes on without holds.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ from typing import Any
 import click
 
 from gpushare.cli.inspectweb import DEFAULT_WEB_PORT, ReportError, serve_gpu_map
+from gpushare.core.preemption import Hold
 from gpushare.inspect.gcpause import gc_paused
 from gpushare.inspect.render import render_detail, render_pod, render_summary, report_json
 from gpushare.inspect.report import Report, Snapshot, build_report
@@ -65,6 +68,7 @@ from gpushare.kube.codec.preemption import holds_of
 from gpushare.kube.errors import ApiCallError, Failure, KubeError
 from gpushare.kube.holds import DEFAULT_HOLDS, parse_holds_ref
 from gpushare.kube.snapshot import LIST_NODES, ClusterObjects, read_cluster, server_url
+from gpushare.kube.watch import JsonObject
 
 __all__ = [
     "NO_GPUSHARE_NODES",
@@ -259,8 +263,8 @@ def _no_gpushare_nodes(problems: tuple[str, ...]) -> InspectError:
     "holds_ref",
     default="/".join(DEFAULT_HOLDS),
     show_default=True,
-    help="NAMESPACE/NAME of the extender's preemption holds ConfigMap (the chart's: "
-    "<release namespace>/<fullname>-preemption-holds).",
+    help="NAMESPACE/NAME of the first of the extender's preemption holds ConfigMaps (the "
+    "chart's: <release namespace>/<fullname>-preemption-holds; its shards are found from it).",
 )
 @click.option(
     "--pod",
@@ -374,6 +378,21 @@ def _one_pod(objects: ClusterObjects, key: tuple[str, str], output: str) -> str:
     return json.dumps(data, indent=2)
 
 
+def _holds(configmaps: Sequence[JsonObject]) -> tuple[tuple[Hold, ...], list[str]]:
+    """The holds of every shard's ConfigMap (a preemptor found twice: its latest hold, as the
+    extender counts it, ``gpushare.extender.holds``) and the entries refused."""
+    found: dict[str, Hold] = {}
+    refused: list[str] = []
+    for configmap in configmaps:
+        holds, problems = holds_of(configmap)
+        refused.extend(problems)
+        for hold in holds:
+            seen = found.get(hold.pod)
+            if seen is None or hold.created_s > seen.created_s:
+                found[hold.pod] = hold
+    return tuple(found[key] for key in sorted(found)), refused
+
+
 def _report(
     objects: ClusterObjects, node: str | None, *, pod_rows: bool, require_gpushare: bool = True
 ) -> Report:
@@ -383,8 +402,8 @@ def _report(
     if node is not None and node not in _node_names(objects.nodes):
         raise InspectError(f"node {node} not found")
     try:
-        holds, refused = holds_of(objects.holds)
-        snapshot = Snapshot(nodes=objects.nodes, pods=objects.pods, holds=tuple(holds))
+        holds, refused = _holds(objects.holds)
+        snapshot = Snapshot(nodes=objects.nodes, pods=objects.pods, holds=holds)
         report = build_report(snapshot, node=node, pod_rows=pod_rows, now_s=time.time())
         notes = [*refused, *([objects.holds_problem] if objects.holds_problem else [])]
         if notes:

@@ -3,12 +3,14 @@ PodDisruptionBudgets. Fed by the cache (``ClusterCache(budgets=True, holds=...)`
 extender's event loop; read by filter, prioritize, bind and the preemption controller.
 
 :class:`HoldBook` holds the preemption holds (``gpushare.core.preemption.Hold``) by preemptor
-key. Two sources write it: the holds ConfigMap, whole, on every watch event (``replace``), and
-this replica's own decisions (``put``/``drop``) before the ConfigMap shows them. A local write
-is kept over the ConfigMap until the ConfigMap shows it (or ``local_ttl_s`` passes: a replica
-that lost the lead forgets what it wrote but never saw), so a late watch event of an older
-ConfigMap never hides a hold just made. Every change calls ``touch(node)`` for the nodes it
-affects (``ExtenderState.touch``: per-node caches see it).
+key. Two sources write it: the holds ConfigMaps (``gpushare.kube.holds``: the holds are spread
+over shards), each whole on every watch event of it (``replace``), and this replica's own
+decisions (``put``/``drop``) before a ConfigMap shows them. A local write is kept over the
+ConfigMaps until one shows it (or ``local_ttl_s`` passes: a replica that lost the lead forgets
+what it wrote but never saw), so a late watch event of an older ConfigMap never hides a hold
+just made. A preemptor found in two shards (written under another shard count) counts once:
+the hold created last (``source`` names the ConfigMap it was read from). Every change calls
+``touch(node)`` for the nodes it affects (``ExtenderState.touch``: per-node caches see it).
 
 What the ConfigMap says is input, not instructions: each hold read from it is capped as it is
 read (``capped``): created no later than now, expiring at most ``max_life_s`` after it was
@@ -29,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpushare.core.preemption import Hold
-from gpushare.kube.codec import CodecError, Json
+from gpushare.kube.codec import CodecError, Json, object_name
 from gpushare.kube.codec.preemption import (
     DisruptionBudget,
     budgets_of,
@@ -84,35 +86,54 @@ class HoldBook:
         self._clock = clock
         self._max_life_s = max_life_s
         self._wall_clock = wall_clock
-        self._stored: dict[str, Hold] = {}  # by preemptor key, as the ConfigMap says
-        self._read: dict[str, tuple[str, Hold]] = {}  # ConfigMap key -> (its value, its hold)
+        self._stored: dict[str, Hold] = {}  # by preemptor key, as the ConfigMaps say
+        self._sources: dict[str, str] = {}  # preemptor key -> the ConfigMap it was read from
+        self._shards: dict[str, list[Hold]] = {}  # ConfigMap name -> the holds read there
+        self._read: dict[str, dict[str, tuple[str, Hold]]] = {}  # name -> key -> (value, hold)
+        self._problems: dict[str, list[str]] = {}  # ConfigMap name -> its refused entries
         self._local: dict[str, tuple[Hold | None, float]] = {}  # key -> (hold or drop, when)
         self._view: dict[str, Hold] = {}
         self._by_node: dict[str, dict[str, Hold]] = {}
         self.problems: list[str] = []
-        """The ConfigMap entries refused at the last ``replace``, one line each."""
+        """The ConfigMap entries refused, as each ConfigMap was last read, one line each."""
 
     # -- writing ---------------------------------------------------------------------------
 
     def on_change(self, change: Change) -> None:
-        """The cache's listener for the holds ConfigMap."""
-        self.replace(None if change.action is Action.DELETE else change.obj)
+        """The cache's listener for the holds ConfigMaps."""
+        name = change.key.rpartition("/")[2]
+        self.replace(None if change.action is Action.DELETE else change.obj, source=name)
 
-    def replace(self, configmap: Json | None) -> None:
-        """Everything the ConfigMap holds now (``None``: it is gone)."""
-        holds, problems = holds_of(configmap, self._read)
-        if problems and problems != self.problems:
+    def replace(self, configmap: Json | None, *, source: str | None = None) -> None:
+        """Everything ConfigMap ``source`` (default: ``configmap``'s own name) holds now
+        (``None``: it is gone)."""
+        if source is None:
+            source = object_name(configmap) if configmap is not None else ""
+        known = self._read.setdefault(source, {})
+        holds, problems = holds_of(configmap, known)
+        if problems and problems != self._problems.get(source):
             for problem in problems:
                 log.warning("preemption hold refused: %s", problem)
-        self.problems = problems
+        self._problems[source] = problems
+        self.problems = [p for name in sorted(self._problems) for p in self._problems[name]]
         now_s = self._wall_clock()
-        self._stored = {
-            hold.pod: capped(hold, now_s=now_s, max_life_s=self._max_life_s) for hold in holds
-        }
+        self._shards[source] = [
+            capped(hold, now_s=now_s, max_life_s=self._max_life_s) for hold in holds
+        ]
+        if configmap is None:
+            del self._shards[source], self._read[source], self._problems[source]
+        stored: dict[str, Hold] = {}
+        sources: dict[str, str] = {}
+        for name in sorted(self._shards):
+            for read in self._shards[name]:
+                seen = stored.get(read.pod)
+                if seen is None or read.created_s > seen.created_s:
+                    stored[read.pod], sources[read.pod] = read, name
+        self._stored, self._sources = stored, sources
         now = self._clock()
         for key, (hold, at) in list(self._local.items()):
             if self._stored.get(key) == hold or now - at > self._local_ttl_s:
-                del self._local[key]  # the ConfigMap shows it (or it is too old to keep)
+                del self._local[key]  # a ConfigMap shows it (or it is too old to keep)
         self._rebuild()
 
     def put(self, hold: Hold) -> None:
@@ -155,6 +176,11 @@ class HoldBook:
         """The holds on ``node``, by preemptor key."""
         holds = self._by_node.get(node)
         return tuple(holds[k] for k in sorted(holds)) if holds else ()
+
+    def source(self, key: str) -> str:
+        """The ConfigMap the hold of preemptor ``key`` was read from (``""``: none, or only
+        this replica's own write so far)."""
+        return self._sources.get(key, "")
 
     def all(self) -> list[Hold]:
         """Every hold, by preemptor key."""

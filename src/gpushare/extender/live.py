@@ -101,7 +101,7 @@ from gpushare.kube.codec.dra import DRIVER as DRA_DRIVER
 from gpushare.kube.dracache import DraCache
 from gpushare.kube.events import REPORTING_COMPONENT, EventRecorder
 from gpushare.kube.evictions import Evictor
-from gpushare.kube.holds import DEFAULT_HOLDS, HoldStore
+from gpushare.kube.holds import DEFAULT_HOLDS, HOLD_SHARDS, HoldsRef, HoldStore
 from gpushare.kube.lease import LeaderElector, LeaseConfig
 from gpushare.kube.peers import PeerPods
 from gpushare.kube.podreader import PodReader
@@ -143,8 +143,9 @@ class LiveOptions:
     checked). ``tls_reload_s``: how often the TLS files are looked at for a renewal
     (``gpushare.extender.tlsreload``). ``preemption``: GPU-aware preemption (``None``: off;
     ``preempt`` then keeps kube-scheduler's choice); ``holds_configmap``: where its holds are
-    kept, ``(namespace, name)``; ``hold_writers_interval_s``: how often the extender asks who
-    else may write it (``gpushare.extender.holdwriters``). ``requeue``: how the pods the
+    kept, ``(namespace, name)`` of the first of ``hold_shards`` ConfigMaps
+    (``gpushare.kube.holds.HoldsRef``); ``hold_writers_interval_s``: how often the extender asks
+    who else may write them (``gpushare.extender.holdwriters``). ``requeue``: how the pods the
     filter refused everywhere are requeued in kube-scheduler when a node changes
     (``gpushare.extender.requeue``).
     ``dra_scoring``: score nodes for DRA claim pods on ``P/dra/prioritize`` from the slices of
@@ -184,6 +185,7 @@ class LiveOptions:
     tls_reload_s: float = 30.0
     preemption: PreemptionOptions | None = field(default_factory=PreemptionOptions)
     holds_configmap: tuple[str, str] = DEFAULT_HOLDS
+    hold_shards: int = HOLD_SHARDS
     hold_writers_interval_s: float = 600.0
     requeue: RequeueOptions = field(default_factory=RequeueOptions)
     dra_scoring: bool = False
@@ -247,12 +249,13 @@ class LiveExtender:
             assume_ttl_s=options.assume_ttl_s, handshake_timeout_s=options.handshake_timeout_s
         )
         preempting = options.preemption is not None
+        self.holds_ref = HoldsRef(*options.holds_configmap, options.hold_shards)
         self.cache = ClusterCache(
             client,
             backoff=options.backoff,
             watch_timeout_s=options.watch_timeout_s,
             budgets=preempting,
-            holds=options.holds_configmap if preempting else None,
+            holds=(self.holds_ref.namespace, self.holds_ref.names) if preempting else None,
         )
         self.registry = CollectorRegistry()
         Gauge(
@@ -336,10 +339,12 @@ class LiveExtender:
         self.preemptor: Preemptor | None = None
         self.hold_writers: HoldWriterCheck | None = None
         if options.preemption is not None:
-            namespace, name = options.holds_configmap
+            ref = self.holds_ref
             self.hold_writers = HoldWriterCheck(
-                functools.partial(foreign_writers, client, namespace, name),
-                f"ConfigMap {namespace}/{name}",
+                functools.partial(foreign_writers, client, ref.namespace, ref.names),
+                f"ConfigMaps {ref.namespace}/{ref.name} (and its {ref.shards - 1} shards)"
+                if ref.shards > 1
+                else f"ConfigMap {ref.namespace}/{ref.name}",
                 self.registry,
                 interval_s=options.hold_writers_interval_s,
             )
@@ -348,7 +353,7 @@ class LiveExtender:
                 self.holds,
                 self.budgets,
                 evictor=Evictor(client),
-                store=HoldStore(client, *options.holds_configmap),
+                store=HoldStore(client, ref.namespace, ref.name, ref.shards),
                 events=self.events,
                 reader=PodReader(client),
                 deciding=self._deciding,

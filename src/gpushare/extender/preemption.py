@@ -199,8 +199,9 @@ class HoldWriter(Protocol):
         """Record ``hold``; raises on API trouble."""
         ...
 
-    async def drop(self, uid: str) -> None:
-        """Remove the hold of preemptor ``uid``; raises on API trouble."""
+    async def drop(self, uid: str, read_from: str = "") -> None:
+        """Remove the hold of preemptor ``uid`` (also from ConfigMap ``read_from``, where the
+        book read it); raises on API trouble."""
         ...
 
 
@@ -951,17 +952,19 @@ class Preemptor:
             del self._tries[uid]
 
     def _end(self, hold: Hold, how: str) -> None:
-        """Drop ``hold`` here and, in the background, from the store."""
+        """Drop ``hold`` here and, in the background, from the store (and from the
+        ConfigMap it was read from, where that is another shard: ``HoldStore.drop``)."""
+        read_from = self.holds.source(hold.pod)
         if self.holds.drop(hold.pod) is None:
             return
         self.metrics.hold_seconds.labels(how).observe(max(0.0, self._wall() - hold.created_s))
         if self._store is not None and self._deciding():
-            self._spawn(self._forget(hold))
+            self._spawn(self._forget(hold, read_from))
 
-    async def _forget(self, hold: Hold) -> None:
+    async def _forget(self, hold: Hold, read_from: str) -> None:
         assert self._store is not None
         try:
-            await self._store.drop(hold.uid)
+            await self._store.drop(hold.uid, read_from)
         except Exception as error:
             log.warning("preemption: the hold of %s stays recorded: %s", hold.pod, error)
 

@@ -37,10 +37,9 @@
 
 **Preemption** (``gpushare.extender.preemption``, when a ``Preemptor`` is given): the GPUs held
 for a preemptor while its victims terminate count as taken for pods of lower or equal priority
-in filter, prioritize and bind (a node with holds is evaluated for each pod's priority, never
-from the per-shape caches), the refusal names the holds, and a filter that passes no node tells
-the preemptor which nodes refused the pod for want of GPU room now (kube-scheduler 1.37 never
-asks the ``preempt`` verb about them when their totals fit).
+in filter, prioritize and bind, the refusal names the holds, and a filter that passes no node
+tells the preemptor which nodes refused the pod for want of GPU room now (kube-scheduler 1.37
+never asks the ``preempt`` verb about them when their totals fit).
 
 A pod whose memory is written in MiB or percent (gpu-manager's and HAMi's dialects) is resolved
 into each node's unit before its fit there (``gpushare.core.resolve``): filter, prioritize
@@ -54,12 +53,35 @@ holds nothing, so are the filter's verdicts (over a ``NodeNames`` list) and, und
 deterministic policy, prioritize's values, for every node ever asked about: kube-scheduler's
 windows of 500 of 5,000 nodes rotate, and a request costs a lookup per name plus an evaluation
 per node changed since. Expected failures are values (result fields); exceptions are bugs.
+
+**Caches on nodes with preemption holds.** What a node with holds looks like to a pod without a
+hold of its own (``Hold.binds``, ``gpushare.core.preemption.with_holds``) depends only on the
+pod's shape, its priority, the node's ``version`` (putting or dropping a hold touches its node)
+and the clock, through the holds' expiries alone. Such a pod's verdicts, fits and values are
+cached on held nodes too:
+
+* the column: with a preemptor, the verdicts' and values' column is the pod's shape *and
+  priority* (``_column``) on every node. It is the simpler of the two correct keys: a request
+  stays one pass over one column, where a column of its own for held nodes would split each
+  request's names in two and merge the answers; and pods take their priorities from a handful
+  of PriorityClasses, so the split costs one more evaluation per node and class, not per pod.
+  The fits (looked up node by node) add the priority on held nodes only.
+* the version: a held node's is its cluster ``version`` while the clock (read once a request)
+  is before the earliest ``expires_s`` of its holds, and a new one at every call from then until
+  the reconciler drops the holds (which touches the node): an expired hold never keeps a node
+  refused. That earliest expiry is itself kept per node version, so a request reads no hold
+  on a node unchanged since it was last asked about.
+
+The refusal's hold note (``hold_note``) depends on the pod only through its priority and its own
+hold, so a cached verdict says it right. A pod with a hold of its own (its view leaves that hold
+out) is evaluated afresh on every node with holds, as are all pods with ``_cache_held`` off.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,7 +95,7 @@ from gpushare.core.policies import Policy, generational, tie_break_of
 from gpushare.core.resolve import NotOnNode, on_node
 from gpushare.extender.bindapi import Binder, EventSink
 from gpushare.extender.binding import BindVerb, Placements
-from gpushare.extender.memo import NodeShapeCache, shape_key
+from gpushare.extender.memo import NodeShapeCache, ShapeKey, shape_key
 from gpushare.extender.outcomes import (
     NOT_GPUSHARE,
     NOT_SYNCED,
@@ -160,8 +182,14 @@ class Scheduler:
             preemptor=preemptor,
             placements=self.placements,
         )
-        self._uncached = 0  # counts down: a unique "version" for nodes with preemption holds
+        self._uncached = 0  # counts down: a unique "version" for nodes evaluated afresh
+        self._cache_held = True
+        """Whether pods without a hold of their own are answered from the caches on nodes with
+        preemption holds (module doc); ``False`` only to measure the uncached path against it
+        (``bench/extender_holds.py``)."""
         self._fits: NodeShapeCache[FitResult] = NodeShapeCache()
+        # the earliest expiry of the holds on each node (inf: none), per node version
+        self._earliest_expiry: NodeShapeCache[float] = NodeShapeCache()
         self._last_names: list[str] = []  # the last NodeNames, when they had no duplicates
         self._verdicts: NodeShapeCache[Verdict] = NodeShapeCache()
         self._node_values: NodeShapeCache[float | None] = NodeShapeCache()
@@ -203,13 +231,39 @@ class Scheduler:
             names.append(info.node.name)
         return list(dict.fromkeys(names)), broken, False
 
-    def _version(self, name: str) -> int:
-        """The node's version for the caches; a new one at every call for a node with
-        preemption holds (what fits there depends on the pod's priority)."""
-        if self.preemptor is not None and self.preemptor.held(name):
+    def _column(self, ask: PodAsk | PodRequest, priority: int) -> ShapeKey:
+        """The caches' column of a pod of ``priority`` asking ``ask``: its ``shape_key``, and with
+        a preemptor its priority too (which holds bind it, ``Hold.binds``; module doc)."""
+        shape = shape_key(ask)
+        return shape if self.preemptor is None else (*shape, priority)
+
+    def _shared(self, key: str) -> bool:
+        """Whether the answers for pod ``key`` on nodes with preemption holds may come from and
+        go to the caches: it has no hold of its own (module doc)."""
+        return self._cache_held and (self.preemptor is None or self.preemptor.holds.of(key) is None)
+
+    def _versions(self, key: str) -> Callable[[str], int]:
+        """``_version`` for pod ``key`` in one request (the clock read once)."""
+        now_s = 0.0 if self.preemptor is None else self.preemptor.now()
+        return functools.partial(self._version, shared=self._shared(key), now_s=now_s)
+
+    def _version(self, name: str, *, shared: bool, now_s: float) -> int:
+        """The node's version for the caches: ``cluster.version``; on a node with preemption
+        holds a new one at every call for a pod that is not ``shared`` (``_shared``), or once
+        ``now_s`` (the holds' wall clock) reaches the earliest ``expires_s`` of the holds there
+        (module doc)."""
+        version = self.state.cluster.version(name)
+        if self.preemptor is None:
+            return version
+        earliest_s = self._earliest_expiry.get(name, (), version)
+        if earliest_s is None:  # the holds on a node change only with its version
+            holds = self.preemptor.holds.on(name)
+            earliest_s = min((hold.expires_s for hold in holds), default=math.inf)
+            self._earliest_expiry.put(name, (), version, earliest_s)
+        if earliest_s != math.inf and (not shared or now_s >= earliest_s):
             self._uncached -= 1
             return self._uncached
-        return self.state.cluster.version(name)
+        return version
 
     def _view(self, name: str, pod: PodRequest, priority: int) -> NodeState | None:
         """Node ``name`` as ``pod`` of ``priority`` sees it: with the GPUs held for
@@ -229,9 +283,13 @@ class Scheduler:
             return None
         if own is not None and own.node == name:
             return handshake_fit(state.without(own), pod, self.state.reservations.pending(name))
-        if self.preemptor is not None and self.preemptor.held(name):
-            return handshake_fit(state, pod, self.state.reservations.pending(name))
         shape, version = shape_key(pod), self.state.cluster.version(name)
+        if self.preemptor is not None and self.preemptor.held(name):
+            shared = self._shared(pod.key)
+            if not shared:
+                return handshake_fit(state, pod, self.state.reservations.pending(name))
+            version = self._version(name, shared=shared, now_s=self.preemptor.now())
+            shape = self._column(pod, priority)
         result = self._fits.get(name, shape, version)
         if result is None:
             result = check_fit(state, pod)
@@ -275,7 +333,8 @@ class Scheduler:
             priority = pod_priority(args.pod)
             if names_mode and own is None:  # kept per node until it changes (module doc)
                 outcome = functools.partial(self._outcome, ask=pod, own=None, priority=priority)
-                verdicts = self._verdicts.values(shape_key(pod), names, self._version, outcome)
+                column = self._column(pod, priority)
+                verdicts = self._verdicts.values(column, names, self._versions(pod.key), outcome)
             else:
                 verdicts = [self._outcome(name, pod, own, priority) for name in names]
             for name, verdict in zip(names, verdicts, strict=True):
@@ -417,9 +476,9 @@ class Scheduler:
         """``prioritize`` of a GPU pod holding nothing under a deterministic policy: the same
         scores as the loop, each node's value kept until its ``version`` changes."""
         found = self._node_values.values(
-            shape_key(pod),
+            self._column(pod, priority),
             names,
-            self._version,
+            self._versions(pod.key),
             lambda name: self._node_value(name, pod, None, priority),
         )
         values = {name: v for name, v in zip(names, found, strict=True) if v is not None}

@@ -7,8 +7,9 @@ lightkube ``AsyncClient``:
   (label ``gpushare=true``); :meth:`ClusterCache.gpushare_nodes` lists only those.
 * **PodDisruptionBudgets** (``budgets=True``, for preemption): all of them
   (``namespace/name``).
-* **The holds ConfigMap** (``holds=(namespace, name)``, for preemption): that one object
-  (``gpushare.kube.codec.preemption``).
+* **The holds ConfigMaps** (``holds=(namespace, name)`` or ``(namespace, names)``, for
+  preemption): those objects, each by its own list+watch (``gpushare.kube.holds``: the holds
+  are spread over shards; ``gpushare.kube.codec.preemption``).
 * **Pods** in every namespace (``key`` = ``namespace/name``) that pass ``pod_filter``; by
   default :func:`requests_gpu`: some container or init container names
   ``aliyun.com/gpu-mem`` or a resource of another dialect gpushare reads
@@ -152,7 +153,7 @@ class ClusterCache:
         chunk_size: int = 500,
         rng: random.Random | None = None,
         budgets: bool = False,
-        holds: tuple[str, str] | None = None,
+        holds: tuple[str, str | Sequence[str]] | None = None,
     ) -> None:
         if watch_timeout_s < 1:
             raise ValueError(f"watch_timeout_s must be >= 1, got {watch_timeout_s}")
@@ -213,12 +214,13 @@ class ClusterCache:
                     rng=rng,
                 )
             )
-        if holds is not None:
+        namespace, names = holds if holds is not None else ("", ())
+        for name in [names] if isinstance(names, str) else names:
             self._extra.append(
                 configmap_reflector(
                     client,
-                    holds[0],
-                    holds[1],
+                    namespace,
+                    name,
                     lambda change: self._notify(self._holds_listeners, change),
                     backoff=backoff,
                     watch_timeout_s=watch_timeout_s,
@@ -241,7 +243,8 @@ class ClusterCache:
         self._budget_listeners.append(listener)
 
     def on_holds(self, listener: Listener) -> None:
-        """Call ``listener`` with every change of the holds ConfigMap (``holds=...``)."""
+        """Call ``listener`` with every change of a holds ConfigMap (``holds=...``; the
+        change's ``key`` is the ConfigMap's name)."""
         self._holds_listeners.append(listener)
 
     @staticmethod
@@ -325,15 +328,14 @@ class ClusterCache:
         return self._nodes.stale or self._pods.stale or any(r.stale for r in self._extra)
 
     async def relist(self) -> None:
-        """List nodes, then pods (then budgets and holds), again now and return once every
+        """List nodes, then pods (then budgets and holds, at once), again now and return once every
         list is applied (the listeners have seen every difference). Needs a synced cache;
         waits while the API server is away: bound it with a timeout."""
         if not self.synced:
             raise RuntimeError("ClusterCache.relist needs a synced cache")
         await self._nodes.relist()
         await self._pods.relist()
-        for extra in self._extra:
-            await extra.relist()
+        await asyncio.gather(*(extra.relist() for extra in self._extra))  # the holds' shards
 
     @property
     def stats(self) -> CacheStats:

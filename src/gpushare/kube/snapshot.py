@@ -5,13 +5,16 @@ the inspect tool works when the extender is down. The objects are the API server
 plain dicts (``plain_dict``), as the cache keeps them; the caller turns them into a report.
 
 RBAC: ``nodes`` ``list`` (cluster-wide) and ``pods`` ``list`` (all namespaces, or the one given):
-:data:`RBAC_RULES`. The preemption holds ConfigMap is read too when named (``configmaps``
-``get`` in its namespace); when it cannot be read the report goes on without holds and says
-why (``ClusterObjects.holds_problem``).
+:data:`RBAC_RULES`. The preemption holds ConfigMaps are read too when the first is named
+(``configmaps`` ``get`` in its namespace): the first, then its shards, as many as its
+annotation ``gpushare.io/preemption-hold-shards`` says (``gpushare.kube.holds.shards_of``; the
+extender's default where it says nothing); when they cannot be read the report goes on without
+holds and says why (``ClusterObjects.holds_problem``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +22,8 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from gpushare.kube.cache import requests_gpu
-from gpushare.kube.errors import CLIENT_ERRORS, Failure, api_call_error
+from gpushare.kube.errors import CLIENT_ERRORS, ApiCallError, Failure, api_call_error
+from gpushare.kube.holds import HOLD_SHARDS, HoldsRef, shards_of
 from gpushare.kube.watch import JsonObject, plain_dict
 
 __all__ = [
@@ -46,12 +50,13 @@ LIST_PODS = "LIST pods"
 @dataclass(frozen=True)
 class ClusterObjects:
     """Every Node, and the pods asking a GPU (``requests_gpu``), as plain dicts (read-only);
-    the holds ConfigMap when it was asked for and could be read (``holds_problem`` says why
-    not, ``None`` when it was read or is absent: no holds)."""
+    the holds ConfigMaps (every shard, ``gpushare.kube.holds``) that were asked for and exist
+    (``holds_problem`` says why they could not be read, ``None`` when they were or are absent:
+    no holds)."""
 
     nodes: tuple[JsonObject, ...]
     pods: tuple[JsonObject, ...]
-    holds: JsonObject | None = None
+    holds: tuple[JsonObject, ...] = ()
     holds_problem: str | None = None
 
 
@@ -86,14 +91,26 @@ async def read_cluster(
         raise api_call_error(what, error) from error
     if holds is None:
         return ClusterObjects(nodes, pods)
+    namespace_, first = holds
     try:
-        configmap = await client.get(ConfigMap, holds[1], namespace=holds[0])
-    except CLIENT_ERRORS as error:
-        failure = api_call_error(f"GET configmaps {holds[0]}/{holds[1]}", error)
-        if failure.failure is Failure.NOT_FOUND:
-            return ClusterObjects(nodes, pods)
+        found = await _configmap(client, namespace_, first)
+        shards = shards_of(found, HOLD_SHARDS)
+        others = HoldsRef(namespace_, first, shards).names[1:]
+        read = [found, *await asyncio.gather(*(_configmap(client, namespace_, n) for n in others))]
+    except ApiCallError as failure:
         return ClusterObjects(nodes, pods, holds_problem=f"preemption holds not shown: {failure}")
-    return ClusterObjects(nodes, pods, plain_dict(configmap))
+    return ClusterObjects(nodes, pods, tuple(c for c in read if c is not None))
+
+
+async def _configmap(client: AsyncClient, namespace: str, name: str) -> JsonObject | None:
+    """ConfigMap ``namespace/name``, ``None`` when there is none; ``ApiCallError`` else."""
+    try:
+        return plain_dict(await client.get(ConfigMap, name, namespace=namespace))
+    except CLIENT_ERRORS as error:
+        failure = api_call_error(f"GET configmaps {namespace}/{name}", error)
+        if failure.failure is Failure.NOT_FOUND:
+            return None
+        raise failure from error
 
 
 def server_url(client: AsyncClient) -> str:

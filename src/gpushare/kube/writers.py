@@ -70,32 +70,44 @@ def broad_subjects(namespace: str) -> tuple[Subject, ...]:
 
 
 async def foreign_writers(
-    client: AsyncClient, namespace: str, name: str, subjects: Sequence[Subject] | None = None
+    client: AsyncClient,
+    namespace: str,
+    names: str | Sequence[str],
+    subjects: Sequence[Subject] | None = None,
 ) -> list[str]:
     """``"<subject> may <verb>"`` for each of ``subjects`` (default: :func:`broad_subjects`)
-    that the API server lets change ConfigMap ``namespace/name``; empty when none may. Raises
-    :class:`~gpushare.kube.errors.ApiCallError` when a review cannot be made (403 without
-    :data:`RBAC_RULES`)."""
+    that the API server lets change ConfigMap ``namespace/name`` for every name of ``names``
+    (one name, or the holds' shards: ``gpushare.kube.holds.HoldsRef.names``), ``"<subject>
+    may <verb> <name>, ..."`` where only some of them; empty when none may. ``create`` is
+    asked once (it names no object). Raises :class:`~gpushare.kube.errors.ApiCallError` when
+    a review cannot be made (403 without :data:`RBAC_RULES`)."""
+    every = [names] if isinstance(names, str) else list(names)
     found: list[str] = []
     for subject in subjects if subjects is not None else broad_subjects(namespace):
         for verb in WRITE_VERBS:
-            attributes = ResourceAttributes(
-                verb=verb,
-                resource="configmaps",
-                namespace=namespace,
-                name=name if verb != "create" else None,
-            )
-            review = SubjectAccessReview(
-                spec=SubjectAccessReviewSpec(
-                    user=subject.user or None,
-                    groups=[subject.group] if subject.group else None,
-                    resourceAttributes=attributes,
-                )
-            )
-            try:
-                answer = await client.create(review)
-            except CLIENT_ERRORS as exc:
-                raise api_call_error("POST subjectaccessreviews", exc) from exc
-            if answer.status is not None and answer.status.allowed:
+            asked = [None] if verb == "create" else every
+            allowed = [n for n in asked if await _allowed(client, subject, verb, namespace, n)]
+            if allowed == asked:
                 found.append(f"{subject} may {verb}")
+            elif allowed:
+                found.append(f"{subject} may {verb} {', '.join(str(n) for n in allowed)}")
     return found
+
+
+async def _allowed(
+    client: AsyncClient, subject: Subject, verb: str, namespace: str, name: str | None
+) -> bool:
+    review = SubjectAccessReview(
+        spec=SubjectAccessReviewSpec(
+            user=subject.user or None,
+            groups=[subject.group] if subject.group else None,
+            resourceAttributes=ResourceAttributes(
+                verb=verb, resource="configmaps", namespace=namespace, name=name
+            ),
+        )
+    )
+    try:
+        answer = await client.create(review)
+    except CLIENT_ERRORS as exc:
+        raise api_call_error("POST subjectaccessreviews", exc) from exc
+    return answer.status is not None and bool(answer.status.allowed)

@@ -359,8 +359,9 @@ class RecordingHoldStore:
             raise self.failure
         self.holds[hold.uid] = hold
 
-    async def drop(self, uid: str) -> None:
-        """Forget the hold of ``uid``."""
+    async def drop(self, uid: str, read_from: str = "") -> None:
+        """Forget the hold of ``uid`` (``read_from``: where the book read it; one store
+        here)."""
         await asyncio.sleep(0)
         if self.failure is not None:
             raise self.failure

@@ -12,10 +12,13 @@ them, preemptors sent through kube-scheduler, and what happened, read back from 
 * **Judged from the pods**: which pods are terminating, where the preemptor is bound and on which
   GPUs (its ``gpushare.io/allocation``), and that no GPU is over capacity counting every pod
   still holding GPUs (terminating ones included) from their annotations alone.
+* **Holds** are read as every shard's ConfigMap merged (:func:`read_hold_shards`), after the
+  shards were created as the chart creates them (:func:`create_hold_shards`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +28,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 from lightkube.resources.scheduling_v1 import PriorityClass
 from lightkube.types import PatchType
 
@@ -38,6 +41,7 @@ from gpushare.kube.codec import (
     allocation_annotations,
 )
 from gpushare.kube.codec.dialects import ALIYUN_CORE_PERCENT
+from gpushare.kube.holds import SHARDS_ANNOTATION, HoldsRef
 from gpushare.testing.controlplane import wait_for
 from gpushare.testing.core import gpu_node as core_node
 from gpushare.testing.nodes import create_nodes, delete_nodes, gpu_node
@@ -47,8 +51,10 @@ __all__ = [
     "PRIORITIES",
     "Case",
     "Seed",
+    "create_hold_shards",
     "ensure_priority_classes",
     "preemptor",
+    "read_hold_shards",
 ]
 
 FINALIZER = "gpushare.io/test-terminating"
@@ -384,3 +390,23 @@ ISSUE_CASES = (
 """The table of docs/usage.md, "Priorities and preemption", as ``bench/preemption.py
 --cases`` replays it under both preemptions; ``tests/cluster/test_preemption.py`` holds the
 right outcomes."""
+
+
+def create_hold_shards(kube: Client, ref: HoldsRef) -> None:
+    """Create the holds ConfigMaps of ``ref`` as the chart does (the extender may only patch
+    them; its count on the first); those that exist are left alone."""
+    for i, name in enumerate(ref.names):
+        annotations = {SHARDS_ANNOTATION: str(ref.shards)} if i == 0 else None
+        metadata = ObjectMeta(name=name, namespace=ref.namespace, annotations=annotations)
+        with contextlib.suppress(ApiError):
+            kube.create(ConfigMap(metadata=metadata))
+
+
+def read_hold_shards(kube: Client, ref: HoldsRef) -> dict[str, str]:
+    """Every entry of the holds ConfigMaps of ``ref``, merged (preemptor UID -> hold JSON); a
+    missing shard holds nothing."""
+    entries: dict[str, str] = {}
+    for name in ref.names:
+        with contextlib.suppress(ApiError):
+            entries.update(kube.get(ConfigMap, name, namespace=ref.namespace).data or {})
+    return entries

@@ -195,6 +195,14 @@ certData/keyData replace certFile/keyFile). Empty without TLS.
 {{- printf "%s-preemption-holds" (include "gpushare.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Every ConfigMap the holds are spread over, one name a line: holdsName, holdsName-1, ... */}}
+{{- define "gpushare.extender.holdsNames" -}}
+{{- $first := include "gpushare.extender.holdsName" . -}}
+{{- range $i := until (int .Values.extender.preemption.holdShards) }}
+{{ if eq $i 0 }}{{ $first }}{{ else }}{{ printf "%s-%d" $first $i }}{{ end }}
+{{- end -}}
+{{- end -}}
+
 {{/* The extender's URL through the Service's DNS name (in-cluster schedulers). */}}
 {{- define "gpushare.extender.serviceURL" -}}
 {{- printf "%s://%s.%s.svc:%d%s" (include "gpushare.extender.scheme" .) (include "gpushare.extender.name" .) .Release.Namespace (int .Values.extender.port) .Values.extender.prefix -}}
