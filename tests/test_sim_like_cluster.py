@@ -189,3 +189,53 @@ def test_the_policy_sees_what_the_extender_sees_gpus_only() -> None:
     assert blind_node(node).gpus == node.gpus
     assert (blind_pod(pod).cpu_milli, blind_pod(pod).memory_mib) == (0, 0)
     assert (blind_pod(pod).key, blind_pod(pod).containers) == (pod.key, pod.containers)
+
+
+@pytest.mark.parametrize(
+    ("like", "together"),
+    [
+        pytest.param(
+            None, False, id="ideal: clustering keeps a whole-GPU pod off the sharing pod's node"
+        ),
+        pytest.param(
+            LikeCluster(seed=1),
+            True,
+            id="like the cluster: the extender counts no pods by kind, the fuller node wins",
+        ),
+    ],
+)
+def test_clustering_sees_the_pods_by_kind_only_in_the_ideal_run(
+    like: LikeCluster | None, together: bool
+) -> None:
+    cluster = [
+        gpu_node((1000, 1000), name=f"n{i:03d}", cpu_milli=8000, memory_mib=16384) for i in range(2)
+    ]
+    stream = [
+        pod_request(("main", 500, 1), key="ns/share", cpu_milli=100, memory_mib=100),
+        pod_request(("main", 1000, 1), key="ns/whole", cpu_milli=100, memory_mib=100),
+    ]
+    workload = TargetWorkload.from_pods(stream)
+    record = simulate(
+        cluster,
+        stream,
+        make_policy("clustering", node_local_context(workload, 1000)),
+        tie_rank=[0, 1],
+        workload=workload,
+        like_cluster=like,
+    )
+    share, whole = record.placed_on
+    assert (share == whole) is together
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_kube_scheduler_scores_a_gpu_pod_on_its_cpu_request_the_extender_does_not_see(
+    seed: int,
+) -> None:
+    # Equal GPUs: the extender gives both nodes 10. kube-scheduler's own scores on the pod's
+    # 4 CPUs: least-allocated 50 on 8 CPUs against 93 on 64 (balance agrees), never a draw.
+    cluster = [
+        gpu_node((1000,), name="n000", cpu_milli=8000, memory_mib=16384),
+        gpu_node((1000,), name="n001", cpu_milli=64000, memory_mib=16384),
+    ]
+    pod = pod_request(("main", 500, 1), key="ns/gpu", cpu_milli=4000)
+    assert hosts(run(cluster, [pod], LikeCluster(seed=seed))) == ["n001"]

@@ -18,8 +18,10 @@ GPU pod the extender filters those nodes (``check_fit``) and maps the policy's v
 rest to 0–10 (``gpushare.core.extenderscore.to_priorities``); kube-scheduler adds that, times
 the extender's weight and 10, to its own scores and takes the best (ties drawn likewise); the
 policy chooses the GPUs there. The policy sees what the extender sees: GPUs only, no CPU or
-memory on nodes or pods (``blind_node``, ``blind_pod``; the extender reads neither), while
-kube-scheduler's filter and scores and the metrics see all. With
+memory on nodes or pods (``blind_node``, ``blind_pod``; the extender reads neither), and no
+count of a node's pods by kind (``NodeState.workload_tags``, which ``clustering`` reads: the
+extender's ledger keeps none), while kube-scheduler's filter and scores and the metrics see
+all. With
 ``learn_workload`` the policy (one of ``LEARNING_POLICIES``) is the extender's: built on an M
 learned from the GPU pods seen so far (``gpushare.core.learned.KnownPods``, rebuilt as the
 extender rebuilds it, ``node_local_context``); the fragmentation metric keeps the given M.
@@ -72,7 +74,8 @@ class RunRecord:
     so allocated request can exceed capacity minus idle; the curves count allocated GPU as
     capacity minus idle (``gpushare.sim.metrics.bin_by_arrived``), the same number with one
     dimension.
-    ``final_states`` is the cluster after the last pod.
+    ``final_states`` is the cluster after the last pod; ``placed_on`` the node (by name) each
+    pod of the stream went to, in stream order (``None``: dropped).
     """
 
     arrived: FloatArray
@@ -82,6 +85,7 @@ class RunRecord:
     failed_by_kind: dict[str, int] = field(default_factory=dict)
     placed: int = 0
     final_states: list[NodeState] = field(default_factory=list)
+    placed_on: list[str | None] = field(default_factory=list)
 
 
 EXTENDER_WEIGHT = 10
@@ -235,20 +239,20 @@ def simulate(
                 return None
             chosen = kube.choose(states, pod, among)
             return Decision(chosen, Allocation(pod.key, states[chosen].node.name, ()))
-        pod = blind_pod(pod)
+        seen = blind_pod(pod)  # the extender's view; kube-scheduler's scores see the whole pod
         if known is not None:  # the extender knows the pending pod before it scores it
-            known.observe(pod)
+            known.observe(seen)
             if known.due():
                 learned = known.rebuild()
                 assert learned is not None  # the pod just observed is known
                 placer.set_policy(make_policy(policy.name, node_local_context(learned, gpu_unit)))
-        fitting, values = placer.values(pod, among)
+        fitting, values = placer.values(seen, among)
         if not fitting:
             if known is not None:  # deleted, as the replay deletes it
-                known.forget(pod.key)
+                known.forget(seen.key)
             return None
         priorities = to_priorities(dict(zip(fitting, values, strict=True)), fitting)
-        return placer.place(pod, kube.choose(states, pod, fitting, priorities))
+        return placer.place(seen, kube.choose(states, pod, fitting, priorities))
 
     def measure(state: NodeState) -> tuple[float, int]:
         compute = compute_of(state, workload)
@@ -272,12 +276,14 @@ def simulate(
     arrived_total = 0.0
     allocated_total = 0.0
     placed = 0
+    placed_on: list[str | None] = []
     for event, pod in enumerate(stream, start=1):
         demand = gpu_demand(pod)
         arrived_total += demand
         decision = decide(pod)
         if decision is None:
             failed[pod_kind(pod, gpu_unit)] += 1
+            placed_on.append(None)
         else:
             chosen, tag = decision.node_index, workload_tag(pod, gpu_unit)
             allocation = decision.allocation
@@ -287,12 +293,14 @@ def simulate(
                 )
             state = states[chosen].with_allocation(allocation, tag)
             states[chosen] = state
+            placed_on.append(state.node.name)
             if not view:
                 placer.replace(chosen, state)
-            elif pod.gpu_containers:  # the extender's ledger: GPU pods only
-                placer.replace(
-                    chosen, placer.states[chosen].with_allocation(decision.allocation, tag)
-                )
+            elif pod.gpu_containers:
+                # The extender's ledger: GPU pods only, and no workload tags (its node states
+                # count no pods by kind: ``gpushare.core.ledger.Ledger.state``), so
+                # ``clustering`` sees none there either.
+                placer.replace(chosen, placer.states[chosen].with_allocation(decision.allocation))
             if kube is not None:
                 kube.update(chosen, state)
             new_frag, new_idle = measure(state)
@@ -310,4 +318,6 @@ def simulate(
             progress(event)
     if progress is not None:
         progress(len(stream))
-    return RunRecord(arrived, allocated, fragmentation, idle, dict(failed), placed, states)
+    return RunRecord(
+        arrived, allocated, fragmentation, idle, dict(failed), placed, states, placed_on
+    )
