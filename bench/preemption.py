@@ -28,8 +28,10 @@ GPUs no preemptor is bound at the end), preemptors bound, time from creation to 
 p99, of the bound ones), GPUs over capacity (from every remaining pod's
 allocation annotations), and the extender's mean ``preempt``/``filter`` handling time and call
 counts; and, per bound preemptor, when each step happened (``Phases``: refused, hold written,
-nominated, its victims gone, bound), from the same watch and one of the holds ConfigMaps. Binds are
-seen through a watch (no polling that would load the API server it measures). Prints progress
+nominated, its victims gone, bound), from the same watch and one of the holds ConfigMaps; for
+each wasted eviction of the gpushare run, the hold that named the victim and where its
+preemptor bound. Binds are seen through a watch (no polling that would load the API server it
+measures). Prints progress
 and a table; ``--json FILE`` writes the numbers.
 """
 
@@ -98,6 +100,10 @@ class Result:
     calls: dict[str, int] = dataclasses.field(default_factory=dict)
     cycles: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
     """kube-scheduler's attempts and PostFilter runs, ``{what: (count, mean ms)}``."""
+    wasted_why: list[str] = dataclasses.field(default_factory=list)
+    """Per wasted eviction: the victim, its GPUs, the hold that named it (its preemptor, the
+    GPUs held) and where that preemptor is bound at the end (``never``; ``no hold``: no hold
+    seen naming the victim)."""
 
     @property
     def per_bound(self) -> float:
@@ -271,6 +277,9 @@ class BoundWatch:
         self.nominated_at: dict[str, float] = {}
         self.gone_at: dict[str, float] = {}
         self.held_at: dict[str, float] = {}
+        self.held_for: dict[str, tuple[str, str, list[int]]] = {}
+        """A victim's name -> (the preemptor of the last hold seen naming it, that hold's node,
+        its GPUs)."""
         self._holds = holds
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True)]
@@ -340,8 +349,15 @@ class BoundWatch:
                             continue
                         now = time.monotonic()
                         for raw in (configmap.data or {}).values():
-                            held = json.loads(raw).get("pod", "")
-                            self.held_at.setdefault(held.rpartition("/")[2], now)
+                            hold = json.loads(raw)
+                            held = str(hold.get("pod", "")).rpartition("/")[2]
+                            self.held_at.setdefault(held, now)
+                            gpus = sorted(
+                                {i for c in hold.get("containers", []) for i in c["gpus"]}
+                            )
+                            for victim in hold.get("victims", []):
+                                name = str(victim.get("pod", "")).rpartition("/")[2]
+                                self.held_for[name] = (held, str(hold.get("node", "")), gpus)
                         if self._stop.is_set():
                             return
                 except Exception:  # as above
@@ -445,6 +461,7 @@ def measure(
             where.setdefault(placed[0], set()).update(placed[1])
             placements[name] = (placed[0], set(placed[1]))
     wasted = [s for s in evicted if not where.get(s.node, set()) & set(s.gpus)]
+    wasted_why = [_why_wasted(s, watch.held_for, placements) for s in wasted]
     waits = sorted(bound_at[n] - created[n] for n in bound_at)
     means = {verb: mean_ms(url, verb) for verb in ("preempt", "filter")}
     steps = {
@@ -461,7 +478,24 @@ def measure(
         _quantile(waits, 0.5), _quantile(waits, 0.99), over,
         means.get("preempt", 0.0), means.get("filter", 0.0), elapsed,
         os.getloadavg()[0], phases(watch, created, placements, seeds), answered, cycles,
+        wasted_why,
     )  # fmt: skip
+
+
+def _why_wasted(
+    seed: Seed,
+    held_for: dict[str, tuple[str, str, list[int]]],
+    placements: dict[str, tuple[str, set[int]]],
+) -> str:
+    """One line on a wasted eviction (``Result.wasted_why``)."""
+    victim = f"{seed.name} ({seed.node} GPUs {sorted(seed.gpus)})"
+    found = held_for.get(seed.name)
+    if found is None:
+        return f"{victim}: no hold seen naming it"
+    preemptor, node, gpus = found
+    placed = placements.get(preemptor)
+    end = f"{placed[0]} GPUs {sorted(placed[1])}" if placed is not None else "never"
+    return f"{victim}: held for {preemptor} on {node} GPUs {gpus}; it bound on {end}"
 
 
 def scheduling_cycles(scheduler: str) -> dict[str, tuple[int, float]]:
@@ -605,6 +639,9 @@ def main() -> int:
         print(f"  {r.mode:<15} extender calls: {r.calls}")
         cycles = ", ".join(f"{k} {n} x {ms:.1f} ms" for k, (n, ms) in r.cycles.items())
         print(f"  {r.mode:<15} kube-scheduler: {cycles}")
+        if r.mode == "gpushare":
+            for line in r.wasted_why:
+                print(f"  {r.mode:<15} wasted: {line}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
