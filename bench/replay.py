@@ -2,7 +2,7 @@
 ``gpushare simulate``'s engine and through kube-scheduler + ``gpushare extender`` on kwok nodes.
 
 Run: ``make bench-replay`` (or ``.venv/bin/python bench/replay.py [--policy bestfit|a,b|all]
-[--seed 42] [--sim-seeds 42-49] [--trace embedded|openb-sample] [--pods N] [--score-all]
+[--seed 42] [--sim-seeds 42-57] [--trace embedded|openb-sample] [--pods N] [--score-all]
 [--simulator like-cluster|ideal] [--out out/replay]``). Needs the test control plane (``make
 controlplane``).
 
@@ -37,7 +37,7 @@ so the replay publishes for it, the same functions, before the next pod. kube-sc
 the nodes with its own plugins, no extender; with ``--dra-scoring`` also through ``gpushare
 extender --dra-scoring`` (``dra/prioritize``, a second extender without managedResources).
 
-The simulator runs once per ``--sim-seeds`` seed (default: 8 from ``--seed``), in parallel
+The simulator runs once per ``--sim-seeds`` seed (default: 16 from ``--seed``), in parallel
 processes (``--jobs``): each seed draws the simulator's ties, the stream stays ``--seed``'s
 (``gpushare.sim.compare.simulate_stream``); the band is their [min, max] per arrived %, and the
 real curve lies within it where ``min − 0.25 <= real <= max + 0.25``
@@ -402,7 +402,7 @@ def _delete(kube: Client, name: str) -> None:
 OPENB_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
 """The openb trace on the project's machines (read from there, never copied into the repo)."""
 
-SIM_SEEDS = 8
+SIM_SEEDS = 16
 """Simulator seeds by default: this many, from ``--seed`` on."""
 
 
