@@ -356,8 +356,8 @@ class BoundWatch:
                                 {i for c in hold.get("containers", []) for i in c["gpus"]}
                             )
                             for victim in hold.get("victims", []):
-                                name = str(victim.get("pod", "")).rpartition("/")[2]
-                                self.held_for[name] = (held, str(hold.get("node", "")), gpus)
+                                evicted = str(victim.get("pod", "")).rpartition("/")[2]
+                                self.held_for[evicted] = (held, str(hold.get("node", "")), gpus)
                         if self._stop.is_set():
                             return
                 except Exception:  # as above
