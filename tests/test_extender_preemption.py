@@ -981,3 +981,73 @@ def test_cached_answers_on_nodes_with_holds_equal_a_fresh_schedulers(
         assert cached[0] == passes
         if "n1" not in passes and pod_key(pod) != PREEMPTOR:
             assert f"{PREEMPTOR} (priority {HIGH})" in cached[1]["n1"]
+
+
+# --- which hold changes free GPUs (the requeue) ---------------------------------------------
+
+
+def _book_with_calls() -> tuple[HoldBook, list[str], list[str]]:
+    touched: list[str] = []
+    freed: list[str] = []
+    book = HoldBook(touched.append, freed=freed.append, wall_clock=lambda: NOW_S)
+    return book, touched, freed
+
+
+def _moved(hold: Hold, node: str) -> Hold:
+    return dataclasses.replace(hold, node=node)
+
+
+@pytest.mark.parametrize(
+    ("change", "touched", "freed"),
+    [
+        pytest.param("put", ["n1"], [], id="a-hold-that-begins-only-takes-gpus"),
+        pytest.param("drop", ["n1"], ["n1"], id="a-hold-that-ends-frees-its-gpus"),
+        pytest.param("drop-bound", ["n1"], [], id="a-hold-whose-preemptor-bound-there-frees-none"),
+        pytest.param("move", ["n1", "n2"], ["n1"], id="a-hold-that-moves-frees-its-old-node"),
+        pytest.param("configmap-drop", ["n1"], ["n1"], id="a-hold-another-replica-ended-frees"),
+    ],
+)
+def test_only_a_hold_that_ends_or_changes_frees_gpus(
+    change: str, touched: list[str], freed: list[str]
+) -> None:
+    book, seen_touched, seen_freed = _book_with_calls()
+    hold = _hold_for("a", 8)
+    if change != "put":
+        book.replace(_shard("h", [hold]))
+        seen_touched.clear()
+    if change == "put":
+        book.put(hold)
+    elif change == "drop":
+        book.drop(hold.pod)
+    elif change == "drop-bound":
+        book.drop(hold.pod, frees=False)
+    elif change == "move":
+        book.put(_moved(hold, "n2"))
+    else:
+        book.replace(_shard("h", []))
+    assert (seen_touched, seen_freed) == (touched, freed)
+
+
+@pytest.mark.parametrize(
+    ("bound_on", "freed"),
+    [
+        pytest.param("n1", [], id="bound-on-the-hold-s-node-it-took-the-held-gpus"),
+        pytest.param("n2", ["n1"], id="bound-elsewhere-the-held-gpus-are-free"),
+    ],
+)
+def test_a_preemptor_s_bind_frees_its_hold_s_gpus_only_when_it_bound_elsewhere(
+    rig: Rig, bound_on: str, freed: list[str]
+) -> None:
+    seen: list[str] = []
+    book = HoldBook(freed=seen.append, wall_clock=rig.wall)
+    rig.preemptor.holds = book  # the rig's book, with the requeuer's callback
+    hold = _hold_for("a", 8)
+    book.put(hold)
+
+    async def bind() -> None:  # the store's write is spawned on the loop
+        rig.preemptor.bound(hold.pod, bound_on)
+        await asyncio.sleep(0.01)
+
+    run(bind())
+    assert book.of(hold.pod) is None
+    assert seen == freed

@@ -290,7 +290,7 @@ class BindVerb:
             return f"gpushare: binding pod {key} to node {args.node} failed: {failure}", None, ""
         self._state.cluster.record_bound(key, args.node, annotations)
         if self._preemptor is not None:
-            self._preemptor.bound(key)
+            self._preemptor.bound(key, args.node)
         self.placements.take(key)
         return "", allocation, explained
 

@@ -68,7 +68,10 @@ def capped(hold: Hold, *, now_s: float, max_life_s: float) -> Hold:
 
 class HoldBook:
     """The preemption holds this replica knows (module doc). ``touch`` is called with each node
-    whose holds changed; ``clock`` (monotonic seconds) times local writes; ``max_life_s``
+    whose holds changed; ``freed`` with each node where a hold ended or changed (GPUs may have
+    come free there; not for a hold added, which only takes GPUs, nor for one dropped with
+    ``frees=False``: its preemptor bound on its GPUs); ``clock`` (monotonic seconds) times
+    local writes; ``max_life_s``
     (seconds) and ``wall_clock`` (seconds since the Unix epoch) cap the holds the ConfigMap
     brings (``capped``)."""
 
@@ -76,12 +79,14 @@ class HoldBook:
         self,
         touch: Callable[[str], None] = lambda _node: None,
         *,
+        freed: Callable[[str], None] = lambda _node: None,
         local_ttl_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         max_life_s: float = 600.0,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._touch = touch
+        self._freed = freed
         self._local_ttl_s = local_ttl_s
         self._clock = clock
         self._max_life_s = max_life_s
@@ -141,21 +146,23 @@ class HoldBook:
         self._local[hold.pod] = (hold, self._clock())
         self._rebuild()
 
-    def drop(self, key: str) -> Hold | None:
+    def drop(self, key: str, *, frees: bool = True) -> Hold | None:
         """This replica ended the hold of pod ``key`` (it writes that next); the hold, if
-        there was one."""
+        there was one. ``frees=False``: its GPUs stay taken (its preemptor bound on them), so
+        ``freed`` is not called for it."""
         old = self._view.get(key)
         self._local[key] = (None, self._clock())
-        self._rebuild()
+        self._rebuild(quiet=key if not frees else None)
         return old
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, quiet: str | None = None) -> None:
         view = dict(self._stored)
         for key, (hold, _) in self._local.items():
             if hold is None:
                 view.pop(key, None)
             else:
                 view[key] = hold
+        freed = {h.node for k, h in self._view.items() if view.get(k) != h and k != quiet}
         changed = {h.node for k, h in self._view.items() if view.get(k) != h}
         changed |= {h.node for k, h in view.items() if self._view.get(k) != h}
         self._view = view
@@ -165,6 +172,8 @@ class HoldBook:
         self._by_node = by_node
         for node in sorted(changed):
             self._touch(node)
+        for node in sorted(freed):
+            self._freed(node)
 
     # -- reading ---------------------------------------------------------------------------
 

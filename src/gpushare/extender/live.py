@@ -278,7 +278,8 @@ class LiveExtender:
         )
         self.feeder.attach(self.cache)
         self.holds = HoldBook(
-            self._holds_changed,
+            self.state.cluster.touch,
+            freed=self.requeuer.changed,
             max_life_s=(options.preemption or PreemptionOptions()).hold_max_s,
         )
         self.budgets = BudgetBook()
@@ -445,11 +446,6 @@ class LiveExtender:
                     interval_s=options.tls_reload_s,
                 )
             )  # fmt: skip
-
-    def _holds_changed(self, node: str) -> None:
-        """A preemption hold on ``node`` came or went: what fits there changed."""
-        self.state.cluster.touch(node)
-        self.requeuer.changed(node)
 
     def _on_skip(self, skipped: SkippedPod, pod: Json | None) -> None:
         """A Warning Event on a pod the ledger skipped (called on the loop, by the feeder)."""

@@ -705,11 +705,12 @@ class Preemptor:
 
     # -- bind ----------------------------------------------------------------------------
 
-    def bound(self, key: str) -> None:
-        """Pod ``key`` is bound: its hold, if any, ends."""
+    def bound(self, key: str, node: str) -> None:
+        """Pod ``key`` is bound to ``node``: its hold, if any, ends (freeing nothing where it
+        bound on the hold's node: it took the held GPUs)."""
         hold = self.holds.of(key)
         if hold is not None:
-            self._end(hold, "bound")
+            self._end(hold, "bound", frees=node != hold.node)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -930,8 +931,8 @@ class Preemptor:
                     continue
             if pod is None or pod_finished(pod):
                 self._end(hold, "gone")
-            elif pod_node_name(pod):
-                self._end(hold, "bound")
+            elif node := pod_node_name(pod):
+                self._end(hold, "bound", frees=node != hold.node)
             elif why := self._untrusted(hold, pod):
                 self._refuse(hold, why)
             elif now >= hold.expires_s:
@@ -951,11 +952,11 @@ class Preemptor:
         for uid in [u for u in self._tries if u not in live]:
             del self._tries[uid]
 
-    def _end(self, hold: Hold, how: str) -> None:
+    def _end(self, hold: Hold, how: str, *, frees: bool = True) -> None:
         """Drop ``hold`` here and, in the background, from the store (and from the
         ConfigMap it was read from, where that is another shard: ``HoldStore.drop``)."""
         read_from = self.holds.source(hold.pod)
-        if self.holds.drop(hold.pod) is None:
+        if self.holds.drop(hold.pod, frees=frees) is None:
             return
         self.metrics.hold_seconds.labels(how).observe(max(0.0, self._wall() - hold.created_s))
         if self._store is not None and self._deciding():

@@ -11,14 +11,15 @@ for kube-scheduler's 5-minute flush. Source: ``pkg/scheduler/backend/queue/sched
 
 :class:`Requeuer` closes the gap. The filter reports each GPU pod no node passed, without an
 ``Error`` (:meth:`Requeuer.refused`). What only the extender sees (:meth:`Requeuer.changed`: a
-node whose GPU view changed, from the feed; a node whose holds changed, from the hold book; an
-assumption that expired) requeues every pod refused before it. A release that kube-scheduler
-sees too (:meth:`Requeuer.released`: a GPU pod deleted or finished) requeues only the pods
-refused within ``race_window_s`` before the extender saw it: those may have been refused on
-a view that lacked it. The loop (:meth:`Requeuer.run`) sets each such pod's
-``gpushare.io/Requeued`` status condition (``gpushare.kube.requeue``; RBAC ``pods/status``
-``patch``), which requeues it after kube-scheduler's backoff; a pod refused again is recorded
-again.
+node whose GPU view changed, from the feed; a node where a hold ended or changed, from the hold
+book, but not a hold added, which only takes GPUs, nor one whose preemptor bound on its node,
+which took them; an assumption that expired) requeues every pod refused before it. A
+release that kube-scheduler sees too (:meth:`Requeuer.released`: a GPU pod deleted or
+finished) requeues only the pods refused within ``race_window_s`` before the extender saw it:
+those may have been refused on a view that lacked it. The loop (:meth:`Requeuer.run`) sets
+each such pod's ``gpushare.io/Requeued`` status condition (``gpushare.kube.requeue``; RBAC
+``pods/status`` ``patch``), which requeues it after kube-scheduler's backoff; a pod refused
+again is recorded again.
 
 A requeue that fails (a 403 when RBAC does not grant it, the API server away) is counted
 (``gpushare_extender_requeues_total{outcome="failed"}``), logged as one warning a minute at most
