@@ -102,9 +102,15 @@ def dra_namespace(kube: Client, stack: contextlib.ExitStack, labels: Mapping[str
     return name
 
 
-def in_effect(kube: Client, namespace: str, limits: Mapping[str, str]) -> None:
-    """Wait until a probe pod asking ``limits`` is translated (policies take effect within
-    seconds of their creation, each on its own: the refusing one may be first)."""
+def in_effect(
+    kube: Client,
+    namespace: str,
+    limits: Mapping[str, str],
+    refused: Mapping[str, str] | None = None,
+) -> None:
+    """Wait until a probe pod asking ``limits`` is translated and, with ``refused``, one asking
+    that is refused (policies take effect within seconds of their creation, each on its own:
+    the refusing one may come first or last)."""
 
     def translated() -> bool | None:
         probe = pod(f"probe-{uuid.uuid4().hex[:5]}", namespace, {"main": limits})
@@ -117,6 +123,18 @@ def in_effect(kube: Client, namespace: str, limits: Mapping[str, str]) -> None:
         return True if created["spec"].get("resourceClaims") else None
 
     wait_for("the policy in effect", translated, 30)
+    if refused is None:
+        return
+
+    def refusing() -> bool | None:
+        probe = pod(f"probe-{uuid.uuid4().hex[:5]}", namespace, {"main": refused})
+        try:
+            created_pod(kube, probe)
+        except ApiError as error:
+            return True if "which no ResourceClaim serves" in (error.status.message or "") else None
+        return None  # created: the refusing policy is not in effect yet
+
+    wait_for("the refusing policy in effect", refusing, 30)
 
 
 def created_pod(kube: Client, body: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +219,7 @@ def test_gpu_manager_and_hami_pods_get_the_claim_their_ask_names_or_a_clear_refu
     with contextlib.ExitStack() as stack:
         stack.enter_context(policies(kube, POLICY, DIALECT_POLICIES))
         namespace = dra_namespace(kube, stack, {"gpushare.io/dra": "true"})
-        in_effect(kube, namespace, {HAMI_GPU: "1"})
+        in_effect(kube, namespace, {HAMI_GPU: "1"}, refused={VCORE: "150"})
         failures = []
         for n, case in enumerate(TRANSLATIONS):
             body = pod(f"p{n}", namespace, {"side": {}, "main": case.limits})
@@ -290,7 +308,7 @@ def test_pods_with_claims_of_their_own_or_long_container_names_get_valid_claims(
         stack.enter_context(policies(kube, POLICY, DIALECT_POLICIES))
         namespace = dra_namespace(kube, stack, {"gpushare.io/dra": "true"})
         in_effect(kube, namespace, {GPU_MEM: "1"})
-        in_effect(kube, namespace, {HAMI_GPU: "1"})
+        in_effect(kube, namespace, {HAMI_GPU: "1"}, refused={VCORE: "150"})
         failures = []
         for n, case in enumerate(KEPT):
             body = pod(f"k{n}", namespace, case.containers)
