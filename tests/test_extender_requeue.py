@@ -45,6 +45,8 @@ class Rig:
     calls: list[str] = field(default_factory=list)
     answers: dict[str, RequeueOutcome] = field(default_factory=dict)
     deciding: bool = True
+    holding: set[str] = field(default_factory=set)
+    """Pods that hold GPUs for their preemption (waiting for their victims)."""
     options: RequeueOptions = field(default_factory=RequeueOptions)
     requeuer: Requeuer = field(init=False)
 
@@ -58,6 +60,7 @@ class Rig:
             requeue,
             self.pods.get,
             deciding=lambda: self.deciding,
+            waiting=self.holding.__contains__,
             options=self.options,
             clock=self.clock,
         )
@@ -137,6 +140,14 @@ def follower(rig: Rig) -> None:
     rig.deciding = False
 
 
+def holds(name: str) -> Step:
+    return lambda rig: rig.holding.add(f"default/{name}")
+
+
+def hold_ends(name: str) -> Step:
+    return lambda rig: rig.holding.discard(f"default/{name}")
+
+
 CASES = [
     Case("nothing changed: nothing is requeued", (refuse("a", "b"),), []),
     Case(
@@ -198,6 +209,17 @@ CASES = [
         ["default/a"],
         next_s=1.0,
         due_after=["default/a", "default/b"],
+    ),
+    Case(
+        "a preemptor waiting for its victims is passed over: their going moves it",
+        (refuse("a", "b"), holds("a"), change),
+        ["default/b"],
+        due_after=[],
+    ),
+    Case(
+        "once its hold ends it is requeued at the next change again",
+        (refuse("a"), holds("a"), change, first_round, hold_ends("a"), change),
+        ["default/a"],
     ),
     Case(
         "a follower requeues nothing and forgets its refusals",

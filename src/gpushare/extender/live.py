@@ -267,6 +267,7 @@ class LiveExtender:
             PodRequeuer(client).requeue,
             self.state.cluster.pod,
             deciding=self._deciding,
+            waiting=lambda key: self.holds.of(key) is not None,
             options=options.requeue,
             registry=self.registry,
         )
