@@ -25,13 +25,13 @@ caller (``gpushare.kube.client.connect``); :func:`serve` runs the extender, then
 RBAC needed by the client's identity: ``gpushare.extender.rbac.cluster_rules`` (nodes and pods
 list/watch, ``pods`` get, ``pods/binding`` create, ``events`` create, ``pods/status`` patch; with
 preemption, the default, ``pods/eviction`` create, ``poddisruptionbudgets`` list/watch and
-``subjectaccessreviews`` create), ``configmaps`` get/list/watch/patch on the holds ConfigMap
+``subjectaccessreviews`` create), ``configmaps`` get/list/watch/patch on the holds ConfigMaps
 (``gpushare.kube.holds.rbac_rules``), and with leader election ``leases`` get/create/update.
 
 **Preemption** (``options.preemption``, ``gpushare.extender.preemption``): the cache also
-watches PodDisruptionBudgets and the holds ConfigMap; the ``Preemptor`` answers ``preempt``,
+watches PodDisruptionBudgets and the holds ConfigMaps; the ``Preemptor`` answers ``preempt``,
 acts only while this replica decides, evicts through the Eviction API and keeps its holds in
-that ConfigMap, so that a new leader finds them after its relist.
+those ConfigMaps, so that a new leader finds them after its relist.
 
 **Several replicas** (``options.leader_election``): once its caches have synced a replica
 campaigns for the Lease (``gpushare.kube.lease``); it decides only while it leads and has

@@ -58,7 +58,8 @@ __all__ = [
 ]
 
 DEFAULT_HOLDS = ("kube-system", "gpushare-preemption-holds")
-"""The holds ConfigMap, ``(namespace, name)``, unless ``--preemption-holds`` says otherwise."""
+"""The first holds ConfigMap, ``(namespace, name)``, unless ``--preemption-holds`` says
+otherwise (the shards are named after it: :class:`HoldsRef`)."""
 HOLD_SHARDS = 16
 """ConfigMaps the holds are spread over unless ``--preemption-hold-shards`` says otherwise."""
 MAX_HOLD_SHARDS = 64
