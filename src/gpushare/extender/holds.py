@@ -99,8 +99,6 @@ class HoldBook:
         self._local: dict[str, tuple[Hold | None, float]] = {}  # key -> (hold or drop, when)
         self._view: dict[str, Hold] = {}
         self._by_node: dict[str, dict[str, Hold]] = {}
-        self.problems: list[str] = []
-        """The ConfigMap entries refused, as each ConfigMap was last read, one line each."""
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -120,7 +118,6 @@ class HoldBook:
             for problem in problems:
                 log.warning("preemption hold refused: %s", problem)
         self._problems[source] = problems
-        self.problems = [p for name in sorted(self._problems) for p in self._problems[name]]
         now_s = self._wall_clock()
         self._shards[source] = [
             capped(hold, now_s=now_s, max_life_s=self._max_life_s) for hold in holds
@@ -185,6 +182,11 @@ class HoldBook:
         """The holds on ``node``, by preemptor key."""
         holds = self._by_node.get(node)
         return tuple(holds[k] for k in sorted(holds)) if holds else ()
+
+    @property
+    def problems(self) -> list[str]:
+        """The ConfigMap entries refused, as each ConfigMap was last read, one line each."""
+        return [p for name in sorted(self._problems) for p in self._problems[name]]
 
     def source(self, key: str) -> str:
         """The ConfigMap the hold of preemptor ``key`` was read from (``""``: none, or only
